@@ -1,0 +1,167 @@
+/* The transport: communicators over the grid's groups, asynchronous collectives, byte counters.
+ * Backends (shm, nccl) implement axc_backend; this header is what the rest of the core uses. */
+#ifndef AXC_COMM_H
+#define AXC_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "axc/grid.h"
+#include "axc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum axc_dtype {
+    AXC_DT_F32 = 0,
+    AXC_DT_BF16 = 1,
+    AXC_DT_F16 = 2,
+    AXC_DT_I8 = 3,
+    AXC_DT_U8 = 4,
+    AXC_DT_I32 = 5,
+    AXC_DT_I64 = 6,
+    AXC_DT_F64 = 7,
+    AXC_DT_COUNT = 8
+} axc_dtype;
+
+size_t axc_dtype_size(axc_dtype dt);
+const char *axc_dtype_name(axc_dtype dt);
+axc_status axc_dtype_from_name(const char *name, axc_dtype *dt);
+
+typedef enum axc_redop { AXC_RED_SUM = 0, AXC_RED_AVG = 1, AXC_RED_MAX = 2 } axc_redop;
+axc_status axc_redop_from_name(const char *name, axc_redop *op);
+
+typedef enum axc_coll_kind {
+    AXC_COLL_ALL_REDUCE = 0,     /* send: count, recv: count (may alias send) */
+    AXC_COLL_ALL_GATHER = 1,     /* send: count, recv: count * G (rank k's piece at k*count) */
+    AXC_COLL_REDUCE_SCATTER = 2, /* send: count * G, recv: count (piece of my group rank) */
+    AXC_COLL_ALL_TO_ALL = 3,     /* send: count * G (piece k to rank k), recv: count * G */
+    AXC_COLL_BROADCAST = 4,      /* recv: count on every rank; send: root's data (may alias) */
+    AXC_COLL_BARRIER = 5,        /* no data */
+    AXC_COLL_COUNT = 6
+} axc_coll_kind;
+
+const char *axc_coll_name(axc_coll_kind kind);
+
+/* One collective call. Buffers live in host memory (device < 0) or on CUDA device `device`. */
+typedef struct axc_coll {
+    axc_coll_kind kind;
+    const void *send;
+    void *recv;
+    size_t count; /* elements of one rank's piece, see axc_coll_kind */
+    axc_dtype dtype;
+    axc_redop op;
+    int root;     /* broadcast: group rank of the source */
+    int device;   /* -1: host memory; >= 0: CUDA device index */
+    void *stream; /* CUDA: the stream the buffers are ordered on (torch's current stream) */
+} axc_coll;
+
+/* Closed-form ring volumes (bytes) one rank of a `G`-rank group sends and receives for `c`.
+ * These are the numbers the byte counters add and the communication model predicts. */
+void axc_coll_volume(const axc_coll *c, int G, int group_rank, uint64_t *sent, uint64_t *recv);
+
+/* How the job's ranks find each other: a key-value store (torch's c10d store in practice). */
+typedef struct axc_bootstrap {
+    void *ctx;
+    axc_status (*set)(void *ctx, const char *key, const void *value, size_t len);
+    /* Blocks until `key` exists or `timeout_s` passes; writes at most `cap` bytes. */
+    axc_status (*get)(void *ctx, const char *key, void *value, size_t cap, size_t *len,
+                      double timeout_s);
+} axc_bootstrap;
+
+typedef struct axc_comm axc_comm;
+typedef struct axc_work axc_work;
+
+typedef struct axc_comm_config {
+    axc_grid grid;
+    int rank;
+    int local_rank;
+    int local_world_size;
+    int cuda_device;    /* device for the nccl backend, -1 when none */
+    const char *backend; /* NULL/"auto", "shm" or "nccl" */
+    const char *job_id;  /* unique per job/init; names shm segments and store keys */
+    double timeout_s;    /* bound on every wait for a peer */
+    axc_bootstrap bootstrap;
+} axc_comm_config;
+
+/* Collective over the whole world: every rank calls it with the same config. */
+axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg);
+void axc_comm_destroy(axc_comm *comm);
+
+const axc_grid *axc_comm_grid(const axc_comm *comm);
+int axc_comm_rank(const axc_comm *comm);
+double axc_comm_timeout(const axc_comm *comm);
+/* Names of the backends in use ("shm", "nccl", "shm+nccl"). */
+const char *axc_comm_backends(const axc_comm *comm);
+
+/* Starts `c` on group `kind`; `*work` must be waited on (or freed, which waits). */
+axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
+                          axc_work **work);
+
+/* Waits for completion. Host buffers: on return they hold the result. CUDA buffers: on return
+ * the stream given at start is ordered after the collective (no host synchronisation). */
+axc_status axc_work_wait(axc_work *work);
+/* 1 when finished (successfully or not), 0 otherwise; never blocks. */
+int axc_work_done(axc_work *work);
+/* Waits if needed, then frees. */
+void axc_work_free(axc_work *work);
+
+typedef struct axc_counters {
+    uint64_t bytes_sent, bytes_recv, calls;
+} axc_counters;
+void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *out);
+void axc_comm_reset_counters(axc_comm *comm);
+
+/* ---- backend interface (implemented in comm/shm.c and comm/nccl.c) ---- */
+
+/* What a backend knows of one group. */
+typedef struct axc_group_info {
+    axc_group_kind kind;
+    int size;
+    int rank;     /* my index in the group */
+    int color;    /* identical for all members; distinct per group of the same kind */
+    const int *members; /* global ranks, group order */
+} axc_group_info;
+
+typedef enum axc_work_state { AXC_WORK_PENDING = 0, AXC_WORK_DONE = 1, AXC_WORK_FAILED = 2 } axc_work_state;
+
+typedef struct axc_backend axc_backend;
+struct axc_backend {
+    const char *name;
+    /* Opens group `info` (collective over the world, called for every kind in the same order). */
+    axc_status (*group_open)(axc_backend *be, const axc_group_info *info, void **group);
+    void (*group_close)(axc_backend *be, void *group);
+    /* Starts the collective; completion is reported by axc_work_complete(). */
+    axc_status (*start)(axc_backend *be, void *group, axc_work *work);
+    /* Waits for `work` (host or stream wait, see axc_work_wait). */
+    axc_status (*wait)(axc_backend *be, axc_work *work);
+    void (*destroy)(axc_backend *be);
+};
+
+/* Backend constructors; each returns AXC_ERR_UNAVAILABLE with a reason when it cannot run. */
+axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg);
+axc_status axc_nccl_backend_create(axc_backend **out, const axc_comm_config *cfg);
+
+/* The work record shared by the generic layer and the backends. */
+struct axc_work {
+    axc_coll coll;
+    axc_group_info group;
+    axc_backend *backend;
+    void *backend_group;
+    void *backend_data;      /* owned by the backend (e.g. CUDA events) */
+    _Atomic unsigned state;  /* axc_work_state; futex word for host waiters */
+    axc_status status;
+    char message[512];
+    axc_work *next;          /* backend queue link */
+};
+
+/* Backends call this once per work, from any thread. */
+void axc_work_complete(axc_work *work, axc_status status, const char *message);
+/* Host-side wait on work->state with the comm timeout; used by backends' wait(). */
+axc_status axc_work_host_wait(axc_work *work, double timeout_s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

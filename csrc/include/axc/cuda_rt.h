@@ -1,0 +1,49 @@
+/* The CUDA runtime, resolved at run time (dlopen of the libcudart torch loaded), so one build
+ * serves CPU-only and GPU machines. Plain ints/void* stand in for the runtime's types. */
+#ifndef AXC_CUDA_RT_H
+#define AXC_CUDA_RT_H
+
+#include <stddef.h>
+
+#include "axc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { AXC_CUDA_MEMCPY_H2D = 1, AXC_CUDA_MEMCPY_D2H = 2, AXC_CUDA_MEMCPY_D2D = 3 };
+
+typedef struct axc_cuda_api {
+    int runtime_version; /* e.g. 13000 */
+    int (*GetDeviceCount)(int *count);
+    int (*GetDevice)(int *device);
+    int (*SetDevice)(int device);
+    int (*MemcpyAsync)(void *dst, const void *src, size_t bytes, int kind, void *stream);
+    int (*StreamCreateWithFlags)(void **stream, unsigned flags);
+    int (*StreamDestroy)(void *stream);
+    int (*StreamSynchronize)(void *stream);
+    int (*StreamWaitEvent)(void *stream, void *event, unsigned flags);
+    int (*EventCreateWithFlags)(void **event, unsigned flags);
+    int (*EventDestroy)(void *event);
+    int (*EventRecord)(void *event, void *stream);
+    int (*EventQuery)(void *event);
+    int (*EventSynchronize)(void *event);
+    int (*MallocHost)(void **ptr, size_t bytes);
+    int (*FreeHost)(void *ptr);
+    const char *(*GetErrorString)(int err);
+} axc_cuda_api;
+
+/* Loads the runtime once (thread-safe). AXC_ERR_UNAVAILABLE with the reason when there is none. */
+axc_status axc_cuda_load(const axc_cuda_api **api);
+
+/* Turns a runtime error code into an AXC_ERR_BACKEND status naming the call. */
+axc_status axc_cuda_check(int err, const char *what);
+
+/* Build facts for build_info(): 1 when compiled against real CUDA headers, and their version. */
+int axc_cuda_compiled(void);
+int axc_cuda_header_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,66 @@
+/* axonn_c._C: the CPython module. Collects the method tables of the binding files. */
+#include "py_common.h"
+
+#include "axc/comm.h"
+
+PyObject *axc_py_CommError = NULL;
+PyObject *axc_py_CommTimeoutError = NULL;
+
+PyObject *axc_py_raise(axc_status status)
+{
+    const char *msg = axc_last_error();
+    if (!msg || !*msg)
+        msg = axc_status_name(status);
+    PyObject *type = PyExc_RuntimeError;
+    switch (status) {
+    case AXC_ERR_INVALID: type = PyExc_ValueError; break;
+    case AXC_ERR_NOMEM: type = PyExc_MemoryError; break;
+    case AXC_ERR_TIMEOUT: type = axc_py_CommTimeoutError; break;
+    case AXC_ERR_PEER:
+    case AXC_ERR_BACKEND: type = axc_py_CommError; break;
+    default: break;
+    }
+    PyErr_SetString(type, msg);
+    return NULL;
+}
+
+static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods};
+
+static struct PyModuleDef axc_module = {PyModuleDef_HEAD_INIT, "axonn_c._C",
+                                        "C core of axonn_c (internal; use the axonn_c package).",
+                                        -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    PyObject *m = PyModule_Create(&axc_module);
+    if (!m)
+        return NULL;
+    for (size_t t = 0; t < sizeof all_tables / sizeof all_tables[0]; t++) {
+        if (PyModule_AddFunctions(m, all_tables[t]) < 0)
+            goto fail;
+    }
+    axc_py_CommError = PyErr_NewExceptionWithDoc(
+        "axonn_c.CommError", "A collective failed: a peer died, aborted, or the backend failed.",
+        PyExc_RuntimeError, NULL);
+    if (!axc_py_CommError)
+        goto fail;
+    PyObject *bases = PyTuple_Pack(2, axc_py_CommError, PyExc_TimeoutError);
+    if (!bases)
+        goto fail;
+    axc_py_CommTimeoutError = PyErr_NewExceptionWithDoc(
+        "axonn_c.CommTimeoutError", "A peer did not arrive within the timeout.", bases, NULL);
+    Py_DECREF(bases);
+    if (!axc_py_CommTimeoutError)
+        goto fail;
+    Py_INCREF(axc_py_CommError);
+    Py_INCREF(axc_py_CommTimeoutError);
+    if (PyModule_AddObject(m, "CommError", axc_py_CommError) < 0 ||
+        PyModule_AddObject(m, "CommTimeoutError", axc_py_CommTimeoutError) < 0)
+        goto fail;
+    if (axc_py_comm_add_types(m) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

@@ -1,0 +1,25 @@
+/* Shared by the csrc/python/ files: turning core statuses into Python exceptions, and the
+ * method tables each file contributes to axonn_c._C. */
+#ifndef AXC_PY_COMMON_H
+#define AXC_PY_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "axc/status.h"
+
+/* Exception types created in module.c. */
+extern PyObject *axc_py_CommError;        /* RuntimeError: a peer died, the backend failed */
+extern PyObject *axc_py_CommTimeoutError; /* CommError and TimeoutError: a peer never came */
+
+/* Raises the exception matching `status` with the core's thread-local message; returns NULL. */
+PyObject *axc_py_raise(axc_status status);
+
+/* Method tables, each NULL-terminated, one per binding file. */
+extern PyMethodDef axc_py_comm_methods[];
+extern PyMethodDef axc_py_model_methods[];
+
+/* Types registered on the module (each file adds its own). */
+int axc_py_comm_add_types(PyObject *module);
+
+#endif

@@ -1,0 +1,113 @@
+"""Build of axonn_c._C: a plain C extension (no pybind11, no torch headers).
+
+CUDA/NCCL support is compiled in when their headers are found (CUDA toolkit, or the
+nvidia-* pip wheels); the libraries themselves are bound at run time, so the same build runs
+on CPU-only machines. Set AXONN_C_CPU_ONLY=1 to skip CUDA, AXONN_C_CUDA_INCLUDE to add dirs.
+"""
+import glob
+import os
+import shutil
+import site
+import subprocess
+import sysconfig
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _site_dirs():
+    dirs = []
+    for getter in (site.getsitepackages, lambda: [site.getusersitepackages()]):
+        try:
+            dirs += list(getter())
+        except Exception:  # noqa: BLE001 - site may be partial inside build isolation
+            pass
+    for key in ("purelib", "platlib"):
+        dirs.append(sysconfig.get_paths()[key])
+        # the base interpreter's site-packages, also when pip isolates the build
+        dirs.append(sysconfig.get_paths(vars={"base": sysconfig.get_config_var("installed_base") or ""})[key])
+    return [d for d in dict.fromkeys(dirs) if d and os.path.isdir(d)]
+
+
+def _cuda_include_candidates():
+    cands = [p for p in os.environ.get("AXONN_C_CUDA_INCLUDE", "").split(os.pathsep) if p]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            cands.append(os.path.join(os.environ[var], "include"))
+    cands.append("/usr/local/cuda/include")
+    for sp in _site_dirs():
+        cands += glob.glob(os.path.join(sp, "nvidia", "*", "include"))
+    return [c for c in dict.fromkeys(cands) if os.path.isdir(c)]
+
+
+def _find_header(name, dirs):
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, name)):
+            return d
+    return None
+
+
+def _nvcc():
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+            if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+                nvcc = os.path.join(home, "bin", "nvcc")
+                break
+    return nvcc
+
+
+def _configure():
+    """Returns (define_macros, include_dirs, summary) for the CUDA-dependent parts."""
+    if os.environ.get("AXONN_C_CPU_ONLY") == "1":
+        return [], [], "CPU-only (AXONN_C_CPU_ONLY=1)"
+    dirs = _cuda_include_candidates()
+    found = {h: _find_header(h, dirs) for h in ("cuda_runtime_api.h", "nccl.h", "cublasLt.h")}
+    macros, incs, parts = [], [], []
+    if found["cuda_runtime_api.h"]:
+        macros.append(("AXC_HAVE_CUDA_HEADERS", "1"))
+        incs.append(found["cuda_runtime_api.h"])
+        parts.append("CUDA runtime")
+        if found["nccl.h"]:
+            macros.append(("AXC_HAVE_NCCL_HEADERS", "1"))
+            incs.append(found["nccl.h"])
+            parts.append("NCCL")
+        if found["cublasLt.h"]:
+            macros.append(("AXC_HAVE_CUBLASLT_HEADERS", "1"))
+            incs.append(found["cublasLt.h"])
+            parts.append("cuBLASLt")
+    nvcc = _nvcc()
+    if nvcc:
+        macros.append(("AXC_HAVE_NVCC", "1"))
+        parts.append("nvcc")
+    if not parts or not found["cuda_runtime_api.h"]:
+        return macros, [], "CPU-only (no CUDA headers found; install nvidia-cuda-runtime nvidia-nccl-cu13 nvidia-cublas for GPU support)"
+    return macros, list(dict.fromkeys(incs)), "CUDA parts compiled: " + ", ".join(parts)
+
+
+class BuildExt(build_ext):
+    def run(self):
+        print(f"axonn_c: {BUILD_SUMMARY}")
+        super().run()
+
+
+MACROS, CUDA_INCS, BUILD_SUMMARY = _configure()
+SOURCES = sorted(
+    p for p in glob.glob("csrc/**/*.c", recursive=True) if not p.startswith("csrc/tests/")
+)
+MACROS.append(("AXC_BUILD_SUMMARY", '"' + BUILD_SUMMARY.replace('"', "'") + '"'))
+
+ext = Extension(
+    "axonn_c._C",
+    sources=SOURCES,
+    include_dirs=["csrc/include"] + CUDA_INCS,
+    define_macros=MACROS + [("_GNU_SOURCE", "1")],
+    extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
+                        "-Wno-missing-field-initializers"],
+    libraries=["dl", "pthread", "rt"],
+    language="c",
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
