@@ -136,12 +136,18 @@ struct axc_backend {
     axc_status (*start)(axc_backend *be, void *group, axc_work *work);
     /* Waits for `work` (host or stream wait, see axc_work_wait). */
     axc_status (*wait)(axc_backend *be, axc_work *work);
+    /* Optional: 1 when the work has finished (e.g. its CUDA event fired). NULL: use work->state. */
+    int (*query)(axc_backend *be, axc_work *work);
     void (*destroy)(axc_backend *be);
 };
 
 /* Backend constructors; each returns AXC_ERR_UNAVAILABLE with a reason when it cannot run. */
 axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg);
 axc_status axc_nccl_backend_create(axc_backend **out, const axc_comm_config *cfg);
+/* NCCL facts for build_info(): the nccl.h version compiled against (0: none), and the version of
+ * the libnccl.so.2 bound at run time (0 with a message when none can be loaded). */
+int axc_nccl_header_version(void);
+int axc_nccl_runtime_version(void);
 
 /* The work record shared by the generic layer and the backends. */
 struct axc_work {
@@ -150,8 +156,9 @@ struct axc_work {
     axc_backend *backend;
     void *backend_group;
     void *backend_data;      /* owned by the backend (e.g. CUDA events) */
-    _Atomic unsigned state;  /* axc_work_state; futex word for host waiters */
+    _Atomic uint32_t state;  /* axc_work_state; futex word for host waiters */
     axc_status status;
+    int waited;              /* axc_work_wait ran; its result is `status` */
     char message[512];
     axc_work *next;          /* backend queue link */
 };

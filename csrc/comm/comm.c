@@ -1,0 +1,395 @@
+/* The generic transport layer: groups over the grid, backend choice per call, byte counters,
+ * and the life cycle of a work record. Backends only move bytes. */
+#include "axc/comm.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "axc/futex.h"
+
+typedef struct group_slot {
+    axc_group_info info;
+    int *members;
+    void *shm_group;
+    void *nccl_group;
+    axc_counters counters;
+} group_slot;
+
+struct axc_comm {
+    axc_grid grid;
+    int rank;
+    double timeout_s;
+    int nccl_preferred; /* CUDA buffers go to nccl (else staged through shm) */
+    axc_backend *shm;
+    axc_backend *nccl;
+    group_slot groups[AXC_GROUP_COUNT];
+    char backends[32];
+};
+
+/* ---------------------------------------------------------------- dtypes and ops */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[AXC_DT_COUNT] = {
+    [AXC_DT_F32] = {"float32", 4}, [AXC_DT_BF16] = {"bfloat16", 2}, [AXC_DT_F16] = {"float16", 2},
+    [AXC_DT_I8] = {"int8", 1},     [AXC_DT_U8] = {"uint8", 1},      [AXC_DT_I32] = {"int32", 4},
+    [AXC_DT_I64] = {"int64", 8},   [AXC_DT_F64] = {"float64", 8},
+};
+
+size_t axc_dtype_size(axc_dtype dt) { return (dt >= 0 && dt < AXC_DT_COUNT) ? dtypes[dt].size : 0; }
+
+const char *axc_dtype_name(axc_dtype dt)
+{
+    return (dt >= 0 && dt < AXC_DT_COUNT) ? dtypes[dt].name : "?";
+}
+
+axc_status axc_dtype_from_name(const char *name, axc_dtype *dt)
+{
+    for (int i = 0; i < AXC_DT_COUNT; i++) {
+        if (name && strcmp(name, dtypes[i].name) == 0) {
+            *dt = (axc_dtype)i;
+            return AXC_OK;
+        }
+    }
+    return axc_fail(AXC_ERR_INVALID,
+                    "unsupported dtype '%s', expected float32, bfloat16, float16, int8, uint8, "
+                    "int32, int64 or float64",
+                    name ? name : "(null)");
+}
+
+axc_status axc_redop_from_name(const char *name, axc_redop *op)
+{
+    static const char *names[] = {"sum", "avg", "max"};
+    for (int i = 0; i < 3; i++) {
+        if (name && strcmp(name, names[i]) == 0) {
+            *op = (axc_redop)i;
+            return AXC_OK;
+        }
+    }
+    return axc_fail(AXC_ERR_INVALID, "unsupported reduction '%s', expected sum, avg or max",
+                    name ? name : "(null)");
+}
+
+const char *axc_coll_name(axc_coll_kind kind)
+{
+    static const char *names[AXC_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter",
+                                                "all_to_all", "broadcast",  "barrier"};
+    return (kind >= 0 && kind < AXC_COLL_COUNT) ? names[kind] : "?";
+}
+
+/* ---------------------------------------------------------------- closed-form volumes */
+
+void axc_coll_volume(const axc_coll *c, int G, int r, uint64_t *sent, uint64_t *recv)
+{
+    uint64_t es = axc_dtype_size(c->dtype), n = c->count, s = 0, v = 0;
+    if (G > 1) {
+        switch (c->kind) {
+        case AXC_COLL_ALL_REDUCE: {
+            /* ring: reduce-scatter then all-gather of an even element split; a rank sends every
+             * block but its own in each phase */
+            uint64_t piece = n / (uint64_t)G + ((uint64_t)r < n % (uint64_t)G ? 1 : 0);
+            s = v = 2 * (n - piece) * es;
+            break;
+        }
+        case AXC_COLL_ALL_GATHER:
+        case AXC_COLL_REDUCE_SCATTER:
+        case AXC_COLL_ALL_TO_ALL: s = v = (uint64_t)(G - 1) * n * es; break;
+        case AXC_COLL_BROADCAST: {
+            /* chain root -> root+1 -> ...: all but the last rank send, all but the root receive */
+            int pos = (r - c->root + G) % G;
+            s = pos == G - 1 ? 0 : n * es;
+            v = pos == 0 ? 0 : n * es;
+            break;
+        }
+        case AXC_COLL_BARRIER:
+        case AXC_COLL_COUNT: break;
+        }
+    }
+    *sent = s;
+    *recv = v;
+}
+
+/* ---------------------------------------------------------------- communicator */
+
+static axc_status open_groups(axc_comm *comm, axc_backend *be, int is_nccl)
+{
+    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+        group_slot *g = &comm->groups[k];
+        void **slot = is_nccl ? &g->nccl_group : &g->shm_group;
+        AXC_TRY(be->group_open(be, &g->info, slot));
+    }
+    return AXC_OK;
+}
+
+static void close_groups(axc_comm *comm, axc_backend *be, int is_nccl)
+{
+    for (int k = AXC_GROUP_COUNT - 1; k >= 0; k--) {
+        void **slot = is_nccl ? &comm->groups[k].nccl_group : &comm->groups[k].shm_group;
+        if (*slot)
+            be->group_close(be, *slot);
+        *slot = NULL;
+    }
+}
+
+axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg)
+{
+    *out = NULL;
+    const char *want = (cfg->backend && *cfg->backend) ? cfg->backend : "auto";
+    int want_shm = strcmp(want, "shm") == 0, want_nccl = strcmp(want, "nccl") == 0;
+    if (!want_shm && !want_nccl && strcmp(want, "auto") != 0)
+        return axc_fail(AXC_ERR_INVALID, "unknown backend '%s', expected 'shm', 'nccl' or None",
+                        want);
+    if (cfg->rank < 0 || cfg->rank >= cfg->grid.world_size)
+        return axc_fail(AXC_ERR_INVALID, "rank %d is outside the world of %d ranks", cfg->rank,
+                        cfg->grid.world_size);
+    axc_comm *comm = calloc(1, sizeof *comm);
+    if (!comm)
+        return axc_fail(AXC_ERR_NOMEM, "out of memory creating the communicator");
+    comm->grid = cfg->grid;
+    comm->rank = cfg->rank;
+    comm->timeout_s = cfg->timeout_s;
+    axc_status st = AXC_OK;
+    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+        group_slot *g = &comm->groups[k];
+        axc_group_kind kind = (axc_group_kind)k;
+        g->info.kind = kind;
+        g->info.size = axc_grid_group_size(&cfg->grid, kind);
+        g->info.rank = axc_grid_group_rank(&cfg->grid, kind, cfg->rank);
+        g->info.color = axc_grid_group_color(&cfg->grid, kind, cfg->rank);
+        g->members = malloc(sizeof(int) * (size_t)g->info.size);
+        if (!g->members) {
+            st = axc_fail(AXC_ERR_NOMEM, "out of memory creating groups");
+            goto fail;
+        }
+        axc_grid_group_members(&cfg->grid, kind, cfg->rank, g->members);
+        g->info.members = g->members;
+    }
+
+    /* shm serves host buffers whenever all ranks share this node; nccl serves CUDA buffers. */
+    int single_node = cfg->local_world_size == cfg->grid.world_size;
+    if (!want_nccl) {
+        if (!single_node && want_shm) {
+            st = axc_fail(AXC_ERR_INVALID,
+                          "backend 'shm' needs all ranks on one node, but LOCAL_WORLD_SIZE=%d "
+                          "and WORLD_SIZE=%d",
+                          cfg->local_world_size, cfg->grid.world_size);
+            goto fail;
+        }
+        if (single_node) {
+            st = axc_shm_backend_create(&comm->shm, cfg);
+            if (st == AXC_OK)
+                st = open_groups(comm, comm->shm, 0);
+            if (st != AXC_OK)
+                goto fail;
+        }
+    }
+    if (!want_shm && cfg->cuda_device >= 0) {
+        st = axc_nccl_backend_create(&comm->nccl, cfg);
+        if (st == AXC_OK) {
+            st = open_groups(comm, comm->nccl, 1);
+            if (st != AXC_OK)
+                goto fail;
+        } else if (want_nccl) {
+            goto fail;
+        } else {
+            axc_log(1, "nccl backend not used: %s", axc_last_error());
+            comm->nccl = NULL;
+            st = AXC_OK;
+        }
+    } else if (want_nccl) {
+        st = axc_fail(AXC_ERR_UNAVAILABLE, "backend 'nccl' needs a CUDA device for every rank");
+        goto fail;
+    }
+    if (!comm->shm && !comm->nccl) {
+        st = axc_fail(AXC_ERR_UNAVAILABLE,
+                      "no backend can serve this job: shm needs all ranks on one node "
+                      "(LOCAL_WORLD_SIZE=%d, WORLD_SIZE=%d) and nccl needs CUDA",
+                      cfg->local_world_size, cfg->grid.world_size);
+        goto fail;
+    }
+    comm->nccl_preferred = comm->nccl != NULL;
+    snprintf(comm->backends, sizeof comm->backends, "%s%s%s", comm->shm ? "shm" : "",
+             comm->shm && comm->nccl ? "+" : "", comm->nccl ? "nccl" : "");
+    *out = comm;
+    return AXC_OK;
+fail: {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", axc_last_error());
+    axc_comm_destroy(comm);
+    axc_set_last_error(msg);
+    return st;
+}
+}
+
+void axc_comm_destroy(axc_comm *comm)
+{
+    if (!comm)
+        return;
+    if (comm->nccl) {
+        close_groups(comm, comm->nccl, 1);
+        comm->nccl->destroy(comm->nccl);
+    }
+    if (comm->shm) {
+        close_groups(comm, comm->shm, 0);
+        comm->shm->destroy(comm->shm);
+    }
+    for (int k = 0; k < AXC_GROUP_COUNT; k++)
+        free(comm->groups[k].members);
+    free(comm);
+}
+
+const axc_grid *axc_comm_grid(const axc_comm *comm) { return &comm->grid; }
+int axc_comm_rank(const axc_comm *comm) { return comm->rank; }
+double axc_comm_timeout(const axc_comm *comm) { return comm->timeout_s; }
+const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
+
+/* ---------------------------------------------------------------- collectives */
+
+static axc_status validate(const axc_comm *comm, const group_slot *g, const axc_coll *c)
+{
+    if (c->kind < 0 || c->kind >= AXC_COLL_COUNT)
+        return axc_fail(AXC_ERR_INVALID, "unknown collective %d", (int)c->kind);
+    if (c->dtype < 0 || c->dtype >= AXC_DT_COUNT)
+        return axc_fail(AXC_ERR_INVALID, "unknown dtype code %d", (int)c->dtype);
+    if (c->kind == AXC_COLL_BROADCAST && (c->root < 0 || c->root >= g->info.size))
+        return axc_fail(AXC_ERR_INVALID, "broadcast root %d is outside the %s group of size %d",
+                        c->root, axc_group_name(g->info.kind), g->info.size);
+    if (c->kind != AXC_COLL_BARRIER && c->count > 0 && !c->recv)
+        return axc_fail(AXC_ERR_INVALID, "%s: output buffer is NULL", axc_coll_name(c->kind));
+    if (c->op < 0 || c->op > AXC_RED_MAX)
+        return axc_fail(AXC_ERR_INVALID, "unknown reduction %d", (int)c->op);
+    (void)comm;
+    return AXC_OK;
+}
+
+axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
+                          axc_work **out)
+{
+    *out = NULL;
+    if (!comm)
+        return axc_fail(AXC_ERR_STATE, "axonn_c is not initialised: call axonn_c.init() first");
+    if (kind < 0 || kind >= AXC_GROUP_COUNT)
+        return axc_fail(AXC_ERR_INVALID, "unknown group %d", (int)kind);
+    group_slot *g = &comm->groups[kind];
+    AXC_TRY(validate(comm, g, c));
+
+    axc_backend *be;
+    void *bg;
+    if (c->device >= 0 && comm->nccl_preferred) {
+        be = comm->nccl;
+        bg = g->nccl_group;
+    } else if (comm->shm) {
+        be = comm->shm;
+        bg = g->shm_group;
+    } else {
+        return axc_fail(AXC_ERR_UNAVAILABLE,
+                        "host (CPU) tensors need the shm backend, which this job does not have "
+                        "(ranks on several nodes or backend='nccl'); use CUDA tensors");
+    }
+
+    axc_work *w = calloc(1, sizeof *w);
+    if (!w)
+        return axc_fail(AXC_ERR_NOMEM, "out of memory starting %s", axc_coll_name(c->kind));
+    w->coll = *c;
+    w->group = g->info;
+    w->backend = be;
+    w->backend_group = bg;
+    atomic_store(&w->state, AXC_WORK_PENDING);
+    axc_status st = be->start(be, bg, w);
+    if (st != AXC_OK) {
+        free(w);
+        return st;
+    }
+    uint64_t s, r;
+    axc_coll_volume(c, g->info.size, g->info.rank, &s, &r);
+    g->counters.bytes_sent += s;
+    g->counters.bytes_recv += r;
+    g->counters.calls += 1;
+    *out = w;
+    return AXC_OK;
+}
+
+void axc_work_complete(axc_work *w, axc_status status, const char *message)
+{
+    w->status = status;
+    if (status != AXC_OK)
+        snprintf(w->message, sizeof w->message, "%s", message ? message : "");
+    atomic_store_explicit(&w->state, status == AXC_OK ? AXC_WORK_DONE : AXC_WORK_FAILED,
+                          memory_order_release);
+    axc_futex_wake_all(&w->state, 0);
+}
+
+axc_status axc_work_host_wait(axc_work *w, double timeout_s)
+{
+    int64_t deadline = axc_now_ns() + (int64_t)(timeout_s * 1e9);
+    for (;;) {
+        uint32_t s = atomic_load_explicit(&w->state, memory_order_acquire);
+        if (s != AXC_WORK_PENDING)
+            break;
+        int64_t left = deadline - axc_now_ns();
+        if (left <= 0)
+            return axc_fail(AXC_ERR_TIMEOUT, "%s on the %s group did not finish within %.1f s",
+                            axc_coll_name(w->coll.kind), axc_group_name(w->group.kind),
+                            timeout_s);
+        axc_futex_wait(&w->state, AXC_WORK_PENDING, left, 0);
+    }
+    if (w->status != AXC_OK)
+        return axc_fail(w->status, "%s", w->message);
+    return AXC_OK;
+}
+
+axc_status axc_work_wait(axc_work *w)
+{
+    if (!w)
+        return axc_fail(AXC_ERR_INVALID, "wait on a NULL work handle");
+    if (w->waited) {
+        if (w->status != AXC_OK)
+            return axc_fail(w->status, "%s", w->message);
+        return AXC_OK;
+    }
+    axc_status st = w->backend->wait(w->backend, w);
+    if (st == AXC_ERR_TIMEOUT && atomic_load(&w->state) == AXC_WORK_PENDING)
+        return st; /* still owned by the backend: not marked waited, must not be freed */
+    w->waited = 1;
+    if (st != AXC_OK && w->status == AXC_OK) {
+        w->status = st;
+        snprintf(w->message, sizeof w->message, "%s", axc_last_error());
+    }
+    return st;
+}
+
+int axc_work_done(axc_work *w)
+{
+    if (w->backend->query)
+        return w->backend->query(w->backend, w);
+    return atomic_load_explicit(&w->state, memory_order_acquire) != AXC_WORK_PENDING;
+}
+
+void axc_work_free(axc_work *w)
+{
+    if (!w)
+        return;
+    if (!w->waited) {
+        char saved[1024];
+        snprintf(saved, sizeof saved, "%s", axc_last_error());
+        axc_status st = axc_work_wait(w);
+        axc_set_last_error(saved);
+        if (st == AXC_ERR_TIMEOUT && !w->waited)
+            return; /* the backend may still touch it: leak rather than corrupt */
+    }
+    free(w);
+}
+
+void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *out)
+{
+    *out = comm->groups[kind].counters;
+}
+
+void axc_comm_reset_counters(axc_comm *comm)
+{
+    for (int k = 0; k < AXC_GROUP_COUNT; k++)
+        memset(&comm->groups[k].counters, 0, sizeof comm->groups[k].counters);
+}

@@ -1,0 +1,690 @@
+/* The shm backend: collectives between the ranks of one node through a POSIX shared-memory
+ * segment. Each rank owns a data slot; a collective moves data in rounds through the slots,
+ * separated by futex barriers, so waiting ranks sleep instead of spinning. One progress thread per
+ * process executes works in issue order (NCCL's ordering). CUDA buffers are staged through
+ * pinned host memory. A dead or late peer fails the op on every rank within the timeout. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "axc/comm.h"
+#include "axc/cuda_rt.h"
+#include "axc/futex.h"
+#include "axc/reduce.h"
+
+#define SHM_MAGIC 0x61786373u /* "axcs" */
+#define CACHE_LINE 64
+#define POLL_NS 20000000LL /* how often a waiter checks for dead peers and aborts */
+
+typedef struct shm_barrier {
+    _Atomic uint32_t count;
+    _Atomic uint32_t gen;
+    char pad[CACHE_LINE - 8];
+} shm_barrier;
+
+typedef struct shm_header {
+    uint32_t magic;
+    uint32_t world;
+    uint64_t slot_bytes;
+    _Atomic uint32_t attached;
+    _Atomic uint32_t aborted; /* 0, or 1 + the rank that aborted */
+    char abort_msg[512];
+    char pad[CACHE_LINE];
+} shm_header;
+
+typedef struct shm_group {
+    axc_group_info info;
+    int *members;
+    shm_barrier *barrier;
+} shm_group;
+
+typedef struct shm_backend {
+    axc_backend base;
+    int rank, world;
+    double timeout_s;
+    double sim_gbps, sim_us; /* simulated link, 0 = off */
+    char name[200];
+    void *map;
+    size_t map_bytes;
+    shm_header *hdr;
+    _Atomic int32_t *pids;
+    shm_barrier *barriers; /* [AXC_GROUP_COUNT][world], indexed by group colour */
+    unsigned char *slots;
+    size_t slot_bytes;
+    /* progress thread and its FIFO */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    axc_work *head, *tail;
+    int stop;
+    /* sticky failure: once a collective failed every later one fails the same way */
+    axc_status failed;
+    char failed_msg[512];
+    /* CUDA staging (progress thread only) */
+    const axc_cuda_api *cuda;
+    void *stage_stream;
+    int stage_device;
+    void *host_buf;
+    size_t host_bytes;
+} shm_backend;
+
+/* Per-work CUDA state: the event the user stream recorded at start. */
+typedef struct shm_cuda_work {
+    void *ready;
+} shm_cuda_work;
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static unsigned char *slot_of(shm_backend *b, int global_rank)
+{
+    return b->slots + (size_t)global_rank * b->slot_bytes;
+}
+
+/* ------------------------------------------------------------------ failure handling */
+
+static int pid_alive(int32_t pid)
+{
+    if (pid <= 0)
+        return 1; /* not registered yet: cannot judge */
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* state follows the command name */
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+/* Marks the segment aborted so every waiting rank fails promptly, then returns `st`. */
+static axc_status shm_abort(shm_backend *b, axc_status st, const char *msg)
+{
+    uint32_t expected = 0;
+    if (atomic_compare_exchange_strong(&b->hdr->aborted, &expected, (uint32_t)b->rank + 1))
+        snprintf(b->hdr->abort_msg, sizeof b->hdr->abort_msg, "%s", msg);
+    return axc_fail(st, "%s", msg);
+}
+
+static axc_status check_peers(shm_backend *b, const shm_group *g, const char *what)
+{
+    uint32_t ab = atomic_load(&b->hdr->aborted);
+    if (ab)
+        return axc_fail(AXC_ERR_PEER, "%s failed because rank %u aborted the job: %s", what,
+                        ab - 1, b->hdr->abort_msg);
+    for (int k = 0; k < g->info.size; k++) {
+        int r = g->members[k];
+        if (r != b->rank && !pid_alive(atomic_load(&b->pids[r]))) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "rank %d (pid %d) died during %s on the %s group", r,
+                     (int)atomic_load(&b->pids[r]), what, axc_group_name(g->info.kind));
+            return shm_abort(b, AXC_ERR_PEER, msg);
+        }
+    }
+    return AXC_OK;
+}
+
+/* A sense-reversing barrier over the group's members that sleeps on a futex. */
+static axc_status group_barrier(shm_backend *b, const shm_group *g, int64_t deadline,
+                                const char *what)
+{
+    int G = g->info.size;
+    if (G == 1)
+        return AXC_OK;
+    shm_barrier *bar = g->barrier;
+    uint32_t gen = atomic_load(&bar->gen);
+    if (atomic_fetch_add(&bar->count, 1) == (uint32_t)G - 1) {
+        atomic_store(&bar->count, 0);
+        atomic_fetch_add(&bar->gen, 1);
+        axc_futex_wake_all(&bar->gen, 1);
+        return AXC_OK;
+    }
+    while (atomic_load(&bar->gen) == gen) {
+        int64_t now = axc_now_ns();
+        if (now >= deadline) {
+            char msg[400];
+            snprintf(msg, sizeof msg,
+                     "%s on the %s group (ranks %d..): rank %d waited past the timeout for "
+                     "its %d peers",
+                     what, axc_group_name(g->info.kind), g->members[0], b->rank, G - 1);
+            return shm_abort(b, AXC_ERR_TIMEOUT, msg);
+        }
+        int64_t slice = deadline - now < POLL_NS ? deadline - now : POLL_NS;
+        axc_futex_wait(&bar->gen, gen, slice, 1);
+        if (atomic_load(&bar->gen) != gen)
+            break;
+        AXC_TRY(check_peers(b, g, what));
+    }
+    return AXC_OK;
+}
+
+/* ------------------------------------------------------------------ the collectives */
+
+typedef struct run_ctx {
+    shm_backend *b;
+    const shm_group *g;
+    int64_t deadline;
+    const char *what;
+} run_ctx;
+
+static axc_status bar(run_ctx *c) { return group_barrier(c->b, c->g, c->deadline, c->what); }
+
+/* The half of member k's slot used in round `round` (double buffering: 1 barrier per round). */
+static unsigned char *half(run_ctx *c, int k, size_t round)
+{
+    return slot_of(c->b, c->g->members[k]) + (round & 1) * (c->b->slot_bytes / 2);
+}
+
+static void even_split(size_t n, int G, int k, size_t *lo, size_t *hi)
+{
+    size_t q = n / (size_t)G, r = n % (size_t)G;
+    *lo = (size_t)k * q + ((size_t)k < r ? (size_t)k : r);
+    *hi = *lo + q + ((size_t)k < r ? 1 : 0);
+}
+
+static axc_status run_all_reduce(run_ctx *c, const axc_coll *a, const void *send, void *recv)
+{
+    int G = c->g->info.size, me = c->g->info.rank;
+    size_t es = axc_dtype_size(a->dtype), cap = c->b->slot_bytes / 2 / es;
+    const void *srcs[1024];
+    for (size_t off = 0, round = 0; off < a->count; off += cap, round++) {
+        size_t len = a->count - off < cap ? a->count - off : cap, lo, hi;
+        memcpy(half(c, me, round), (const unsigned char *)send + off * es, len * es);
+        AXC_TRY(bar(c));
+        /* reduce my slice from every slot (same order on every rank), in place in my slot */
+        even_split(len, G, me, &lo, &hi);
+        for (int k = 0; k < G; k++)
+            srcs[k] = half(c, k, round) + lo * es;
+        axc_reduce(a->dtype, a->op, half(c, me, round) + lo * es, srcs, G, hi - lo, G);
+        AXC_TRY(bar(c));
+        for (int k = 0; k < G; k++) {
+            even_split(len, G, k, &lo, &hi);
+            memcpy((unsigned char *)recv + (off + lo) * es, half(c, k, round) + lo * es,
+                   (hi - lo) * es);
+        }
+    }
+    return AXC_OK;
+}
+
+static axc_status run_all_gather(run_ctx *c, const axc_coll *a, const void *send, void *recv)
+{
+    int G = c->g->info.size, me = c->g->info.rank;
+    size_t es = axc_dtype_size(a->dtype), cap = c->b->slot_bytes / 2 / es;
+    for (size_t off = 0, round = 0; off < a->count; off += cap, round++) {
+        size_t len = a->count - off < cap ? a->count - off : cap;
+        memcpy(half(c, me, round), (const unsigned char *)send + off * es, len * es);
+        AXC_TRY(bar(c));
+        for (int k = 0; k < G; k++)
+            memcpy((unsigned char *)recv + ((size_t)k * a->count + off) * es, half(c, k, round),
+                   len * es);
+    }
+    return AXC_OK;
+}
+
+/* reduce_scatter and all_to_all: every rank posts G pieces, then takes piece `me` of each. */
+static axc_status run_exchange(run_ctx *c, const axc_coll *a, const void *send, void *recv,
+                               int reduce)
+{
+    int G = c->g->info.size, me = c->g->info.rank;
+    size_t es = axc_dtype_size(a->dtype), cap = c->b->slot_bytes / 2 / es / (size_t)G;
+    const void *srcs[1024];
+    for (size_t off = 0, round = 0; off < a->count; off += cap, round++) {
+        size_t len = a->count - off < cap ? a->count - off : cap;
+        for (int k = 0; k < G; k++)
+            memcpy(half(c, me, round) + (size_t)k * len * es,
+                   (const unsigned char *)send + ((size_t)k * a->count + off) * es, len * es);
+        AXC_TRY(bar(c));
+        if (reduce) {
+            for (int k = 0; k < G; k++)
+                srcs[k] = half(c, k, round) + (size_t)me * len * es;
+            axc_reduce(a->dtype, a->op, (unsigned char *)recv + off * es, srcs, G, len, G);
+        } else {
+            for (int k = 0; k < G; k++)
+                memcpy((unsigned char *)recv + ((size_t)k * a->count + off) * es,
+                       half(c, k, round) + (size_t)me * len * es, len * es);
+        }
+    }
+    return AXC_OK;
+}
+
+static axc_status run_broadcast(run_ctx *c, const axc_coll *a, const void *send, void *recv)
+{
+    int me = c->g->info.rank;
+    size_t es = axc_dtype_size(a->dtype), cap = c->b->slot_bytes / 2 / es;
+    for (size_t off = 0, round = 0; off < a->count; off += cap, round++) {
+        size_t len = a->count - off < cap ? a->count - off : cap;
+        if (me == a->root)
+            memcpy(half(c, me, round), (const unsigned char *)send + off * es, len * es);
+        AXC_TRY(bar(c));
+        if (me != a->root)
+            memcpy((unsigned char *)recv + off * es, half(c, a->root, round), len * es);
+    }
+    if (me == a->root && send != recv && a->count)
+        memmove(recv, send, a->count * es);
+    return AXC_OK;
+}
+
+static size_t send_elems(const axc_coll *a, int G)
+{
+    switch (a->kind) {
+    case AXC_COLL_REDUCE_SCATTER:
+    case AXC_COLL_ALL_TO_ALL: return a->count * (size_t)G;
+    case AXC_COLL_BARRIER: return 0;
+    default: return a->count;
+    }
+}
+
+static size_t recv_elems(const axc_coll *a, int G)
+{
+    switch (a->kind) {
+    case AXC_COLL_ALL_GATHER:
+    case AXC_COLL_ALL_TO_ALL: return a->count * (size_t)G;
+    case AXC_COLL_BARRIER: return 0;
+    default: return a->count;
+    }
+}
+
+/* Runs one collective on host buffers. */
+static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a,
+                           const void *send, void *recv)
+{
+    run_ctx c = {b, g, axc_now_ns() + (int64_t)(b->timeout_s * 1e9), axc_coll_name(a->kind)};
+    int G = g->info.size;
+    axc_status st = AXC_OK;
+    if (G == 1) { /* nothing to exchange: a local copy, and the avg of one value is itself */
+        if (a->kind != AXC_COLL_BARRIER && send && send != recv)
+            memmove(recv, send, recv_elems(a, G) * axc_dtype_size(a->dtype));
+        return AXC_OK;
+    }
+    uint32_t ab = atomic_load(&b->hdr->aborted);
+    if (ab) /* peers are checked only while waiting: an op's fast path makes no system call */
+        return axc_fail(AXC_ERR_PEER, "%s failed because rank %u aborted the job: %s", c.what,
+                        ab - 1, b->hdr->abort_msg);
+    switch (a->kind) {
+    case AXC_COLL_ALL_REDUCE: st = run_all_reduce(&c, a, send, recv); break;
+    case AXC_COLL_ALL_GATHER: st = run_all_gather(&c, a, send, recv); break;
+    case AXC_COLL_REDUCE_SCATTER: st = run_exchange(&c, a, send, recv, 1); break;
+    case AXC_COLL_ALL_TO_ALL: st = run_exchange(&c, a, send, recv, 0); break;
+    case AXC_COLL_BROADCAST: st = run_broadcast(&c, a, send, recv); break;
+    case AXC_COLL_BARRIER:
+    case AXC_COLL_COUNT: break;
+    }
+    /* closing barrier: slots may be reused by the next collective of any group */
+    if (st == AXC_OK)
+        st = bar(&c);
+    return st;
+}
+
+/* ------------------------------------------------------------------ CUDA staging */
+
+static axc_status ensure_host_buf(shm_backend *b, size_t bytes)
+{
+    if (b->host_bytes >= bytes)
+        return AXC_OK;
+    if (b->host_buf)
+        b->cuda->FreeHost(b->host_buf);
+    b->host_buf = NULL;
+    b->host_bytes = 0;
+    AXC_TRY(axc_cuda_check(b->cuda->MallocHost(&b->host_buf, bytes), "cudaMallocHost"));
+    b->host_bytes = bytes;
+    return AXC_OK;
+}
+
+static axc_status run_cuda(shm_backend *b, const shm_group *g, axc_work *w)
+{
+    const axc_cuda_api *cu = b->cuda;
+    const axc_coll *a = &w->coll;
+    shm_cuda_work *cw = w->backend_data;
+    int G = g->info.size;
+    size_t es = axc_dtype_size(a->dtype), sb = send_elems(a, G) * es, rb = recv_elems(a, G) * es;
+    if (b->stage_stream == NULL || b->stage_device != a->device) {
+        AXC_TRY(axc_cuda_check(cu->SetDevice(a->device), "cudaSetDevice"));
+        if (b->stage_stream)
+            cu->StreamDestroy(b->stage_stream);
+        b->stage_stream = NULL;
+        AXC_TRY(axc_cuda_check(cu->StreamCreateWithFlags(&b->stage_stream, 1), "cudaStreamCreate"));
+        b->stage_device = a->device;
+    }
+    AXC_TRY(ensure_host_buf(b, align_up(sb, 64) + rb + 64));
+    unsigned char *hsend = b->host_buf, *hrecv = hsend + align_up(sb, 64);
+    int in_place = a->send == a->recv || a->kind == AXC_COLL_BARRIER;
+    AXC_TRY(axc_cuda_check(cu->StreamWaitEvent(b->stage_stream, cw->ready, 0), "cudaStreamWaitEvent"));
+    if (sb && a->send)
+        AXC_TRY(axc_cuda_check(cu->MemcpyAsync(hsend, a->send, sb, AXC_CUDA_MEMCPY_D2H,
+                                               b->stage_stream), "cudaMemcpyAsync D2H"));
+    AXC_TRY(axc_cuda_check(cu->StreamSynchronize(b->stage_stream), "cudaStreamSynchronize"));
+    AXC_TRY(run_host(b, g, a, a->send ? hsend : NULL, in_place ? hsend : hrecv));
+    if (rb)
+        AXC_TRY(axc_cuda_check(cu->MemcpyAsync(a->recv, in_place ? hsend : hrecv, rb,
+                                               AXC_CUDA_MEMCPY_H2D, b->stage_stream),
+                               "cudaMemcpyAsync H2D"));
+    return axc_cuda_check(cu->StreamSynchronize(b->stage_stream), "cudaStreamSynchronize");
+}
+
+/* ------------------------------------------------------------------ progress thread */
+
+static void sim_link_sleep(shm_backend *b, const axc_work *w, int64_t t0)
+{
+    if (b->sim_gbps <= 0 && b->sim_us <= 0)
+        return;
+    uint64_t sent, recv;
+    axc_coll_volume(&w->coll, w->group.size, w->group.rank, &sent, &recv);
+    if (w->group.size == 1)
+        return;
+    double secs = b->sim_us * 1e-6 + (b->sim_gbps > 0 ? (double)sent / (b->sim_gbps * 1e9) : 0);
+    int64_t until = t0 + (int64_t)(secs * 1e9);
+    struct timespec ts = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+static void execute(shm_backend *b, axc_work *w)
+{
+    const shm_group *g = w->backend_group;
+    if (b->failed != AXC_OK) {
+        axc_work_complete(w, b->failed, b->failed_msg);
+        return;
+    }
+    int64_t t0 = axc_now_ns();
+    axc_status st = w->coll.device >= 0 ? run_cuda(b, g, w)
+                                         : run_host(b, g, &w->coll, w->coll.send, w->coll.recv);
+    if (st == AXC_OK)
+        sim_link_sleep(b, w, t0);
+    else {
+        b->failed = st;
+        snprintf(b->failed_msg, sizeof b->failed_msg, "%s", axc_last_error());
+    }
+    axc_work_complete(w, st, st == AXC_OK ? NULL : b->failed_msg);
+}
+
+static void *progress_main(void *arg)
+{
+    shm_backend *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->head && !b->stop)
+            pthread_cond_wait(&b->cv, &b->mu);
+        if (!b->head && b->stop)
+            break;
+        axc_work *w = b->head;
+        b->head = w->next;
+        if (!b->head)
+            b->tail = NULL;
+        pthread_mutex_unlock(&b->mu);
+        execute(b, w);
+        pthread_mutex_lock(&b->mu);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ vtable */
+
+static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
+{
+    shm_backend *b = (shm_backend *)be;
+    (void)group;
+    if (w->coll.device >= 0) {
+        axc_status st = axc_cuda_load(&b->cuda);
+        if (st != AXC_OK)
+            return axc_fail(st, "shm backend got a CUDA tensor but CUDA is unavailable: %s",
+                            axc_last_error());
+        shm_cuda_work *cw = calloc(1, sizeof *cw);
+        if (!cw)
+            return axc_fail(AXC_ERR_NOMEM, "out of memory");
+        /* the progress thread starts copying only after the user's stream reached this point */
+        st = axc_cuda_check(b->cuda->EventCreateWithFlags(&cw->ready, 2 /* disable timing */),
+                            "cudaEventCreate");
+        if (st == AXC_OK)
+            st = axc_cuda_check(b->cuda->EventRecord(cw->ready, w->coll.stream), "cudaEventRecord");
+        if (st != AXC_OK) {
+            if (cw->ready)
+                b->cuda->EventDestroy(cw->ready);
+            free(cw);
+            return st;
+        }
+        w->backend_data = cw;
+    }
+    w->next = NULL;
+    pthread_mutex_lock(&b->mu);
+    if (b->tail)
+        b->tail->next = w;
+    else
+        b->head = w;
+    b->tail = w;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return AXC_OK;
+}
+
+static axc_status shm_wait(axc_backend *be, axc_work *w)
+{
+    shm_backend *b = (shm_backend *)be;
+    /* the progress thread bounds every peer wait by the timeout; the margin covers the copy */
+    axc_status st = axc_work_host_wait(w, 2 * b->timeout_s + 30.0);
+    if (atomic_load(&w->state) != AXC_WORK_PENDING && w->backend_data) {
+        shm_cuda_work *cw = w->backend_data;
+        b->cuda->EventDestroy(cw->ready);
+        free(cw);
+        w->backend_data = NULL;
+    }
+    return st;
+}
+
+static axc_status shm_group_open(axc_backend *be, const axc_group_info *info, void **out)
+{
+    shm_backend *b = (shm_backend *)be;
+    shm_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return axc_fail(AXC_ERR_NOMEM, "out of memory");
+    g->info = *info;
+    g->members = malloc(sizeof(int) * (size_t)info->size);
+    if (!g->members) {
+        free(g);
+        return axc_fail(AXC_ERR_NOMEM, "out of memory");
+    }
+    memcpy(g->members, info->members, sizeof(int) * (size_t)info->size);
+    g->info.members = g->members;
+    g->barrier = &b->barriers[(size_t)info->kind * (size_t)b->world + (size_t)info->color];
+    *out = g;
+    return AXC_OK;
+}
+
+static void shm_group_close(axc_backend *be, void *group)
+{
+    (void)be;
+    shm_group *g = group;
+    free(g->members);
+    free(g);
+}
+
+static void shm_destroy(axc_backend *be)
+{
+    shm_backend *b = (shm_backend *)be;
+    if (b->thread_started) {
+        pthread_mutex_lock(&b->mu);
+        b->stop = 1;
+        pthread_cond_signal(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        pthread_join(b->thread, NULL);
+    }
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    if (b->cuda) {
+        if (b->stage_stream)
+            b->cuda->StreamDestroy(b->stage_stream);
+        if (b->host_buf)
+            b->cuda->FreeHost(b->host_buf);
+    }
+    if (b->map)
+        munmap(b->map, b->map_bytes);
+    if (b->name[0])
+        shm_unlink(b->name); /* normally gone already; ENOENT is fine */
+    free(b);
+}
+
+/* ------------------------------------------------------------------ creation */
+
+static double env_double(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    double d = strtod(v, &end);
+    return end != v ? d : dflt;
+}
+
+static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
+{
+    size_t slot_kb = (size_t)env_double("AXONN_C_SHM_SLOT_KB", 4096);
+    if (slot_kb < 64)
+        slot_kb = 64;
+    size_t slot = align_up(slot_kb * 1024, 4096);
+    size_t hdr = align_up(sizeof(shm_header) + sizeof(int32_t) * (size_t)b->world, 4096);
+    size_t bars = align_up(sizeof(shm_barrier) * AXC_GROUP_COUNT * (size_t)b->world, 4096);
+    size_t total = hdr + bars + slot * (size_t)b->world;
+    char key[256];
+    snprintf(key, sizeof key, "%s/shm/name", cfg->job_id);
+    int fd = -1;
+    if (b->rank == 0) {
+        static _Atomic unsigned counter = 0;
+        snprintf(b->name, sizeof b->name, "/axonn_c.%d.%u.%lx", (int)getpid(),
+                 atomic_fetch_add(&counter, 1), (unsigned long)axc_now_ns());
+        fd = shm_open(b->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0)
+            return axc_fail(AXC_ERR_SYSTEM, "shm_open(%s) failed: %s", b->name, strerror(errno));
+        if (ftruncate(fd, (off_t)total) != 0) {
+            int e = errno;
+            close(fd);
+            shm_unlink(b->name);
+            return axc_fail(AXC_ERR_SYSTEM,
+                            "cannot size the shared-memory segment to %zu bytes (%s); /dev/shm "
+                            "may be too small: lower AXONN_C_SHM_SLOT_KB",
+                            total, strerror(e));
+        }
+    } else {
+        size_t len = 0;
+        axc_status st = cfg->bootstrap.get(cfg->bootstrap.ctx, key, b->name, sizeof b->name - 1,
+                                           &len, cfg->timeout_s);
+        if (st != AXC_OK)
+            return st;
+        b->name[len] = 0;
+        fd = shm_open(b->name, O_RDWR, 0600);
+        if (fd < 0)
+            return axc_fail(AXC_ERR_SYSTEM,
+                            "rank %d cannot open the shared-memory segment %s of rank 0: %s "
+                            "(are all ranks on one node?)",
+                            b->rank, b->name, strerror(errno));
+    }
+    void *map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        if (b->rank == 0)
+            shm_unlink(b->name);
+        return axc_fail(AXC_ERR_SYSTEM, "mmap of %zu bytes failed: %s", total, strerror(errno));
+    }
+    b->map = map;
+    b->map_bytes = total;
+    b->hdr = map;
+    b->pids = (_Atomic int32_t *)((unsigned char *)map + sizeof(shm_header));
+    b->barriers = (shm_barrier *)((unsigned char *)map + hdr);
+    b->slots = (unsigned char *)map + hdr + bars;
+    b->slot_bytes = slot;
+    if (b->rank == 0) {
+        b->hdr->world = (uint32_t)b->world;
+        b->hdr->slot_bytes = slot;
+        atomic_store(&b->hdr->magic, SHM_MAGIC); /* (memory is zeroed by ftruncate) */
+        axc_status st = cfg->bootstrap.set(cfg->bootstrap.ctx, key, b->name, strlen(b->name));
+        if (st != AXC_OK) {
+            shm_unlink(b->name);
+            return st;
+        }
+    } else if (b->hdr->magic != SHM_MAGIC || b->hdr->world != (uint32_t)b->world ||
+               b->hdr->slot_bytes != slot) {
+        return axc_fail(AXC_ERR_INVALID,
+                        "rank %d: shared-memory segment %s does not match this job (world %u vs "
+                        "%d, slot %llu vs %zu bytes): do all ranks use the same settings?",
+                        b->rank, b->name, b->hdr->world, b->world,
+                        (unsigned long long)b->hdr->slot_bytes, slot);
+    }
+    atomic_store(&b->pids[b->rank], (int32_t)getpid());
+    atomic_fetch_add(&b->hdr->attached, 1);
+    axc_futex_wake_all(&b->hdr->attached, 1);
+    /* wait for everyone, then remove the name: the memory lives while mapped, and a crash can
+     * no longer leave anything behind in /dev/shm */
+    int64_t deadline = axc_now_ns() + (int64_t)(cfg->timeout_s * 1e9);
+    axc_status st = AXC_OK;
+    for (;;) {
+        uint32_t n = atomic_load(&b->hdr->attached);
+        if (n >= (uint32_t)b->world)
+            break;
+        int64_t left = deadline - axc_now_ns();
+        if (left <= 0) {
+            st = axc_fail(AXC_ERR_TIMEOUT,
+                          "only %u of %d ranks attached to the shared-memory segment within "
+                          "%.1f s",
+                          n, b->world, cfg->timeout_s);
+            break;
+        }
+        axc_futex_wait(&b->hdr->attached, n, left < POLL_NS ? left : POLL_NS, 1);
+    }
+    shm_unlink(b->name);
+    b->name[0] = 0;
+    return st;
+}
+
+axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
+{
+    *out = NULL;
+    if (cfg->grid.world_size > 1024)
+        return axc_fail(AXC_ERR_UNAVAILABLE, "shm backend supports at most 1024 ranks, got %d",
+                        cfg->grid.world_size);
+    shm_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return axc_fail(AXC_ERR_NOMEM, "out of memory");
+    b->base.name = "shm";
+    b->base.group_open = shm_group_open;
+    b->base.group_close = shm_group_close;
+    b->base.start = shm_start;
+    b->base.wait = shm_wait;
+    b->base.query = NULL;
+    b->base.destroy = shm_destroy;
+    b->rank = cfg->rank;
+    b->world = cfg->grid.world_size;
+    b->timeout_s = cfg->timeout_s;
+    b->sim_gbps = env_double("AXONN_C_SIM_GBPS", 0);
+    b->sim_us = env_double("AXONN_C_SIM_US", 0);
+    b->stage_device = -1;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    axc_status st = attach_segment(b, cfg);
+    if (st == AXC_OK) {
+        if (pthread_create(&b->thread, NULL, progress_main, b) != 0)
+            st = axc_fail(AXC_ERR_SYSTEM, "cannot start the shm progress thread");
+        else
+            b->thread_started = 1;
+    }
+    if (st != AXC_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", axc_last_error());
+        shm_destroy(&b->base);
+        axc_set_last_error(msg);
+        return st;
+    }
+    *out = &b->base;
+    return AXC_OK;
+}
