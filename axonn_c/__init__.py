@@ -1,0 +1,15 @@
+"""axonn_c: 4D hybrid parallel training (3D tensor parallelism x data parallelism) for PyTorch.
+
+The core is C (axonn_c._C); this package is the thin Python API over it.
+"""
+import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core binds to)
+
+from . import _C, comm
+from ._C import CommError, CommTimeoutError, Work
+from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_initialized, reset_comm_stats
+
+__all__ = [
+    "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
+    "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
+]
+__version__ = "0.1.0"

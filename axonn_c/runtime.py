@@ -1,0 +1,175 @@
+"""init/finalize, the grid object, statistics: process setup around the C communicator."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+DEFAULT_TIMEOUT_S = 300.0
+GROUPS = ("col", "row", "depth", "data", "intra", "world")
+_generation = 0  # counts init() calls so each gets fresh store keys
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Sizes of the 4D grid and this rank's coordinates in it."""
+
+    G_data: int
+    G_intra_r: int
+    G_intra_c: int
+    G_intra_d: int
+    rank: int
+    data_rank: int
+    depth_rank: int
+    row_rank: int
+    col_rank: int
+    backends: str
+
+    @property
+    def world_size(self) -> int:
+        return self.G_data * self.G_intra_r * self.G_intra_c * self.G_intra_d
+
+    @property
+    def G_intra(self) -> int:
+        return self.G_intra_r * self.G_intra_c * self.G_intra_d
+
+    def members(self, name: str) -> list[int]:
+        """Global ranks of this rank's group `name` ("col", "row", "depth", "data", "intra",
+        "world"), in group-rank order."""
+        return _C.grid_members(self.G_data, self.G_intra_r, self.G_intra_c, self.G_intra_d,
+                               self.rank, name)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _make_store(rank: int, world: int, timeout: float):
+    """The key-value store ranks meet through: torch's default store when a process group
+    exists, else one built from MASTER_ADDR/MASTER_PORT (torchrun's agent store when present)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.distributed_c10d._get_default_store()
+    if world == 1:
+        return dist.HashStore()
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        raise RuntimeError(
+            f"WORLD_SIZE={world} but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun "
+            "or set them")
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world,
+                                       timeout=timedelta(seconds=timeout)))
+    return store
+
+
+def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1,
+         G_inter: int = 1, backend: str | None = None, timeout: float | None = None,
+         plan: str | None = None, model=None, **plan_kwargs) -> Grid:
+    """Creates the 4D grid and its communicators on every rank (call on all ranks).
+
+    Ranks come from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);
+    without it the process is a world of one. `backend`: None picks shm for CPU tensors on one
+    node and nccl for CUDA tensors; "shm" or "nccl" force one. `timeout` (seconds; env
+    AXONN_C_TIMEOUT) bounds every wait for a peer. `plan="auto"` lets the communication model
+    choose the grid (see axonn_c.plan).
+    """
+    global _generation
+    rank = _env_int("RANK", 0)
+    world = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    if timeout is None:
+        timeout = float(os.environ.get("AXONN_C_TIMEOUT", DEFAULT_TIMEOUT_S))
+    if plan is not None:
+        if plan != "auto":
+            raise ValueError(f"plan={plan!r}: expected 'auto' or None")
+        from . import plan as planner
+
+        G_data, G_intra_r, G_intra_c, G_intra_d = planner.auto_grid(world, model=model,
+                                                                    verbose=rank == 0,
+                                                                    **plan_kwargs)
+    elif plan_kwargs:
+        raise TypeError(f"unexpected arguments {sorted(plan_kwargs)} (only with plan='auto')")
+    for name, value in (("G_data", G_data), ("G_intra_r", G_intra_r), ("G_intra_c", G_intra_c),
+                        ("G_intra_d", G_intra_d), ("G_inter", G_inter)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if backend not in (None, "auto", "shm", "nccl"):
+        raise ValueError(f"backend={backend!r}: expected None, 'shm' or 'nccl'")
+    if _C.is_initialized():
+        _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
+                G_inter=G_inter, backend=backend, job_id="", timeout=timeout, cuda_device=-1,
+                store_set=None, store_get=None)  # same sizes: no-op; different: raises
+        return grid()
+    # check the sizes before touching the store, so a wrong grid fails fast on every rank
+    product = G_data * G_intra_r * G_intra_c * G_intra_d * G_inter
+    if min(G_data, G_intra_r, G_intra_c, G_intra_d) < 1 or product != world or G_inter != 1:
+        if G_inter != 1:
+            raise ValueError(f"G_inter={G_inter}: pipeline parallelism is not supported, "
+                             "expected G_inter=1")
+        if min(G_data, G_intra_r, G_intra_c, G_intra_d) < 1:
+            raise ValueError(f"grid sizes must be >= 1, got G_data={G_data} G_intra_r={G_intra_r} "
+                             f"G_intra_c={G_intra_c} G_intra_d={G_intra_d}")
+        raise ValueError(f"grid G_data={G_data} x G_intra_r={G_intra_r} x G_intra_c={G_intra_c} x "
+                         f"G_intra_d={G_intra_d} = {product} ranks does not match the world size "
+                         f"{world}")
+    cuda_device = -1
+    if torch.cuda.is_available():
+        cuda_device = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(cuda_device)
+    _generation += 1
+    store = dist.PrefixStore(f"axonn_c/{_generation}/", _make_store(rank, world, timeout))
+
+    def store_get(key: str, wait_s: float) -> bytes:
+        store.wait([key], timedelta(seconds=wait_s))
+        return store.get(key)
+
+    _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+            G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
+            G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
+            cuda_device=cuda_device, store_set=store.set, store_get=store_get)
+    return grid()
+
+
+def finalize() -> None:
+    """Releases the communicators; init() may be called again afterwards."""
+    _C.finalize()
+
+
+def is_initialized() -> bool:
+    return _C.is_initialized()
+
+
+def grid() -> Grid:
+    """The grid of the current init(); raises before init()."""
+    g = _C.grid_info()
+    return Grid(G_data=g[0], G_intra_r=g[1], G_intra_c=g[2], G_intra_d=g[3], rank=g[4],
+                data_rank=g[5], depth_rank=g[6], row_rank=g[7], col_rank=g[8], backends=g[9])
+
+
+def comm_stats(reset: bool = False) -> dict:
+    """Bytes each group has sent and received on this rank (closed-form ring volumes) and its
+    number of calls: {"col": {"bytes_sent", "bytes_recv", "calls"}, ...}."""
+    return _C.comm_stats(reset)
+
+
+def reset_comm_stats() -> None:
+    _C.reset_comm_stats()
+
+
+def build_info() -> dict:
+    """What the extension was compiled with and what it bound to at run time."""
+    info = dict(_C.build_info())
+    info["torch"] = torch.__version__
+    info["torch_cuda"] = torch.version.cuda
+    return info
