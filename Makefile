@@ -1,7 +1,7 @@
 # Developer entry points. `make test` is what CI runs (after installing the package).
 PY ?= python3
 CC ?= gcc
-CORE_SRC := $(filter-out csrc/python/%,$(wildcard csrc/*/*.c))
+CORE_SRC := $(filter-out csrc/python/% csrc/tests/%,$(wildcard csrc/*/*.c))
 TEST_SRC := $(wildcard csrc/tests/test_*.c)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers -Icsrc/include -g
 LIBS := -ldl -lpthread -lrt -lm

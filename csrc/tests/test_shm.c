@@ -1,0 +1,259 @@
+/* shm backend across forked processes: every collective on every group of several grids, odd
+ * lengths crossing the slot size, byte counters, and a dead peer failing the others in time. */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "axc/comm.h"
+#include "axc/futex.h"
+#include "ctest.h"
+
+/* A one-key store in shared anonymous memory, enough to publish the segment name. */
+typedef struct kv {
+    _Atomic uint32_t ready;
+    char key[128], value[256];
+    size_t len;
+} kv;
+static kv *g_kv;
+
+static axc_status kv_set(void *ctx, const char *key, const void *value, size_t len)
+{
+    (void)ctx;
+    snprintf(g_kv->key, sizeof g_kv->key, "%s", key);
+    memcpy(g_kv->value, value, len);
+    g_kv->len = len;
+    atomic_store(&g_kv->ready, 1);
+    axc_futex_wake_all(&g_kv->ready, 1);
+    return AXC_OK;
+}
+
+static axc_status kv_get(void *ctx, const char *key, void *value, size_t cap, size_t *len,
+                         double timeout_s)
+{
+    (void)ctx;
+    int64_t deadline = axc_now_ns() + (int64_t)(timeout_s * 1e9);
+    while (!atomic_load(&g_kv->ready)) {
+        if (axc_now_ns() > deadline)
+            return axc_fail(AXC_ERR_TIMEOUT, "key %s never set", key);
+        axc_futex_wait(&g_kv->ready, 0, 10000000, 1);
+    }
+    if (strcmp(key, g_kv->key) != 0 || g_kv->len > cap)
+        return axc_fail(AXC_ERR_INVALID, "unexpected key %s", key);
+    memcpy(value, g_kv->value, g_kv->len);
+    *len = g_kv->len;
+    return AXC_OK;
+}
+
+static float val(int rank, size_t i) { return (float)((rank + 1) * 1000 + (int)(i % 997)); }
+
+static int fails;
+#define EXPECT(cond)                                                                        \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, #cond);       \
+            fails++;                                                                        \
+        }                                                                                   \
+    } while (0)
+
+static axc_status run(axc_comm *comm, axc_group_kind kind, axc_coll *c)
+{
+    axc_work *w;
+    AXC_TRY(axc_comm_start(comm, kind, c, &w));
+    axc_status st = axc_work_wait(w);
+    axc_work_free(w);
+    return st;
+}
+
+/* All collectives of one grid, checked against values each rank can compute for its peers. */
+static void rank_main(int rank, int world, const int dims[4], double timeout)
+{
+    axc_comm_config cfg = {0};
+    if (axc_grid_make(&cfg.grid, world, dims[0], dims[1], dims[2], dims[3], 1) != AXC_OK) {
+        fails++;
+        return;
+    }
+    cfg.rank = rank;
+    cfg.local_world_size = world;
+    cfg.cuda_device = -1;
+    cfg.backend = "shm";
+    cfg.job_id = "test";
+    cfg.timeout_s = timeout;
+    cfg.bootstrap = (axc_bootstrap){NULL, kv_set, kv_get};
+    axc_comm *comm;
+    if (axc_comm_create(&comm, &cfg) != AXC_OK) {
+        fprintf(stderr, "rank %d: create: %s\n", rank, axc_last_error());
+        fails++;
+        return;
+    }
+    static const size_t lengths[] = {1, 7, 1000, 300001};
+    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+        axc_group_kind kind = (axc_group_kind)k;
+        int G = axc_grid_group_size(&cfg.grid, kind), me = axc_grid_group_rank(&cfg.grid, kind, rank);
+        int members[64];
+        axc_grid_group_members(&cfg.grid, kind, rank, members);
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+            size_t n = lengths[li];
+            float *in = malloc(sizeof(float) * n * (size_t)G), *out = malloc(sizeof(float) * n * (size_t)G);
+            axc_coll c = {0};
+            c.dtype = AXC_DT_F32;
+            c.device = -1;
+            /* all_reduce sum */
+            for (size_t i = 0; i < n; i++)
+                out[i] = val(rank, i);
+            c.kind = AXC_COLL_ALL_REDUCE;
+            c.send = out;
+            c.recv = out;
+            c.count = n;
+            EXPECT(run(comm, kind, &c) == AXC_OK);
+            for (size_t i = 0; i < n; i++) {
+                float e = 0;
+                for (int m = 0; m < G; m++)
+                    e += val(members[m], i);
+                if (out[i] != e) {
+                    EXPECT(out[i] == e);
+                    break;
+                }
+            }
+            /* all_gather */
+            for (size_t i = 0; i < n; i++)
+                in[i] = val(rank, i);
+            c.kind = AXC_COLL_ALL_GATHER;
+            c.send = in;
+            c.recv = out;
+            EXPECT(run(comm, kind, &c) == AXC_OK);
+            for (int m = 0; m < G; m++)
+                for (size_t i = 0; i < n; i += 97)
+                    EXPECT(out[(size_t)m * n + i] == val(members[m], i));
+            /* reduce_scatter max and all_to_all: piece p of rank r holds val(r, p*n + i) */
+            for (size_t i = 0; i < n * (size_t)G; i++)
+                in[i] = val(rank, i);
+            c.kind = AXC_COLL_REDUCE_SCATTER;
+            c.op = AXC_RED_MAX;
+            EXPECT(run(comm, kind, &c) == AXC_OK);
+            for (size_t i = 0; i < n; i += 89) {
+                float e = val(members[0], (size_t)me * n + i);
+                for (int m = 1; m < G; m++)
+                    e = val(members[m], (size_t)me * n + i) > e ? val(members[m], (size_t)me * n + i) : e;
+                EXPECT(out[i] == e);
+            }
+            c.kind = AXC_COLL_ALL_TO_ALL;
+            c.op = AXC_RED_SUM;
+            EXPECT(run(comm, kind, &c) == AXC_OK);
+            for (int m = 0; m < G; m++)
+                for (size_t i = 0; i < n; i += 89)
+                    EXPECT(out[(size_t)m * n + i] == val(members[m], (size_t)me * n + i));
+            /* broadcast from the last group rank */
+            for (size_t i = 0; i < n; i++)
+                out[i] = val(rank, i);
+            c.kind = AXC_COLL_BROADCAST;
+            c.send = out;
+            c.recv = out;
+            c.root = G - 1;
+            EXPECT(run(comm, kind, &c) == AXC_OK);
+            for (size_t i = 0; i < n; i += 31)
+                EXPECT(out[i] == val(members[G - 1], i));
+            c.root = 0;
+            free(in);
+            free(out);
+        }
+        axc_coll b = {.kind = AXC_COLL_BARRIER, .device = -1};
+        EXPECT(run(comm, kind, &b) == AXC_OK);
+        /* counters: ring volumes of what ran on this group */
+        axc_counters ctr;
+        axc_comm_counters(comm, kind, &ctr);
+        EXPECT(ctr.calls == 5 * (sizeof lengths / sizeof lengths[0]) + 1);
+        uint64_t sent = 0, recv = 0;
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0] && G > 1; li++) {
+            uint64_t n = lengths[li], g = (uint64_t)G;
+            uint64_t piece = n / g + ((uint64_t)me < n % g ? 1 : 0);
+            sent += 2 * (n - piece) * 4 + 3 * (g - 1) * n * 4; /* all_reduce, gather, rs, a2a */
+            recv += 2 * (n - piece) * 4 + 3 * (g - 1) * n * 4;
+            sent += me == G - 2 ? 0 : n * 4; /* broadcast chain from G-1 ends at G-2 */
+            recv += me == G - 1 ? 0 : n * 4;
+        }
+        EXPECT(ctr.bytes_sent == sent);
+        EXPECT(ctr.bytes_recv == recv);
+    }
+    axc_comm_destroy(comm);
+}
+
+/* Forks `world` ranks running `fn`; returns the number of ranks that failed. */
+static int spawn(int world, void (*fn)(int, int, const int *, double), const int dims[4],
+                 double timeout)
+{
+    atomic_store(&g_kv->ready, 0);
+    pid_t pids[16];
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            fails = 0;
+            fn(r, world, dims, timeout);
+            _exit(fails ? 1 : 0);
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < world; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    return bad;
+}
+
+/* Rank world-1 dies before the collective; everyone else must fail with PEER, not hang. */
+static void dead_peer_main(int rank, int world, const int dims[4], double timeout)
+{
+    axc_comm_config cfg = {0};
+    axc_grid_make(&cfg.grid, world, dims[0], dims[1], dims[2], dims[3], 1);
+    cfg.rank = rank;
+    cfg.local_world_size = world;
+    cfg.cuda_device = -1;
+    cfg.backend = "shm";
+    cfg.job_id = "dead";
+    cfg.timeout_s = timeout;
+    cfg.bootstrap = (axc_bootstrap){NULL, kv_set, kv_get};
+    axc_comm *comm;
+    if (axc_comm_create(&comm, &cfg) != AXC_OK) {
+        fails++;
+        return;
+    }
+    if (rank == world - 1)
+        _exit(0); /* dies without finalising */
+    float x[4] = {1, 2, 3, 4};
+    axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = x, .recv = x, .count = 4, .device = -1};
+    int64_t t0 = axc_now_ns();
+    axc_status st = run(comm, AXC_GROUP_WORLD, &c);
+    double waited = (double)(axc_now_ns() - t0) * 1e-9;
+    EXPECT(st == AXC_ERR_PEER || st == AXC_ERR_TIMEOUT);
+    EXPECT(waited < timeout + 1.0);
+    EXPECT(strstr(axc_last_error(), "rank") != NULL);
+    /* the communicator stays failed, and destroying it does not hang */
+    EXPECT(run(comm, AXC_GROUP_WORLD, &c) != AXC_OK);
+    axc_comm_destroy(comm);
+}
+
+int main(void)
+{
+    g_kv = mmap(NULL, sizeof *g_kv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    setenv("AXONN_C_SHM_SLOT_KB", "256", 1); /* small slots: many rounds per collective */
+    static const int grids[][4] = {{1, 1, 1, 1}, {2, 1, 1, 1}, {1, 1, 3, 1}, {1, 2, 2, 1},
+                                   {2, 1, 1, 2}, {1, 2, 1, 2}, {1, 1, 2, 2}};
+    for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
+        const int *d = grids[i];
+        int world = d[0] * d[1] * d[2] * d[3];
+        int bad = spawn(world, rank_main, d, 30.0);
+        if (bad)
+            fprintf(stderr, "grid %d,%d,%d,%d: %d ranks failed\n", d[0], d[1], d[2], d[3], bad);
+        CHECK(bad == 0);
+    }
+    static const int dead_grid[4] = {1, 1, 3, 1};
+    int64_t t0 = axc_now_ns();
+    CHECK(spawn(3, dead_peer_main, dead_grid, 5.0) == 0);
+    CHECK(axc_now_ns() - t0 < 6000000000LL);
+    return ctest_summary("test_shm");
+}
