@@ -231,8 +231,10 @@ static int parse_machine(PyObject *d, axc_machine *m)
         }
         for (Py_ssize_t i = 0; i < len; i++) {
             axc_bw_entry *e = &m->entries[i];
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iid", &e->stride, &e->size,
-                                  &e->gbps)) {
+            PyObject *t = PySequence_Tuple(PySequence_Fast_GET_ITEM(seq, i));
+            int ok = t && PyArg_ParseTuple(t, "iid", &e->stride, &e->size, &e->gbps);
+            Py_XDECREF(t);
+            if (!ok) {
                 Py_DECREF(seq);
                 return -1;
             }

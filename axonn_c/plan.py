@@ -1,0 +1,488 @@
+"""The grid planner: ranks every (G_data, G_intra_r, G_intra_c, G_intra_d) for a model and a
+machine by the communication model of the C core (csrc/core/model.c, docs/model.md).
+
+    python -m axonn_c.plan --layers 42 --hidden 12288 --heads 96 --seq 2048 \\
+        --global-batch 2048 --gpus 1024 --machine perlmutter --top 10
+
+From Python: ``choose_grid(world_size, model=..., machine=..., seq=..., global_batch=...)`` gives
+the fitting grids best first; ``auto_grid`` the best one (used by ``axonn_c.init(plan="auto")``).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+
+GROUPS = ("col", "row", "depth", "data")
+DEFAULT_MACHINE = "perlmutter"
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+           "fp32": "float32", "float32": "float32"}
+
+# keys of a transformer description (the C side reads the same names)
+_TRANSFORMER_KEYS = ("blocks", "hidden", "heads", "ffn", "vocab")
+_COMMON_KEYS = ("seq", "global_batch", "grad_acc", "micro_batch", "recompute", "dtype",
+                "grad_dtype", "fwd_chunks", "ratio", "optimizer_states", "cache_weights")
+
+
+def _C():
+    from . import _C as c  # lazy: `python -m axonn_c.plan --help` works without the build
+
+    return c
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def _dtype(name: str, what: str) -> str:
+    try:
+        return _DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"{what}={name!r}: expected one of bf16, fp16, fp32") from None
+
+
+def load_machine(spec=None) -> dict:
+    """A machine profile as a dict: a built-in name, a path to a JSON profile, or a dict."""
+    if spec is None:
+        spec = os.environ.get("AXONN_C_MACHINE", DEFAULT_MACHINE)
+    if isinstance(spec, dict):
+        return _C().model_machine(spec)
+    spec = str(spec)
+    if spec in _C().model_machines():
+        return _C().model_machine(spec)
+    if spec.endswith(".json") or os.path.sep in spec or os.path.exists(spec):
+        if not os.path.isfile(spec):
+            raise ValueError(f"machine profile file {spec!r} does not exist")
+        with open(spec, encoding="utf-8") as f:
+            try:
+                prof = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"machine profile {spec!r} is not valid JSON: {e}") from None
+        if not isinstance(prof, dict):
+            raise ValueError(f"machine profile {spec!r} must hold a JSON object")
+        prof.setdefault("name", os.path.splitext(os.path.basename(spec))[0])
+        return _C().model_machine(prof)
+    return _C().model_machine(spec)  # raises: unknown machine, naming the built-in ones
+
+
+def model_layers(model) -> list[dict]:
+    """The linear layers of an nn.Module (nn.Linear, axonn_c.Linear and anything with
+    in_features/out_features and a 2-D weight), grouped by shape with counts."""
+    import torch.nn as nn
+
+    counts: dict[tuple, int] = {}
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear) or (
+                hasattr(mod, "in_features") and hasattr(mod, "out_features")
+                and hasattr(mod, "weight")):
+            key = (int(mod.in_features), int(mod.out_features),
+                   int(bool(getattr(mod, "transpose", False))),
+                   int(getattr(mod, "bias", None) is not None))
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        raise ValueError(f"the model ({type(model).__name__}) has no nn.Linear/axonn_c.Linear "
+                         "layers to plan for")
+    return [dict(in_features=i, out_features=o, transpose=t, bias=b, count=n)
+            for (i, o, t, b), n in counts.items()]
+
+
+def make_desc(*, model=None, layers=None, **kw) -> dict:
+    """Builds the description dict the C planner reads. Keyword names: blocks (or n_layers),
+    hidden, heads, ffn, vocab, seq, global_batch, grad_acc, micro_batch, recompute
+    ('full'/'none' or bool), dtype, grad_dtype ('bf16'/'fp16'/'fp32'), fwd_chunks, ratio
+    ({group: codec ratio}) or compression ({group: ratio}), cache_weights, optimizer
+    ('adam'/'sgd')."""
+    desc: dict = {}
+    if "n_layers" in kw:
+        kw["blocks"] = kw.pop("n_layers")
+    if "compression" in kw:
+        kw["ratio"] = kw.pop("compression")
+    opt = kw.pop("optimizer", "adam")
+    if opt not in ("adam", "sgd"):
+        raise ValueError(f"optimizer={opt!r}: expected 'adam' or 'sgd'")
+    desc["optimizer_states"] = 2 if opt == "adam" else 0
+    unknown = set(kw) - set(_TRANSFORMER_KEYS) - set(_COMMON_KEYS)
+    if unknown:
+        raise TypeError(f"unknown planner arguments {sorted(unknown)}; expected some of "
+                        f"{sorted(_TRANSFORMER_KEYS + _COMMON_KEYS)}")
+    for k, v in kw.items():
+        if v is None:
+            continue
+        if k in ("dtype", "grad_dtype"):
+            v = _dtype(v, k)
+        elif k == "recompute":
+            if isinstance(v, str):
+                if v not in ("full", "none"):
+                    raise ValueError(f"recompute={v!r}: expected 'full' or 'none'")
+                v = v == "full"
+            v = int(bool(v))
+        elif k == "cache_weights":
+            v = int(bool(v))
+        elif k == "ratio":
+            if not isinstance(v, dict):
+                raise TypeError("ratio/compression must be a dict {group: ratio}")
+            v = {g: (1.0 if r is None else float(r)) for g, r in v.items()}
+        desc[k] = v
+    if model is not None:
+        layers = model_layers(model)
+    if layers is not None:
+        desc["layers"] = list(layers)
+    else:
+        missing = [k for k in ("blocks", "hidden", "heads") if not desc.get(k)]
+        if missing:
+            raise ValueError("a transformer description needs layers (--layers), hidden and "
+                             f"heads; missing: {', '.join(missing)} (or pass model=...)")
+    for k in ("seq", "global_batch"):
+        if desc.get(k) is None:
+            raise ValueError(f"the planner needs {k} (tokens per sample and samples per step)")
+    return desc
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+def plan(world_size: int, *, model=None, machine=None, layers=None, **desc_kw) -> list[dict]:
+    """Every grid for `world_size` GPUs, ranked: fitting grids by predicted communication time,
+    then grids that do not fit in memory, then grids that do not divide (with a reason)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"number of GPUs must be >= 1, got {world_size}")
+    desc = make_desc(model=model, layers=layers, **desc_kw)
+    prof = load_machine(machine)
+    entries = _C().model_plan(world_size, desc, prof)
+    for e in entries:
+        e["grid"] = (e["G_data"], e["G_intra_r"], e["G_intra_c"], e["G_intra_d"])
+        e["machine"] = prof["name"]
+    return entries
+
+
+def choose_grid(world_size: int, *, model=None, machine=None, **transformer_desc) -> list[dict]:
+    """The grids that fit, best first (each entry has 'grid' = (G_data, G_intra_r, G_intra_c,
+    G_intra_d), 'comm_time_s', 'bytes', 'mem_gib', ...). Raises ValueError when none fits,
+    naming why the best candidates were rejected."""
+    entries = plan(world_size, model=model, machine=machine, **transformer_desc)
+    fitting = [e for e in entries if e["fits"]]
+    if not fitting:
+        reasons = sorted({e["reason"] for e in entries})[:5]
+        raise ValueError(f"no grid of {world_size} GPUs fits this model on "
+                         f"{entries[0]['machine'] if entries else machine}: "
+                         + "; ".join(reasons))
+    return fitting
+
+
+def describe(e: dict) -> str:
+    return (f"G_data={e['G_data']} G_intra_r={e['G_intra_r']} G_intra_c={e['G_intra_c']} "
+            f"G_intra_d={e['G_intra_d']} (grad_acc {e['grad_acc']}): predicted communication "
+            f"{e['comm_time_s']:.3f} s/step, {e['mem_gib']:.1f} GiB/GPU")
+
+
+def auto_grid(world_size: int, *, model=None, machine=None, verbose: bool = False,
+              **transformer_desc) -> tuple[int, int, int, int]:
+    """The best fitting grid as (G_data, G_intra_r, G_intra_c, G_intra_d); with verbose, prints
+    the choice and the runner-up."""
+    ranked = choose_grid(world_size, model=model, machine=machine, **transformer_desc)
+    if verbose:
+        print(f"axonn_c: plan='auto' on {world_size} GPUs ({ranked[0]['machine']}): "
+              f"chose {describe(ranked[0])}", flush=True)
+        if len(ranked) > 1:
+            print(f"axonn_c:   runner-up {describe(ranked[1])}", flush=True)
+    return ranked[0]["grid"]
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def _fmt_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def format_table(entries: list[dict], top: int) -> str:
+    head = (f"{'#':>3} {'G_data':>6} {'G_r':>4} {'G_c':>4} {'G_d':>5} {'acc':>4} "
+            f"{'comm s':>8} {'col s':>7} {'row s':>7} {'depth s':>8} {'data s':>7} "
+            f"{'sent/GPU':>9} {'mem GiB':>8} fits")
+    lines = [head, "-" * len(head)]
+    for i, e in enumerate(entries[:top]):
+        if e["valid"]:
+            t = e["time_s"]
+            total = sum(e["bytes"].values())
+            lines.append(
+                f"{i + 1:>3} {e['G_data']:>6} {e['G_intra_r']:>4} {e['G_intra_c']:>4} "
+                f"{e['G_intra_d']:>5} {e['grad_acc']:>4} {e['comm_time_s']:>8.3f} "
+                f"{t['col']:>7.3f} {t['row']:>7.3f} {t['depth']:>8.3f} {t['data']:>7.3f} "
+                f"{_fmt_bytes(total):>9} {e['mem_gib']:>8.1f} {'yes' if e['fits'] else 'NO'}")
+        else:
+            lines.append(f"{i + 1:>3} {e['G_data']:>6} {e['G_intra_r']:>4} {e['G_intra_c']:>4} "
+                         f"{e['G_intra_d']:>5}  invalid: {e['reason']}")
+    return "\n".join(lines)
+
+
+def write_json(entries: list[dict], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(entries, f, indent=1)
+        f.write("\n")
+
+
+def write_csv(entries: list[dict], path: str) -> None:
+    cols = ["rank", "G_data", "G_intra_r", "G_intra_c", "G_intra_d", "grad_acc", "valid", "fits",
+            "comm_time_s"] + [f"time_{g}_s" for g in GROUPS] + [f"bytes_{g}" for g in GROUPS] + \
+        ["mem_gib", "reason"]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for i, e in enumerate(entries):
+            w.writerow([i + 1, e["G_data"], e["G_intra_r"], e["G_intra_c"], e["G_intra_d"],
+                        e["grad_acc"], int(e["valid"]), int(e["fits"]),
+                        "" if e["comm_time_s"] is None else f"{e['comm_time_s']:.6g}"]
+                       + [f"{e['time_s'][g]:.6g}" for g in GROUPS]
+                       + [e["bytes"][g] for g in GROUPS]
+                       + ["" if e["mem_gib"] is None else f"{e['mem_gib']:.3f}", e["reason"]])
+
+
+def write_plot(entries: list[dict], path: str, top: int, title: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [e for e in entries if e["valid"]][:top]
+    if not shown:
+        raise SystemExit("--plot: no valid grid to plot")
+    labels = [f"{e['G_data']}×{e['G_intra_r']}×{e['G_intra_c']}×{e['G_intra_d']}"
+              + ("" if e["fits"] else "  (does not fit)") for e in shown]
+    colors = {"col": "#4C72B0", "row": "#DD8452", "depth": "#55A868", "data": "#C44E52"}
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.42 * len(shown)), dpi=120)
+    y = list(range(len(shown)))[::-1]
+    left = [0.0] * len(shown)
+    for g in GROUPS:
+        vals = [e["time_s"][g] for e in shown]
+        ax.barh(y, vals, left=left, color=colors[g], label=f"{g} group", height=0.7)
+        left = [a + b for a, b in zip(left, vals)]
+    for yi, e, tot in zip(y, shown, left):
+        ax.text(tot, yi, f" {tot:.2f} s · {e['mem_gib']:.0f} GiB", va="center", fontsize=8)
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels, fontsize=9)
+    ax.set_xlabel("predicted communication time per step (s)")
+    ax.set_ylabel("G_data × G_intra_r × G_intra_c × G_intra_d")
+    ax.set_xlim(0, max(left) * 1.25)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / (1.2 + 0.42 * len(shown))),
+              ncol=4, fontsize=8, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def calibrate(out_path: str, sizes_mib: float = 64.0, iters: int = 5) -> dict:
+    """Measures beta per (stride, size) with the active axonn_c backend; run under torchrun on
+    the cluster (all ranks). Rank 0 writes the profile to `out_path` and returns it."""
+    import torch
+
+    import axonn_c
+    from . import comm
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    gpn = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if world < 2:
+        raise SystemExit("--calibrate needs at least 2 ranks: run it under torchrun, e.g. "
+                         "torchrun --nproc_per_node 4 -m axonn_c.plan --calibrate --out m.json")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    elems = max(1024, int(sizes_mib * 2**20) // 4)
+
+    def measure(stride: int, size: int, n: int) -> tuple[float, int, int]:
+        axonn_c.init(G_data=world // (stride * size), G_intra_r=size, G_intra_c=stride,
+                     G_intra_d=1)
+        try:
+            t = torch.ones(n, dtype=torch.float32, device=dev)
+            comm.all_reduce(t, group="row")  # warm-up
+            comm.barrier()
+            axonn_c.reset_comm_stats()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                comm.all_reduce(t, group="row")
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            dt = (time.perf_counter() - t0) / iters
+            st = axonn_c.comm_stats()["row"]
+            return dt, st["bytes_sent"] // iters, st["calls"] // iters
+        finally:
+            axonn_c.finalize()
+
+    entries, inter = [], []
+    alphas_intra, alphas_inter = [], []
+    stride = 1
+    while stride < world:
+        size = 2
+        while stride * size <= world:
+            if world % (stride * size) == 0:
+                dt, sent, _ = measure(stride, size, elems)
+                dt_small, _, _ = measure(stride, size, 256)
+                gbps = sent / dt / 1e9
+                hop_s = dt_small / (2 * (size - 1))
+                intra = stride * size <= gpn and gpn % (stride * size) == 0
+                if intra:
+                    entries.append([stride, size, round(gbps, 2)])
+                    alphas_intra.append(hop_s * 1e6)
+                else:
+                    inter.append(gbps * min(stride, gpn))
+                    alphas_inter.append(hop_s * 1e6)
+                if rank == 0:
+                    print(f"  stride {stride:>4} size {size:>4}: {gbps:8.2f} GB/s "
+                          f"({'intra' if intra else 'inter'}-node), {hop_s * 1e6:.1f} us/step",
+                          flush=True)
+            size *= 2
+        stride *= 2
+
+    def med(xs, default):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if xs else default
+
+    if dev == "cuda":
+        mem_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    else:
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / gpn
+    intra_gbps = med([e[2] for e in entries], 10.0)
+    prof = {
+        "name": os.path.splitext(os.path.basename(out_path))[0],
+        "gpus_per_node": gpn,
+        "mem_gib": round(mem_gib, 2),
+        "mem_reserve_gib": round(min(4.0, mem_gib * 0.1), 2),
+        "intra_gbps": intra_gbps,
+        "inter_node_gbps": round(med(inter, intra_gbps), 2),
+        "alpha_intra_us": round(med(alphas_intra, 5.0), 2),
+        "alpha_inter_us": round(med(alphas_inter, med(alphas_intra, 5.0)), 2),
+        "entries": entries[:32],
+        "source": f"axonn_c.plan --calibrate, {world} ranks, {gpn} per node, {dev}, "
+                  f"{time.strftime('%Y-%m-%d')}",
+    }
+    _C().model_machine(prof)  # validate
+    if rank == 0:
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump(prof, f, indent=1)
+            f.write("\n")
+        print(f"axonn_c: wrote machine profile {out_path}", flush=True)
+    return prof
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m axonn_c.plan",
+        description="Rank every 4D grid (G_data x G_intra_r x G_intra_c x G_intra_d) for a "
+                    "transformer on a machine by predicted communication time and memory.")
+    m = p.add_argument_group("model")
+    m.add_argument("--layers", type=int, help="transformer blocks")
+    m.add_argument("--hidden", type=int, help="hidden size")
+    m.add_argument("--heads", type=int, help="attention heads")
+    m.add_argument("--ffn", type=int, default=None, help="FFN width (default 4*hidden)")
+    m.add_argument("--vocab", type=int, default=0, help="vocabulary size (default: no "
+                   "vocabulary projection)")
+    m.add_argument("--seq", type=int, help="sequence length")
+    m.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    m.add_argument("--micro-batch", type=int, default=0,
+                   help="sequences per data-parallel replica per micro-batch (sets grad-acc "
+                        "per grid)")
+    m.add_argument("--grad-acc", type=int, default=1, help="micro-batches per step")
+    r = p.add_argument_group("run")
+    r.add_argument("--gpus", type=int, help="number of GPUs")
+    r.add_argument("--machine", default=DEFAULT_MACHINE,
+                   help="perlmutter, frontier, dgx-h100, or a JSON profile path")
+    r.add_argument("--recompute", choices=("full", "none"), default="full")
+    r.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    r.add_argument("--grad-dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    r.add_argument("--cache-weights", action="store_true",
+                   help="keep gathered weights from forward to backward")
+    r.add_argument("--compress-data", type=float, default=1.0, metavar="RATIO",
+                   help="codec ratio (compressed/raw bytes) of the data-parallel gradients")
+    r.add_argument("--fwd-chunks", type=int, default=1,
+                   help="over-decomposition of the forward all-reduce")
+    r.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    o = p.add_argument_group("output")
+    o.add_argument("--top", type=int, default=10, help="rows of the table (and bars of --plot)")
+    o.add_argument("--json", metavar="PATH", help="write every evaluated grid as JSON")
+    o.add_argument("--csv", metavar="PATH", help="write every evaluated grid as CSV")
+    o.add_argument("--plot", metavar="PATH.png", help="bar chart of the top grids' time split")
+    c = p.add_argument_group("calibration")
+    c.add_argument("--calibrate", action="store_true",
+                   help="measure bandwidths with the active backend (run under torchrun) and "
+                        "write a profile to --out")
+    c.add_argument("--out", default="machine.json", help="profile written by --calibrate")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.calibrate:
+        calibrate(args.out)
+        return 0
+    missing = [f"--{n.replace('_', '-')}" for n in ("layers", "hidden", "heads", "seq",
+                                                      "global_batch", "gpus")
+               if getattr(args, n) is None]
+    if missing:
+        print(f"error: missing {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.top < 1:
+        print(f"error: --top must be >= 1, got {args.top}", file=sys.stderr)
+        return 2
+    try:
+        t0 = time.perf_counter()
+        entries = plan(args.gpus, machine=args.machine, blocks=args.layers, hidden=args.hidden,
+                       heads=args.heads, ffn=args.ffn, vocab=args.vocab, seq=args.seq,
+                       global_batch=args.global_batch,
+                       micro_batch=args.micro_batch or None,
+                       grad_acc=None if args.micro_batch else args.grad_acc,
+                       recompute=args.recompute, dtype=args.dtype, grad_dtype=args.grad_dtype,
+                       cache_weights=args.cache_weights, fwd_chunks=args.fwd_chunks,
+                       ratio={"data": args.compress_data}, optimizer=args.optimizer)
+        dt = time.perf_counter() - t0
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    prof = load_machine(args.machine)
+    n_fit = sum(e["fits"] for e in entries)
+    n_valid = sum(e["valid"] for e in entries)
+    ffn = args.ffn or 4 * args.hidden
+    params = args.layers * (4 * args.hidden ** 2 + 2 * args.hidden * ffn) + \
+        args.hidden * args.vocab
+    print(f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, ffn {ffn}, "
+          f"vocab {args.vocab or 'none'} ({params / 1e9:.1f}B params in linear layers); "
+          f"seq {args.seq}, global batch {args.global_batch}; recompute {args.recompute}, "
+          f"{args.dtype} weights, {args.grad_dtype} data-parallel gradients")
+    print(f"machine: {prof['name']} ({prof['gpus_per_node']} GPUs/node, {prof['mem_gib']:g} GiB, "
+          f"{prof['inter_node_gbps']:g} GB/s per node); {args.gpus} GPUs: {len(entries)} grids, "
+          f"{n_valid} divide, {n_fit} fit in memory ({dt * 1e3:.0f} ms)")
+    print(format_table(entries, args.top))
+    if not n_fit:
+        print("no grid fits in memory; the table shows the closest ones", file=sys.stderr)
+    if args.json:
+        write_json(entries, args.json)
+    if args.csv:
+        write_csv(entries, args.csv)
+    if args.plot:
+        write_plot(entries, args.plot, args.top,
+                   f"{params / 1e9:.0f}B-parameter transformer on {args.gpus} GPUs of "
+                   f"{prof['name']}: predicted communication per step")
+    return 0 if n_fit else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
