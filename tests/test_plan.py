@@ -187,3 +187,16 @@ def test_model_bytes_equal_transport_counters(nproc):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "cases equal" in r.stdout
+
+
+@pytest.mark.multiproc
+def test_calibrate_writes_a_usable_profile(tmp_path):
+    out = tmp_path / "cal.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "axonn_c.plan", "--calibrate", "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    prof = plan.load_machine(str(out))
+    assert prof["gpus_per_node"] == 2 and prof["entries"][0][:2] == [1, 2]
+    assert plan.plan(4, machine=str(out), blocks=2, hidden=64, heads=4, seq=8, global_batch=8)
