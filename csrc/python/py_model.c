@@ -281,29 +281,19 @@ static int set_item(PyObject *d, const char *key, PyObject *v)
     return r;
 }
 
-static PyObject *per_group_u64(const uint64_t *a)
+/* {col, row, depth, data} -> value, from exact integers `u` or, when u is NULL, doubles `f`. */
+static PyObject *per_group(const uint64_t *u, const double *f)
 {
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    for (int g = 0; g < AXC_MODEL_NGROUPS; g++)
-        if (set_item(d, group_keys[g], PyLong_FromUnsignedLongLong(a[g])) < 0) {
+    for (int g = 0; g < AXC_MODEL_NGROUPS; g++) {
+        PyObject *v = u ? PyLong_FromUnsignedLongLong(u[g]) : PyFloat_FromDouble(f[g]);
+        if (set_item(d, group_keys[g], v) < 0) {
             Py_DECREF(d);
             return NULL;
         }
-    return d;
-}
-
-static PyObject *per_group_double(const double *a)
-{
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    for (int g = 0; g < AXC_MODEL_NGROUPS; g++)
-        if (set_item(d, group_keys[g], PyFloat_FromDouble(a[g])) < 0) {
-            Py_DECREF(d);
-            return NULL;
-        }
+    }
     return d;
 }
 
@@ -312,10 +302,10 @@ static PyObject *volume_dict(const axc_volume *v)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    if (set_item(d, "sent", per_group_u64(v->sent)) < 0 ||
-        set_item(d, "recv", per_group_u64(v->recv)) < 0 ||
-        set_item(d, "calls", per_group_u64(v->calls)) < 0 ||
-        set_item(d, "hops", per_group_u64(v->hops)) < 0) {
+    if (set_item(d, "sent", per_group(v->sent, NULL)) < 0 ||
+        set_item(d, "recv", per_group(v->recv, NULL)) < 0 ||
+        set_item(d, "calls", per_group(v->calls, NULL)) < 0 ||
+        set_item(d, "hops", per_group(v->hops, NULL)) < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -344,10 +334,10 @@ static PyObject *entry_dict(const axc_plan_entry *e)
         set_item(d, "fits", PyBool_FromLong(e->fits)) < 0 ||
         set_item(d, "reason", PyUnicode_FromString(e->reason)) < 0 ||
         set_item(d, "comm_time_s", ct) < 0 ||
-        set_item(d, "time_s", per_group_double(e->time)) < 0 ||
-        set_item(d, "bytes", per_group_u64(e->vol.sent)) < 0 ||
-        set_item(d, "bytes_recv", per_group_u64(e->vol.recv)) < 0 ||
-        set_item(d, "calls", per_group_u64(e->vol.calls)) < 0 ||
+        set_item(d, "time_s", per_group(NULL, e->time)) < 0 ||
+        set_item(d, "bytes", per_group(e->vol.sent, NULL)) < 0 ||
+        set_item(d, "bytes_recv", per_group(e->vol.recv, NULL)) < 0 ||
+        set_item(d, "calls", per_group(e->vol.calls, NULL)) < 0 ||
         set_item(d, "mem_gib", mg) < 0 || set_item(d, "mem", mem) < 0) {
         Py_DECREF(d);
         return NULL;
