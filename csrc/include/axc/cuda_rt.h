@@ -31,7 +31,21 @@ typedef struct axc_cuda_api {
     int (*MallocHost)(void **ptr, size_t bytes);
     int (*FreeHost)(void *ptr);
     const char *(*GetErrorString)(int err);
+    /* used by the nccl backend (small persistent buffers and high-priority comm streams) */
+    int (*Malloc)(void **ptr, size_t bytes);
+    int (*Free)(void *ptr);
+    int (*StreamCreateWithPriority)(void **stream, unsigned flags, int priority);
+    int (*DeviceGetStreamPriorityRange)(int *least, int *greatest);
+    int device_count; /* devices visible to this process (> 0 once loaded) */
 } axc_cuda_api;
+
+/* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */
+enum {
+    AXC_CUDA_SUCCESS = 0,
+    AXC_CUDA_ERROR_NOT_READY = 600,     /* cudaErrorNotReady: EventQuery of a pending event */
+    AXC_CUDA_STREAM_NON_BLOCKING = 1,   /* cudaStreamNonBlocking */
+    AXC_CUDA_EVENT_DISABLE_TIMING = 2   /* cudaEventDisableTiming */
+};
 
 /* Loads the runtime once (thread-safe). AXC_ERR_UNAVAILABLE with the reason when there is none. */
 axc_status axc_cuda_load(const axc_cuda_api **api);

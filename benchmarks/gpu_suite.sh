@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# GPU suite: build axonn_c on the GPU machine (offline), then run what needs a GPU.
+#   1. pip install --no-build-isolation --no-deps .   (offline: torch and the nvidia wheels are there)
+#   2. build_info() (what was compiled in, which CUDA runtime / NCCL it bound to)
+#   3. the C test of the CUDA loader + a one-rank nccl communicator, built with the CUDA/NCCL headers
+#   4. pytest -m gpu -v tests/test_gpu.py   (nccl at world size 1; shm with CUDA tensors, 2 and 4 ranks)
+#   5. the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU, shm backend)
+#   6. a host-overhead micro-benchmark of one-rank nccl collectives
+# Every step's output goes to $OUT (default ./gpu_out); $OUT/summary.txt lists PASS/FAIL per step.
+# Exits non-zero when any step failed. Usage: bash benchmarks/gpu_suite.sh
+set -u -o pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$REPO/gpu_out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+PY="${PYTHON:-python3}"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+
+note() { echo "== $*" | tee -a "$OUT/suite.log"; }
+
+# step NAME TIMEOUT_S CMD...: runs CMD, logs to $OUT/NAME.log, records PASS/FAIL with the time.
+step() {
+    local name="$1" limit="$2"
+    shift 2
+    note "$name: $*"
+    local t0=$SECONDS rc
+    timeout --kill-after=30 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    local dt=$((SECONDS - t0))
+    tail -n 40 "$OUT/$name.log"
+    if [ "$rc" -eq 0 ]; then
+        echo "PASS $name (${dt}s)" | tee -a "$SUMMARY"
+    else
+        [ "$rc" -eq 124 ] && echo "   (timed out after ${limit}s)" | tee -a "$SUMMARY"
+        echo "FAIL $name (rc=$rc, ${dt}s, log: $OUT/$name.log)" | tee -a "$SUMMARY"
+        FAILED=1
+    fi
+    return "$rc"
+}
+
+cd "$REPO" || exit 2
+note "axonn_c GPU suite in $REPO, results in $OUT, $(date -u +%FT%TZ)"
+{
+    echo "git: $(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
+    uname -a
+    "$PY" --version
+    nvidia-smi 2>&1 || echo "nvidia-smi not available"
+    "$PY" - <<'EOF'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), "count", torch.cuda.device_count())
+    print("nccl", torch.cuda.nccl.version())
+EOF
+} > "$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+
+# 1. build
+step build 900 "$PY" -m pip install --no-build-isolation --no-deps -v "$REPO"
+BUILD_RC=$?
+grep -E "axonn_c: " "$OUT/build.log" | head -3 | tee -a "$SUMMARY"
+
+# run Python from $OUT so the installed package (with _C) is imported, not the source tree
+cd "$OUT" || exit 2
+if [ "$BUILD_RC" -eq 0 ]; then
+    # 2. build facts
+    step build_info 120 "$PY" -c "import json, axonn_c; print(json.dumps(axonn_c.build_info(), indent=1))"
+    cat "$OUT/build_info.log" >> "$SUMMARY"
+fi
+
+# 3. C test with the real headers (the Makefile's C tests build without them)
+read -r -d '' FIND_PATHS <<'EOF'
+import glob, os, site, sys
+import torch  # noqa: F401  (loads libcudart / libnccl)
+def loaded(name):
+    for line in open("/proc/self/maps"):
+        p = line.split()[-1]
+        if "/" in p and os.path.basename(p).startswith(name):
+            return p
+    return ""
+incs = []
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    incs += glob.glob(os.path.join(sp, "nvidia", "*", "include"))
+for d in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+    if d and os.path.isdir(os.path.join(d, "include")):
+        incs.insert(0, os.path.join(d, "include"))
+print(" ".join("-I" + i for i in dict.fromkeys(incs)))
+print(loaded("libcudart.so"))
+print(loaded("libnccl.so"))
+EOF
+if "$PY" -c "$FIND_PATHS" > "$OUT/paths.txt" 2> "$OUT/paths.err"; then
+    INCS="$(sed -n 1p "$OUT/paths.txt")"
+    CUDART="$(sed -n 2p "$OUT/paths.txt")"
+    NCCLLIB="$(sed -n 3p "$OUT/paths.txt")"
+    echo "include dirs: $INCS" >> "$OUT/suite.log"
+    echo "libcudart: ${CUDART:-not loaded by torch}; libnccl: ${NCCLLIB:-not loaded by torch}" | tee -a "$SUMMARY"
+    CORE_SRC="$(ls "$REPO"/csrc/*/*.c | grep -v -e '/csrc/python/' -e '/csrc/tests/')"
+    # shellcheck disable=SC2086  (word splitting of the include and source lists is intended)
+    if step ctest_build 300 ${CC:-gcc} -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
+        -Wno-missing-field-initializers -g -O1 -DAXC_HAVE_CUDA_HEADERS=1 \
+        -DAXC_HAVE_NCCL_HEADERS=1 -I"$REPO/csrc/include" $INCS -o "$OUT/test_cuda_rt" \
+        "$REPO/csrc/tests/test_cuda_rt.c" $CORE_SRC -ldl -lpthread -lrt -lm; then
+        step ctest_cuda_rt 300 env AXC_TEST_CUDART="$CUDART" AXC_TEST_NCCL_LIB="$NCCLLIB" \
+            "$OUT/test_cuda_rt"
+    fi
+else
+    cat "$OUT/paths.err"
+    echo "FAIL ctest (could not locate the CUDA/NCCL paths)" | tee -a "$SUMMARY"
+    FAILED=1
+fi
+
+if [ "$BUILD_RC" -eq 0 ]; then
+    # 4. pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
+    step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
+        --junitxml="$OUT/pytest_gpu.xml" "$REPO/tests/test_gpu.py"
+
+    # 5. multi-process suite with CUDA tensors (shm backend stages through host memory)
+    for n in 2 3 4; do
+        step "multirank_cuda_shm_np$n" 900 "$PY" -m torch.distributed.run --standalone \
+            --nproc_per_node "$n" "$REPO/tests/workers/gpu_shm_worker.py" --backend shm \
+            --sizes 1,7,1000,65539
+    done
+
+    # 6. host overhead of one-rank nccl collectives (start+wait, no host sync), and device time
+    step bench_nccl_world1 300 "$PY" - <<'EOF'
+import csv, os, time
+import torch
+import axonn_c
+axonn_c.init(backend="nccl", timeout=60)
+rows = []
+for nbytes in (4096, 1 << 20, 64 << 20):
+    x = torch.ones(nbytes // 4, device="cuda")
+    for _ in range(20):
+        axonn_c.comm.all_reduce(x)
+    torch.cuda.synchronize()
+    iters = 2000 if nbytes <= (1 << 20) else 200
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        axonn_c.comm.all_reduce(x)
+    host_us = (time.perf_counter() - t0) / iters * 1e6
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    for _ in range(iters):
+        axonn_c.comm.all_reduce(x)
+    torch.cuda.synchronize()
+    total_us = (time.perf_counter() - t1) / iters * 1e6
+    rows.append({"op": "all_reduce", "ranks": 1, "bytes": nbytes,
+                 "host_us_per_call": round(host_us, 2), "wall_us_per_call": round(total_us, 2)})
+axonn_c.finalize()
+print(f"{'bytes':>10} {'host us/call':>13} {'wall us/call':>13}")
+for r in rows:
+    print(f"{r['bytes']:>10} {r['host_us_per_call']:>13} {r['wall_us_per_call']:>13}")
+with open(os.path.join(os.getcwd(), "bench_nccl_world1.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+EOF
+else
+    echo "FAIL (skipped the Python steps: the build failed, see $OUT/build.log)" | tee -a "$SUMMARY"
+fi
+
+note "summary"
+cat "$SUMMARY"
+if [ "$FAILED" -ne 0 ]; then
+    echo "gpu_suite: FAILED (see $SUMMARY and the logs in $OUT)"
+    exit 1
+fi
+echo "gpu_suite: all steps passed"
+exit 0

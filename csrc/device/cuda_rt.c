@@ -1,0 +1,220 @@
+/* The CUDA runtime, bound at run time to the libcudart that torch already loaded.
+ *
+ * One build serves CPU-only and GPU machines: nothing here links against CUDA. The first
+ * axc_cuda_load() looks for an already-loaded libcudart (RTLD_NOLOAD, CUDA 13 then 12), falls back
+ * to a normal dlopen, resolves every entry point of axc_cuda_api and asks for the device count.
+ * The outcome (success, or the reason CUDA is unavailable) is computed once and replayed to every
+ * later caller. When the real CUDA headers are present at build time the declared pointer types
+ * are checked against the runtime's prototypes, so a header change cannot silently break the ABI.
+ */
+#include "axc/cuda_rt.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#if defined(AXC_HAVE_CUDA_HEADERS)
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#error "axonn_c binds the legacy-default-stream entry points; do not define CUDA_API_PER_THREAD_DEFAULT_STREAM"
+#endif
+#include <cuda_runtime_api.h>
+
+/* ---- compile-time ABI checks against the real headers ----
+ * 1. Each runtime function has exactly the prototype written here (compatible-type match through
+ *    _Generic: no casts, any difference in a parameter or the return type fails the build).
+ * 2. The types axc_cuda_api uses instead are ABI-identical: cudaError_t and enum cudaMemcpyKind
+ *    are 4-byte integers, cudaStream_t/cudaEvent_t are object pointers. */
+#define AXC_PROTO_IS(fn, type)                                                                   \
+    _Static_assert(_Generic(&fn, type : 1, default : 0),                                         \
+                   #fn " no longer has the prototype axc_cuda_api assumes (cuda_rt.c)")
+
+AXC_PROTO_IS(cudaGetDeviceCount, cudaError_t (*)(int *));
+AXC_PROTO_IS(cudaGetDevice, cudaError_t (*)(int *));
+AXC_PROTO_IS(cudaSetDevice, cudaError_t (*)(int));
+AXC_PROTO_IS(cudaMemcpyAsync,
+             cudaError_t (*)(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t));
+AXC_PROTO_IS(cudaStreamCreateWithFlags, cudaError_t (*)(cudaStream_t *, unsigned int));
+AXC_PROTO_IS(cudaStreamDestroy, cudaError_t (*)(cudaStream_t));
+AXC_PROTO_IS(cudaStreamSynchronize, cudaError_t (*)(cudaStream_t));
+AXC_PROTO_IS(cudaStreamWaitEvent, cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned int));
+AXC_PROTO_IS(cudaEventCreateWithFlags, cudaError_t (*)(cudaEvent_t *, unsigned int));
+AXC_PROTO_IS(cudaEventDestroy, cudaError_t (*)(cudaEvent_t));
+AXC_PROTO_IS(cudaEventRecord, cudaError_t (*)(cudaEvent_t, cudaStream_t));
+AXC_PROTO_IS(cudaEventQuery, cudaError_t (*)(cudaEvent_t));
+AXC_PROTO_IS(cudaEventSynchronize, cudaError_t (*)(cudaEvent_t));
+AXC_PROTO_IS(cudaMallocHost, cudaError_t (*)(void **, size_t));
+AXC_PROTO_IS(cudaFreeHost, cudaError_t (*)(void *));
+AXC_PROTO_IS(cudaGetErrorString, const char *(*)(cudaError_t));
+AXC_PROTO_IS(cudaMalloc, cudaError_t (*)(void **, size_t));
+AXC_PROTO_IS(cudaFree, cudaError_t (*)(void *));
+AXC_PROTO_IS(cudaStreamCreateWithPriority, cudaError_t (*)(cudaStream_t *, unsigned int, int));
+AXC_PROTO_IS(cudaDeviceGetStreamPriorityRange, cudaError_t (*)(int *, int *));
+AXC_PROTO_IS(cudaRuntimeGetVersion, cudaError_t (*)(int *));
+
+_Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
+_Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
+_Static_assert(sizeof(cudaStream_t) == sizeof(void *), "cudaStream_t is not a pointer");
+_Static_assert(sizeof(cudaEvent_t) == sizeof(void *), "cudaEvent_t is not a pointer");
+_Static_assert((int)cudaSuccess == AXC_CUDA_SUCCESS, "cudaSuccess changed");
+_Static_assert((int)cudaErrorNotReady == AXC_CUDA_ERROR_NOT_READY, "cudaErrorNotReady changed");
+_Static_assert(cudaStreamNonBlocking == AXC_CUDA_STREAM_NON_BLOCKING, "cudaStreamNonBlocking");
+_Static_assert(cudaEventDisableTiming == AXC_CUDA_EVENT_DISABLE_TIMING, "cudaEventDisableTiming");
+_Static_assert((int)cudaMemcpyHostToDevice == AXC_CUDA_MEMCPY_H2D, "cudaMemcpyHostToDevice changed");
+_Static_assert((int)cudaMemcpyDeviceToHost == AXC_CUDA_MEMCPY_D2H, "cudaMemcpyDeviceToHost changed");
+_Static_assert((int)cudaMemcpyDeviceToDevice == AXC_CUDA_MEMCPY_D2D, "cudaMemcpyDeviceToDevice");
+
+int axc_cuda_compiled(void) { return 1; }
+int axc_cuda_header_version(void) { return CUDART_VERSION; }
+#else
+int axc_cuda_compiled(void) { return 0; }
+int axc_cuda_header_version(void) { return 0; }
+#endif
+
+/* Every field is a function pointer of the same size as void *, so a dlsym result can be stored
+ * through memcpy (the POSIX-sanctioned way to turn an object pointer into a function pointer). */
+_Static_assert(sizeof(int (*)(int *)) == sizeof(void *), "function pointers are not pointer-sized");
+
+static pthread_once_t load_once_ = PTHREAD_ONCE_INIT;
+static axc_cuda_api api_;
+static axc_status load_status_ = AXC_ERR_UNAVAILABLE;
+static char load_msg_[768];
+static char lib_name_[64];
+
+#define AXC_CUDA_SYMBOLS(X)                                                                      \
+    X(GetDeviceCount, "cudaGetDeviceCount")                                                       \
+    X(GetDevice, "cudaGetDevice")                                                                 \
+    X(SetDevice, "cudaSetDevice")                                                                 \
+    X(MemcpyAsync, "cudaMemcpyAsync")                                                             \
+    X(StreamCreateWithFlags, "cudaStreamCreateWithFlags")                                         \
+    X(StreamDestroy, "cudaStreamDestroy")                                                         \
+    X(StreamSynchronize, "cudaStreamSynchronize")                                                 \
+    X(StreamWaitEvent, "cudaStreamWaitEvent")                                                     \
+    X(EventCreateWithFlags, "cudaEventCreateWithFlags")                                           \
+    X(EventDestroy, "cudaEventDestroy")                                                           \
+    X(EventRecord, "cudaEventRecord")                                                             \
+    X(EventQuery, "cudaEventQuery")                                                               \
+    X(EventSynchronize, "cudaEventSynchronize")                                                   \
+    X(MallocHost, "cudaMallocHost")                                                               \
+    X(FreeHost, "cudaFreeHost")                                                                   \
+    X(GetErrorString, "cudaGetErrorString")                                                       \
+    X(Malloc, "cudaMalloc")                                                                       \
+    X(Free, "cudaFree")                                                                           \
+    X(StreamCreateWithPriority, "cudaStreamCreateWithPriority")                                   \
+    X(DeviceGetStreamPriorityRange, "cudaDeviceGetStreamPriorityRange")
+
+static void set_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void set_unavailable(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(load_msg_, sizeof load_msg_, fmt, ap);
+    va_end(ap);
+    load_status_ = AXC_ERR_UNAVAILABLE;
+}
+
+static void *open_runtime(void)
+{
+    static const char *names[] = {"libcudart.so.13", "libcudart.so.12"};
+    const size_t n = sizeof names / sizeof names[0];
+    /* 1. the copy torch (or anyone) already loaded: shares its context and its streams */
+    for (size_t i = 0; i < n; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+        if (h) {
+            snprintf(lib_name_, sizeof lib_name_, "%s (already loaded)", names[i]);
+            return h;
+        }
+    }
+    /* 2. a normal search (LD_LIBRARY_PATH, system paths) */
+    char errs[512] = "";
+    for (size_t i = 0; i < n; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) {
+            snprintf(lib_name_, sizeof lib_name_, "%s", names[i]);
+            return h;
+        }
+        const char *e = dlerror();
+        size_t used = strlen(errs);
+        snprintf(errs + used, sizeof errs - used, "%s%s", used ? "; " : "", e ? e : names[i]);
+    }
+    set_unavailable("CUDA runtime not found: neither libcudart.so.13 nor libcudart.so.12 is "
+                    "loaded in this process or on the library path (%s); a CUDA build of torch "
+                    "loads it on import",
+                    errs);
+    return NULL;
+}
+
+static void load_runtime(void)
+{
+    void *h = open_runtime();
+    if (!h)
+        return;
+    axc_cuda_api api;
+    memset(&api, 0, sizeof api);
+    int (*runtime_version)(int *) = NULL;
+    void *sym;
+#define AXC_RESOLVE(field, name)                                                                 \
+    sym = dlsym(h, name);                                                                        \
+    if (!sym) {                                                                                  \
+        set_unavailable("the CUDA runtime %s has no symbol %s", lib_name_, name);                \
+        return;                                                                                  \
+    }                                                                                            \
+    memcpy(&api.field, &sym, sizeof sym);
+    AXC_CUDA_SYMBOLS(AXC_RESOLVE)
+    sym = dlsym(h, "cudaRuntimeGetVersion");
+    if (!sym) {
+        set_unavailable("the CUDA runtime %s has no symbol %s", lib_name_, "cudaRuntimeGetVersion");
+        return;
+    }
+    memcpy(&runtime_version, &sym, sizeof sym);
+#undef AXC_RESOLVE
+
+    int version = 0;
+    if (runtime_version(&version) != AXC_CUDA_SUCCESS)
+        version = 0;
+    api.runtime_version = version;
+
+    int count = 0;
+    int err = api.GetDeviceCount(&count);
+    if (err != AXC_CUDA_SUCCESS) {
+        const char *what = api.GetErrorString(err);
+        set_unavailable("no usable CUDA device: cudaGetDeviceCount failed in %s: %s (cudaError %d)",
+                        lib_name_, what ? what : "unknown error", err);
+        return;
+    }
+    if (count <= 0) {
+        set_unavailable("no CUDA device is visible to this process (%s reports 0 devices; "
+                        "check CUDA_VISIBLE_DEVICES)",
+                        lib_name_);
+        return;
+    }
+    api.device_count = count;
+    api_ = api;
+    load_status_ = AXC_OK;
+    load_msg_[0] = '\0';
+}
+
+axc_status axc_cuda_load(const axc_cuda_api **api)
+{
+    if (api)
+        *api = NULL;
+    if (pthread_once(&load_once_, load_runtime) != 0)
+        return axc_fail(AXC_ERR_SYSTEM, "pthread_once failed while loading the CUDA runtime");
+    if (load_status_ != AXC_OK)
+        return axc_fail(load_status_, "%s", load_msg_);
+    if (api)
+        *api = &api_;
+    return AXC_OK;
+}
+
+axc_status axc_cuda_check(int err, const char *what)
+{
+    if (err == AXC_CUDA_SUCCESS)
+        return AXC_OK;
+    const char *desc = NULL;
+    if (load_status_ == AXC_OK && api_.GetErrorString)
+        desc = api_.GetErrorString(err);
+    return axc_fail(AXC_ERR_BACKEND, "%s failed: %s (cudaError %d)", what ? what : "CUDA call",
+                    desc ? desc : "unknown error", err);
+}

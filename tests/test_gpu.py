@@ -1,0 +1,206 @@
+"""GPU tests: the nccl backend at world size 1 in this process, and the shm backend with CUDA
+tensors across several ranks on one GPU (torchrun). Skipped, with the reason shown, without CUDA.
+
+Run: pytest -m gpu -v tests/test_gpu.py   (benchmarks/gpu_suite.sh does this on the GPU machine)
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import axonn_c
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA device (torch.cuda.is_available() is False)"),
+]
+
+GROUPS = ("col", "row", "depth", "data", "intra", "world")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8)
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "gpu_shm_worker.py")
+
+
+def _clear_dist_env(monkeypatch):
+    """A world of one in this process, whatever launched pytest."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def nccl1(monkeypatch):
+    _clear_dist_env(monkeypatch)
+    if axonn_c.is_initialized():
+        axonn_c.finalize()
+    g = axonn_c.init(backend="nccl", timeout=60)
+    try:
+        yield g
+    finally:
+        axonn_c.finalize()
+
+
+def _input(dtype, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        x = torch.randn(n, generator=gen).to(dtype)
+    else:
+        lo, hi = (-100, 100) if dtype == torch.int8 else (0, 250)
+        x = torch.randint(lo, hi, (n,), generator=gen, dtype=torch.int64).to(dtype)
+    return x.cuda()
+
+
+def _same(got, want):
+    torch.cuda.synchronize()
+    assert got.dtype == want.dtype and got.device == want.device
+    assert torch.equal(got, want), (got.flatten()[:8].tolist(), want.flatten()[:8].tolist())
+
+
+def test_build_info_reports_cuda_and_nccl():
+    info = axonn_c.build_info()
+    print(info)
+    assert info["cuda_compiled"], info
+    assert info["nccl_compiled"], info
+    assert isinstance(info["cuda_runtime"], int) and info["cuda_runtime"] > 0, info
+    assert isinstance(info["nccl_runtime"], int), info
+    major, minor, patch = torch.cuda.nccl.version()[:3]
+    want = major * 10000 + minor * 100 + patch if (major, minor) > (2, 8) else \
+        major * 1000 + minor * 100 + patch
+    assert info["nccl_runtime"] == want, (info["nccl_runtime"], torch.cuda.nccl.version())
+
+
+def test_init_uses_nccl(nccl1):
+    assert "nccl" in nccl1.backends, nccl1.backends
+    assert nccl1.world_size == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_every_collective_every_group(nccl1, dtype):
+    """With one rank every collective returns its input (sum, avg and max of one value too)."""
+    axonn_c.reset_comm_stats()
+    sizes = (1, 7, 1000) + ((1_000_003,) if dtype == torch.float32 else ())
+    calls = 0
+    for group in GROUPS:
+        for n in sizes:
+            x = _input(dtype, n, seed=n)
+            for op in ("sum", "avg", "max"):
+                y = x.clone()
+                axonn_c.comm.all_reduce(y, group=group, op=op)
+                _same(y, x)
+                calls += 1
+            out = torch.full_like(x, 7)
+            axonn_c.comm.all_gather(out, x, group=group)
+            _same(out, x)
+            for op in ("sum", "avg", "max"):
+                out = torch.full_like(x, 7)
+                axonn_c.comm.reduce_scatter(out, x, group=group, op=op)
+                _same(out, x)
+                calls += 1
+            out = torch.full_like(x, 7)
+            axonn_c.comm.all_to_all(out, x, group=group)
+            _same(out, x)
+            y = x.clone()
+            axonn_c.comm.broadcast(y, src=0, group=group)
+            _same(y, x)
+            calls += 3
+        axonn_c.comm.barrier(group=group)
+        calls += 1
+    stats = axonn_c.comm_stats()
+    total = 0
+    for group in GROUPS:
+        assert stats[group]["bytes_sent"] == 0, (group, stats[group])
+        assert stats[group]["bytes_recv"] == 0, (group, stats[group])
+        total += stats[group]["calls"]
+    assert total == calls, (total, calls, stats)
+
+
+def test_async_handles_and_streams(nccl1):
+    """Async ops on a side stream: wait() orders the current stream after them (no host sync)."""
+    side = torch.cuda.Stream()
+    xs = [_input(torch.float32, 1 << 16, seed=i) for i in range(12)]
+    ys = [x.clone() for x in xs]
+    works = []
+    side.wait_stream(torch.cuda.current_stream())  # the inputs were written on the current stream
+    with torch.cuda.stream(side):
+        for i, y in enumerate(ys):
+            y.mul_(2)  # queued on `side` before the collective: the fork must order after it
+            works.append(axonn_c.comm.all_reduce(y, group=GROUPS[i % len(GROUPS)], op="sum",
+                                                 async_op=True))
+        for w in works:
+            w.wait()
+        for y in ys:
+            y.add_(1)  # on `side`, after the join
+    side.synchronize()
+    for w in works:
+        assert w.is_completed()
+        w.wait()  # waiting twice is harmless
+    for x, y in zip(xs, ys):
+        _same(y, x * 2 + 1)
+
+
+def test_many_in_flight(nccl1):
+    """More outstanding works than one would pool: all complete, in any wait order."""
+    xs = [_input(torch.bfloat16, 4099, seed=i) for i in range(200)]
+    ys = [x.clone() for x in xs]
+    works = [axonn_c.comm.all_reduce(y, group="world", async_op=True) for y in ys]
+    for w in reversed(works):
+        w.wait()
+    for x, y in zip(xs, ys):
+        _same(y, x)
+
+
+def test_cpu_tensor_is_refused_with_nccl(nccl1):
+    x = torch.ones(4)
+    with pytest.raises(Exception) as e:
+        axonn_c.comm.all_reduce(x)
+    assert str(e.value), "the error must say why"
+
+
+def test_init_finalize_repeat(monkeypatch):
+    _clear_dist_env(monkeypatch)
+    if axonn_c.is_initialized():
+        axonn_c.finalize()
+    for i in range(3):
+        g = axonn_c.init(backend="nccl", timeout=60)
+        assert "nccl" in g.backends
+        x = _input(torch.float16, 513, seed=i)
+        y = x.clone()
+        axonn_c.comm.all_reduce(y, op="max")
+        _same(y, x)
+        axonn_c.finalize()
+    assert not axonn_c.is_initialized()
+
+
+def test_auto_backend_picks_nccl_for_cuda(monkeypatch):
+    _clear_dist_env(monkeypatch)
+    if axonn_c.is_initialized():
+        axonn_c.finalize()
+    g = axonn_c.init(timeout=60)
+    try:
+        assert "nccl" in g.backends, g.backends
+        x = _input(torch.float32, 100)
+        y = x.clone()
+        axonn_c.comm.all_reduce(y)
+        _same(y, x)
+    finally:
+        axonn_c.finalize()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_shm_with_cuda_tensors_multirank(nproc, tmp_path):
+    """Several ranks share the GPU; the shm backend stages CUDA tensors through host memory.
+    Every grid, group, collective and dtype equals the serial result."""
+    env = dict(os.environ)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", WORKER, "--backend", "shm", "--sizes", "1,7,1000"]
+    proc = subprocess.run(cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=900)
+    out = proc.stdout + proc.stderr
+    print(out[-4000:])
+    assert proc.returncode == 0, out[-8000:]
+    assert f"world {nproc}, backend shm" in out and "all equal to the serial result" in out, out
