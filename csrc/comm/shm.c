@@ -37,6 +37,7 @@ typedef struct shm_header {
     uint64_t slot_bytes;
     _Atomic uint32_t attached;
     _Atomic uint32_t aborted; /* 0, or 1 + the rank that aborted */
+    uint32_t abort_status;    /* its axc_status, so every rank reports the same kind of error */
     char abort_msg[512];
     char pad[CACHE_LINE];
 } shm_header;
@@ -114,17 +115,26 @@ static int pid_alive(int32_t pid)
 static axc_status shm_abort(shm_backend *b, axc_status st, const char *msg)
 {
     uint32_t expected = 0;
-    if (atomic_compare_exchange_strong(&b->hdr->aborted, &expected, (uint32_t)b->rank + 1))
+    if (atomic_compare_exchange_strong(&b->hdr->aborted, &expected, (uint32_t)b->rank + 1)) {
+        b->hdr->abort_status = (uint32_t)st;
         snprintf(b->hdr->abort_msg, sizeof b->hdr->abort_msg, "%s", msg);
+    }
     return axc_fail(st, "%s", msg);
+}
+
+/* The error of a rank that aborted the segment, as seen by the others. */
+static axc_status aborted_error(shm_backend *b, const char *what)
+{
+    uint32_t ab = atomic_load(&b->hdr->aborted);
+    axc_status st = b->hdr->abort_status == AXC_ERR_TIMEOUT ? AXC_ERR_TIMEOUT : AXC_ERR_PEER;
+    return axc_fail(st, "%s failed because rank %u aborted the job: %s", what, ab - 1,
+                    b->hdr->abort_msg);
 }
 
 static axc_status check_peers(shm_backend *b, const shm_group *g, const char *what)
 {
-    uint32_t ab = atomic_load(&b->hdr->aborted);
-    if (ab)
-        return axc_fail(AXC_ERR_PEER, "%s failed because rank %u aborted the job: %s", what,
-                        ab - 1, b->hdr->abort_msg);
+    if (atomic_load(&b->hdr->aborted))
+        return aborted_error(b, what);
     for (int k = 0; k < g->info.size; k++) {
         int r = g->members[k];
         if (r != b->rank && !pid_alive(atomic_load(&b->pids[r]))) {
@@ -309,10 +319,8 @@ static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a
             memmove(recv, send, recv_elems(a, G) * axc_dtype_size(a->dtype));
         return AXC_OK;
     }
-    uint32_t ab = atomic_load(&b->hdr->aborted);
-    if (ab) /* peers are checked only while waiting: an op's fast path makes no system call */
-        return axc_fail(AXC_ERR_PEER, "%s failed because rank %u aborted the job: %s", c.what,
-                        ab - 1, b->hdr->abort_msg);
+    if (atomic_load(&b->hdr->aborted)) /* peers are checked only while waiting: no syscall */
+        return aborted_error(b, c.what);
     switch (a->kind) {
     case AXC_COLL_ALL_REDUCE: st = run_all_reduce(&c, a, send, recv); break;
     case AXC_COLL_ALL_GATHER: st = run_all_gather(&c, a, send, recv); break;

@@ -1,0 +1,60 @@
+"""A peer that dies mid-collective or never arrives makes every other rank raise in time."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import WORKERS, free_port, shm_leftovers
+
+pytestmark = pytest.mark.multiproc
+
+
+def launch(world, mode, timeout):
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONWARNINGS="ignore")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKERS / "dead_peer_worker.py"), mode, str(timeout)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    return procs
+
+
+@pytest.mark.parametrize("mode,world", [("kill", 3), ("kill", 4), ("absent", 3)])
+def test_peer_failure_raises_on_every_rank(mode, world):
+    timeout = 6.0
+    before = set(shm_leftovers())
+    procs = launch(world, mode, timeout)
+    victim = procs[-1]
+    line = victim.stdout.readline()
+    assert "VICTIM READY" in line, line + victim.stdout.read()
+    t0 = time.monotonic()
+    if mode == "kill":
+        time.sleep(0.5)  # survivors are inside all_reduce loops by now
+        victim.send_signal(signal.SIGKILL)
+    outputs = []
+    for p in procs[:-1]:
+        out, _ = p.communicate(timeout=timeout + 30)
+        outputs.append(out)
+        assert p.returncode == 0, out
+    elapsed = time.monotonic() - t0
+    if mode == "absent":
+        victim.kill()
+    victim.wait()
+    for out in outputs:
+        m = re.search(r"RAISED (\w+) after ([\d.]+)s: (.*)", out)
+        assert m, out
+        assert "SECOND CALL DID NOT RAISE" not in out
+        if mode == "kill":
+            assert m.group(1) == "CommError" and "died" in m.group(3), out
+        else:
+            assert m.group(1) == "CommTimeoutError", out
+        assert float(m.group(2)) <= timeout + 2.0
+    assert elapsed < timeout + 20
+    assert set(shm_leftovers()) <= before
