@@ -14,7 +14,7 @@ _ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _ALL_TO_ALL, _BROADCAST, _BARRIER = r
 
 
 def _stream(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    return torch.cuda.current_stream(t.device).cuda_stream if getattr(t, "is_cuda", False) else 0
 
 
 def all_reduce(tensor: torch.Tensor, group: str = "world", op: str = "sum", async_op: bool = False):

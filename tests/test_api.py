@@ -1,0 +1,150 @@
+"""Single-process API: init/finalize, the grid, errors that name the numbers, world-1
+collectives, argument validation, build info."""
+import os
+
+import pytest
+import torch
+
+import axonn_c
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    axonn_c.finalize()
+    yield
+    axonn_c.finalize()
+
+
+def test_world_of_one_grid_and_members():
+    g = axonn_c.init()
+    assert (g.G_data, g.G_intra_r, g.G_intra_c, g.G_intra_d) == (1, 1, 1, 1)
+    assert (g.rank, g.data_rank, g.depth_rank, g.row_rank, g.col_rank) == (0, 0, 0, 0, 0)
+    assert "shm" in g.backends
+    for name in ("col", "row", "depth", "data", "intra", "world"):
+        assert g.members(name) == [0]
+    assert axonn_c.grid() == g
+    assert axonn_c.is_initialized()
+
+
+def test_members_follow_column_fastest_order():
+    # pure grid math for a 2x2x2x2 grid, seen from rank 13 = (data 1, depth 1, row 0, col 1)
+    members = lambda name: axonn_c._C.grid_members(2, 2, 2, 2, 13, name)  # noqa: E731
+    assert members("col") == [12, 13]
+    assert members("row") == [13, 15]
+    assert members("depth") == [9, 13]
+    assert members("data") == [5, 13]
+    assert members("intra") == list(range(8, 16))
+    assert members("world") == list(range(16))
+    with pytest.raises(ValueError, match="unknown group 'rows'"):
+        members("rows")
+
+
+@pytest.mark.parametrize("sizes,message", [
+    (dict(G_intra_r=2), r"= 2 ranks does not match the world size 1"),
+    (dict(G_data=0), r"G_data=0"),
+    (dict(G_intra_c=-2), r"G_intra_c=-2"),
+    (dict(G_inter=2), r"G_inter=2"),
+])
+def test_bad_grids_raise_with_the_numbers(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        axonn_c.init(**sizes)
+    assert not axonn_c.is_initialized()
+
+
+def test_wrong_types_and_backend():
+    with pytest.raises(TypeError, match="G_data must be an int"):
+        axonn_c.init(G_data=1.0)
+    with pytest.raises(ValueError, match="backend='gloo'"):
+        axonn_c.init(backend="gloo")
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        axonn_c.init(timeout=0)
+
+
+def test_use_before_init_raises():
+    with pytest.raises(RuntimeError, match="not initialised"):
+        axonn_c.grid()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        axonn_c.comm.all_reduce(torch.ones(3))
+    with pytest.raises(RuntimeError, match="not initialised"):
+        axonn_c.comm_stats()
+
+
+def test_init_twice_same_is_noop_different_raises(monkeypatch):
+    axonn_c.init()
+    axonn_c.init()  # same sizes: fine
+    with pytest.raises(RuntimeError, match=r"already initialised .* G_data=1"):
+        axonn_c._C.init(rank=0, world_size=2, local_rank=0, local_world_size=2, G_data=2,
+                        G_intra_r=1, G_intra_c=1, G_intra_d=1, G_inter=1, backend=None,
+                        job_id="", timeout=1.0, cuda_device=-1, store_set=None, store_get=None)
+
+
+def test_init_finalize_repeat():
+    for _ in range(5):
+        axonn_c.init()
+        x = torch.arange(4.0)
+        axonn_c.comm.all_reduce(x)
+        assert torch.equal(x, torch.arange(4.0))
+        axonn_c.finalize()
+        assert not axonn_c.is_initialized()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8,
+                                   torch.uint8])
+def test_world_one_collectives_are_identity(dtype):
+    axonn_c.init()
+    x = (torch.arange(7) % 5).to(dtype)
+    for op in ("sum", "avg", "max"):
+        y = x.clone()
+        axonn_c.comm.all_reduce(y, group="depth", op=op)
+        assert torch.equal(y, x)
+    out = torch.empty_like(x)
+    axonn_c.comm.all_gather(out, x, group="col")
+    assert torch.equal(out, x)
+    axonn_c.comm.reduce_scatter(out, x, group="row")
+    assert torch.equal(out, x)
+    axonn_c.comm.all_to_all(out, x, group="data")
+    assert torch.equal(out, x)
+    y = x.clone()
+    work = axonn_c.comm.broadcast(y, src=0, group="intra", async_op=True)
+    assert isinstance(work, axonn_c.Work)
+    work.wait()
+    assert work.is_completed() and torch.equal(y, x)
+    axonn_c.comm.barrier()
+    stats = axonn_c.comm_stats()
+    assert set(stats) == {"col", "row", "depth", "data", "intra", "world"}
+    assert all(s["bytes_sent"] == 0 and s["bytes_recv"] == 0 for s in stats.values())
+    assert stats["depth"]["calls"] == 3
+    axonn_c.reset_comm_stats()
+    assert axonn_c.comm_stats()["depth"]["calls"] == 0
+
+
+def test_bad_tensors_are_rejected_with_reasons():
+    axonn_c.init()
+    with pytest.raises(ValueError, match="contiguous"):
+        axonn_c.comm.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(TypeError, match="float64|dtype"):
+        axonn_c.comm.all_reduce(torch.ones(3, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="same dtype"):
+        axonn_c.comm.all_gather(torch.empty(3), torch.ones(3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="output has 5 elements, expected 3"):
+        axonn_c.comm.all_gather(torch.empty(5), torch.ones(3))
+    with pytest.raises(ValueError, match="unsupported reduction 'min'"):
+        axonn_c.comm.all_reduce(torch.ones(3), op="min")
+    with pytest.raises(ValueError, match="unknown group"):
+        axonn_c.comm.all_reduce(torch.ones(3), group="pipeline")
+    with pytest.raises(ValueError, match="root 1 is outside the world group of size 1"):
+        axonn_c.comm.broadcast(torch.ones(3), src=1)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        axonn_c.comm.all_reduce([1.0, 2.0])
+
+
+def test_build_info_reports_what_was_compiled():
+    info = axonn_c.build_info()
+    for key in ("summary", "cuda_compiled", "nccl_compiled", "cuda_runtime", "nccl_runtime",
+                "torch"):
+        assert key in info
+    assert info["torch"] == torch.__version__
+    if not torch.cuda.is_available():
+        assert "unavailable" in str(info["cuda_runtime"])
