@@ -1184,7 +1184,19 @@ static axc_status nccl_wait(axc_backend *base, axc_work *w)
         return axc_fail(AXC_ERR_STATE, "nccl: wait on a work that was never started");
     int host_wait = w->coll.kind == AXC_COLL_BARRIER;
     dev_guard dg;
-    AXC_TRY(dev_enter(be, &dg));
+    axc_status dst = dev_enter(be, &dg);
+    if (dst != AXC_OK) { /* detach anyway: the generic layer frees `w` after an error */
+        char m[512];
+        snprintf(m, sizeof m, "%s", axc_last_error());
+        pthread_mutex_lock(&be->mu);
+        slot->work = NULL;
+        w->backend_data = NULL;
+        int reported = slot->reported;
+        pthread_mutex_unlock(&be->mu);
+        if (!reported)
+            axc_work_complete(w, dst, m);
+        return axc_fail(dst, "%s", m);
+    }
     int64_t deadline = slot->start_ns + (int64_t)((be->timeout_s + 1.0) * 1e9);
     axc_status st = AXC_OK;
     char msg[512] = "";

@@ -188,9 +188,10 @@ static int run_coll(axc_comm *comm, const axc_cuda_api *cu, axc_group_kind g, ax
     CHECK_OK(axc_cuda_check(cu->MemcpyAsync(dsend, h, sizeof(float) * in_n, AXC_CUDA_MEMCPY_H2D,
                                             stream),
                             "H2D"));
-    CHECK_OK(axc_cuda_check(cu->MemcpyAsync(drecv, o, sizeof(float) * out_n, AXC_CUDA_MEMCPY_H2D,
-                                            stream),
-                            "H2D"));
+    if (drecv != dsend) /* poison the output (not when in place: it holds the input) */
+        CHECK_OK(axc_cuda_check(cu->MemcpyAsync(drecv, o, sizeof(float) * out_n,
+                                                AXC_CUDA_MEMCPY_H2D, stream),
+                                "H2D"));
     axc_coll c;
     memset(&c, 0, sizeof c);
     c.kind = k;

@@ -1,0 +1,99 @@
+/* CPU stand-ins for libcudart.so.13 and libnccl.so.2 (one rank), so the nccl backend's control
+ * flow (non-blocking polling, fork/join events, pooling, watchdog timeout, abort) runs on a machine
+ * without a GPU. Device memory is host memory; every "kernel" runs at once on the host.
+ * MOCK_HANG_AT=k: the k-th collective "hangs": events recorded after it stay pending until a
+ * communicator is aborted. Build: see csrc/tests/mock/run_mock_test.sh. */
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ev { int pending; } ev;
+/* exported, so both mock libraries share one copy (ELF interposition, libcudart loaded first) */
+int g_hung, g_calls, g_hang_at = -1, g_polls;
+
+static int hang_at(void)
+{
+    if (g_hang_at == -1) {
+        const char *e = getenv("MOCK_HANG_AT");
+        g_hang_at = e ? atoi(e) : 0;
+    }
+    return g_hang_at;
+}
+
+/* ---- cudart ---- */
+int cudaGetDeviceCount(int *c) { *c = 1; return 0; }
+int cudaGetDevice(int *d) { *d = 0; return 0; }
+int cudaSetDevice(int d) { return d == 0 ? 0 : 101; }
+int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
+int cudaMemcpyAsync(void *d, const void *s, size_t n, int k, void *st) { (void)k, (void)st; memmove(d, s, n); return 0; }
+int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
+int cudaStreamCreateWithPriority(void **s, unsigned f, int p) { (void)f, (void)p; *s = malloc(1); return 0; }
+int cudaDeviceGetStreamPriorityRange(int *l, int *g) { *l = 0; *g = -5; return 0; }
+int cudaStreamDestroy(void *s) { free(s); return 0; }
+int cudaStreamSynchronize(void *s) { (void)s; return 0; }
+int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)f; return 0; }
+int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
+int cudaEventDestroy(void *e) { free(e); return 0; }
+int cudaEventRecord(void *e, void *s) { (void)s; ((ev *)e)->pending = g_hung; return 0; }
+int cudaEventQuery(void *e) { return (((ev *)e)->pending && g_hung) ? 600 : 0; }
+int cudaEventSynchronize(void *e) { (void)e; return 0; }
+int cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
+int cudaFreeHost(void *p) { free(p); return 0; }
+int cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
+int cudaFree(void *p) { free(p); return 0; }
+const char *cudaGetErrorString(int e) { return e ? "mock cuda error" : "no error"; }
+
+/* ---- nccl (one rank) ---- */
+typedef struct comm { int polls_left; const void *pending_send; } comm;
+typedef struct uid { char internal[128]; } uid;
+static const size_t dsz[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+int ncclGetVersion(int *v) { *v = 22809; return 0; }
+int ncclGetUniqueId(void *id) { memset(id, 7, 128); return 0; }
+int ncclCommInitRankConfig(void **c, int n, uid id, int r, void *cfg)
+{
+    (void)id, (void)cfg;
+    if (n != 1 || r != 0) return 4;
+    comm *m = calloc(1, sizeof *m);
+    m->polls_left = 2; /* two polls see ncclInProgress */
+    *c = m;
+    return 7;
+}
+int ncclCommSplit(void *p, int color, int key, void **c, void *cfg)
+{
+    (void)p, (void)color, (void)key, (void)cfg;
+    comm *m = calloc(1, sizeof *m);
+    m->polls_left = 1;
+    *c = m;
+    return 7;
+}
+int ncclCommGetAsyncError(void *c, int *st)
+{
+    comm *m = c;
+    g_polls++;
+    if (m->polls_left > 0) { m->polls_left--; *st = 7; } else *st = 0;
+    return 0;
+}
+int ncclCommAbort(void *c) { free(c); g_hung = 0; return 0; }
+int ncclCommFinalize(void *c) { ((comm *)c)->polls_left = 1; return 7; }
+int ncclCommDestroy(void *c) { free(c); return 0; }
+const char *ncclGetErrorString(int r) { return r ? "mock nccl error" : "no error"; }
+const char *ncclGetLastError(void *c) { (void)c; return ""; }
+static int op_done(void *c)
+{
+    if (++g_calls == hang_at()) g_hung = 1;
+    ((comm *)c)->polls_left = g_calls % 3 == 0; /* some enqueues report ncclInProgress */
+    return ((comm *)c)->polls_left ? 7 : 0;
+}
+int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, void *c, void *st)
+{ (void)op, (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+int ncclAllGather(const void *s, void *r, size_t n, int dt, void *c, void *st)
+{ (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, void *c, void *st)
+{ (void)op, (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+int ncclBroadcast(const void *s, void *r, size_t n, int dt, int root, void *c, void *st)
+{ (void)root, (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+int ncclSend(const void *s, size_t n, int dt, int peer, void *c, void *st)
+{ (void)n, (void)dt, (void)peer, (void)st; ((comm *)c)->pending_send = s; return 0; }
+int ncclRecv(void *r, size_t n, int dt, int peer, void *c, void *st)
+{ (void)peer, (void)st; memmove(r, ((comm *)c)->pending_send, n * dsz[dt]); return 0; }
+int ncclGroupStart(void) { return 0; }
+int ncclGroupEnd(void) { return 0; }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the nccl backend against CPU mocks of libcudart/libnccl (no GPU needed), plain and under
+# ASan+UBSan: the one-rank flow of test_cuda_rt and the watchdog/abort path of test_nccl_mock.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=build/mock
+mkdir -p "$OUT"
+NCCL_INC="${NCCL_INC:-$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "include"))')}"
+CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
+gcc -shared -fPIC -O1 -Wl,-soname,libcudart.so.13 -o "$OUT/libcudart.so.13" csrc/tests/mock/mock_cuda_nccl.c
+gcc -shared -fPIC -O1 -Wl,-soname,libnccl.so.2 -o "$OUT/libnccl.so.2" csrc/tests/mock/mock_cuda_nccl.c
+CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
+for mode in plain san; do
+    FLAGS="-O1 -g"
+    [ "$mode" = san ] && FLAGS="$FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+    for t in csrc/tests/test_cuda_rt.c csrc/tests/mock/test_nccl_mock.c; do
+        bin="$OUT/$(basename "$t" .c)_$mode"
+        # shellcheck disable=SC2086
+        gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers $FLAGS \
+            -DAXC_HAVE_CUDA_HEADERS=1 -DAXC_HAVE_NCCL_HEADERS=1 -Icsrc/include -I"$CUDA_INC" \
+            -I"$NCCL_INC" -o "$bin" "$t" $CORE -ldl -lpthread -lrt -lm
+        echo "== $bin"
+        hang=0
+        case "$t" in *test_nccl_mock.c) hang=2 ;; esac
+        AXC_TEST_CUDART="$PWD/$OUT/libcudart.so.13" AXC_TEST_NCCL_LIB="$PWD/$OUT/libnccl.so.2" \
+            MOCK_HANG_AT=$hang ASAN_OPTIONS=detect_leaks=1 "$bin"
+    done
+done

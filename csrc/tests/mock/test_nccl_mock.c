@@ -1,0 +1,67 @@
+/* The nccl backend's failure path on the CPU mocks: a collective that never finishes makes the
+ * watchdog abort within the timeout; the unwaited work fails with AXC_ERR_TIMEOUT naming the op and
+ * group, and every later start fails with the same error. Run by run_mock_test.sh. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "axc/comm.h"
+#include "axc/cuda_rt.h"
+#include "axc/grid.h"
+#include "../ctest.h"
+
+int main(void)
+{
+    /* bind to the mocks, as a torch process would to the real libraries */
+    const char *libs[] = {getenv("AXC_TEST_CUDART"), getenv("AXC_TEST_NCCL_LIB")};
+    for (int i = 0; i < 2; i++)
+        CHECK(libs[i] && dlopen(libs[i], RTLD_NOW | RTLD_GLOBAL));
+    axc_grid grid;
+    CHECK_OK(axc_grid_make(&grid, 1, 1, 1, 1, 1, 1));
+    axc_comm_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.grid = grid;
+    cfg.local_world_size = 1;
+    cfg.cuda_device = 0;
+    cfg.backend = "nccl";
+    cfg.job_id = "mockjob";
+    cfg.timeout_s = 0.5;
+    axc_comm *comm = NULL;
+    CHECK_OK(axc_comm_create(&comm, &cfg));
+    if (!comm)
+        return ctest_summary("test_nccl_mock");
+    float buf[16] = {0};
+    axc_coll c;
+    memset(&c, 0, sizeof c);
+    c.kind = AXC_COLL_ALL_REDUCE;
+    c.send = buf;
+    c.recv = buf;
+    c.count = 16;
+    c.dtype = AXC_DT_F32;
+    c.device = 0;
+    axc_work *w1 = NULL, *w2 = NULL; /* MOCK_HANG_AT=2: the second collective hangs */
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &w1));
+    CHECK_OK(axc_work_wait(w1));
+    axc_work_free(w1);
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_ROW, &c, &w2));
+    CHECK(axc_work_done(w2) == 0);
+    struct timespec ts = {1, 200000000};
+    nanosleep(&ts, NULL); /* > timeout: the watchdog aborts */
+    CHECK(axc_work_done(w2) == 1);
+    axc_status st = axc_work_wait(w2);
+    printf("wait after the hang: %s: %s\n", axc_status_name(st), axc_last_error());
+    CHECK(st == AXC_ERR_TIMEOUT);
+    CHECK(strstr(axc_last_error(), "all_reduce") && strstr(axc_last_error(), "row"));
+    axc_work_free(w2);
+    axc_work *w3 = NULL;
+    st = axc_comm_start(comm, AXC_GROUP_COL, &c, &w3);
+    printf("start after the abort: %s: %s\n", axc_status_name(st), axc_last_error());
+    CHECK(st == AXC_ERR_TIMEOUT);
+    CHECK(w3 == NULL);
+    c.kind = AXC_COLL_BARRIER;
+    CHECK(axc_comm_start(comm, AXC_GROUP_WORLD, &c, &w3) == AXC_ERR_TIMEOUT);
+    axc_comm_destroy(comm);
+    return ctest_summary("test_nccl_mock");
+}
