@@ -7,7 +7,7 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-i
 LIBS := -ldl -lpthread -lrt -lm
 BUILD := build/ctests
 
-.PHONY: test test-c test-c-san test-py install clean
+.PHONY: test test-c test-c-san test-py setup install demo bench clean
 
 $(BUILD)/plain/%: csrc/tests/%.c $(CORE_SRC) csrc/tests/ctest.h
 	@mkdir -p $(dir $@)
@@ -28,13 +28,29 @@ test-c-san: $(SAN_BINS)
 	@set -e; for t in $(SAN_BINS); do echo "== $$t (ASan+UBSan)"; \
 	    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $$t; done
 
+# Everything a fresh CPU machine needs: the CPU torch on disk (never an unpinned torch, which
+# would pull gigabytes of CUDA wheels), test tools, and the CUDA/NCCL/cuBLAS headers that let the
+# GPU parts compile here too (they only run on a GPU machine).
+setup:
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q pytest numpy tqdm matplotlib nvidia-nccl-cu13==2.28.9 \
+	    nvidia-cuda-runtime nvidia-cuda-crt nvidia-cublas
+	$(MAKE) install
+
 install:
-	$(PY) -m pip install --no-deps .
+	$(PY) -m pip install -q --no-deps .
 
+# pytest runs from tests/ so that `import axonn_c` finds the installed package, not the sources
 test-py:
-	$(PY) -m pytest -q tests
+	cd tests && $(PY) -m pytest -q -ra .
 
-test: test-c test-c-san test-py
+test: setup test-c test-c-san test-py
+
+demo: setup
+	torchrun --standalone --nproc_per_node 4 examples/demo_collectives.py
+
+bench: setup
+	$(PY) benchmarks/bench_collectives.py --json benchmarks/results/collectives.json
 
 clean:
 	rm -rf build *.egg-info axonn_c/_C*.so

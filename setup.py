@@ -42,9 +42,23 @@ def _cuda_include_candidates():
     return [c for c in dict.fromkeys(cands) if os.path.isdir(c)]
 
 
-def _find_header(name, dirs):
+def _compiles(header, include_dirs):
+    """True when a C file including `header` compiles with these include dirs (a wheel can ship
+    cuda_runtime_api.h without the crt/ headers it needs)."""
+    cc = os.environ.get("CC", "cc")
+    cmd = [cc, "-std=c11", "-fsyntax-only", "-x", "c", "-"] + [f"-I{d}" for d in include_dirs]
+    try:
+        r = subprocess.run(cmd, input=f"#include <{header}>\n", capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
+
+
+def _find_header(name, dirs, extra=()):
+    """The first dir holding `name` in which it also compiles (with the dirs in `extra`)."""
     for d in dirs:
-        if os.path.isfile(os.path.join(d, name)):
+        if os.path.isfile(os.path.join(d, name)) and _compiles(name, [d, *extra, *dirs]):
             return d
     return None
 
@@ -64,7 +78,10 @@ def _configure():
     if os.environ.get("AXONN_C_CPU_ONLY") == "1":
         return [], [], "CPU-only (AXONN_C_CPU_ONLY=1)"
     dirs = _cuda_include_candidates()
-    found = {h: _find_header(h, dirs) for h in ("cuda_runtime_api.h", "nccl.h", "cublasLt.h")}
+    found = {"cuda_runtime_api.h": _find_header("cuda_runtime_api.h", dirs)}
+    base = [found["cuda_runtime_api.h"]] if found["cuda_runtime_api.h"] else []
+    for h in ("nccl.h", "cublasLt.h"):
+        found[h] = _find_header(h, dirs, base) if base else None
     macros, incs, parts = [], [], []
     if found["cuda_runtime_api.h"]:
         macros.append(("AXC_HAVE_CUDA_HEADERS", "1"))
@@ -83,7 +100,8 @@ def _configure():
         macros.append(("AXC_HAVE_NVCC", "1"))
         parts.append("nvcc")
     if not parts or not found["cuda_runtime_api.h"]:
-        return macros, [], "CPU-only (no CUDA headers found; install nvidia-cuda-runtime nvidia-nccl-cu13 nvidia-cublas for GPU support)"
+        return macros, [], ("CPU-only (no usable CUDA headers found; install the CUDA toolkit, or "
+                            "nvidia-cuda-runtime nvidia-cuda-crt nvidia-nccl-cu13 nvidia-cublas)")
     return macros, list(dict.fromkeys(incs)), "CUDA parts compiled: " + ", ".join(parts)
 
 

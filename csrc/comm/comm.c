@@ -278,7 +278,9 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
 
     axc_backend *be;
     void *bg;
-    if (c->device >= 0 && comm->nccl_preferred) {
+    /* a barrier carries no data: NCCL serves it when there is no shm backend */
+    int nccl_barrier = c->kind == AXC_COLL_BARRIER && !comm->shm && comm->nccl;
+    if ((c->device >= 0 && comm->nccl_preferred) || nccl_barrier) {
         be = comm->nccl;
         bg = g->nccl_group;
     } else if (comm->shm) {
