@@ -35,7 +35,10 @@ def torchrun(nproc, script, *args, timeout=900, env=None):
     before = set(shm_leftovers())
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}"
+    if proc.returncode != 0:
+        errors = [ln for ln in out.splitlines() if "Error" in ln and "Traceback" not in ln]
+        pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}); error lines:\n"
+                    + "\n".join(errors[:20]) + f"\n--- output tail ---\n{out[-6000:]}")
     leaked = set(shm_leftovers()) - before
     assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
     return proc.stdout

@@ -142,7 +142,24 @@ def run_case(g, group, coll, dtype, n, seed, async_op):
         assert w.is_completed()
     what = f"rank {g.rank} grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} " \
            f"{coll} {group} {dtype} n={n}"
-    check_equal(ours, ref, dtype, what)
+    if dtype in (torch.bfloat16, torch.float16) and coll in ("all_reduce_sum", "all_reduce_avg",
+                                                              "reduce_scatter"):
+        # gloo sums 16-bit values with a rounding per step; ours accumulates in fp32 and rounds
+        # once, so hold ours to the exact sum (of the inputs gathered by gloo) within one ulp
+        every = torch.empty(G * x.numel(), dtype=dtype)
+        dist.all_gather_into_tensor(every, x, group=pg)
+        exact = every.double().view(G, -1).sum(0)
+        if coll == "reduce_scatter":
+            exact = exact.view(G, -1)[me]
+        if coll == "all_reduce_avg":
+            exact = exact / G
+        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+        err = (ours.double() - exact).abs()
+        bound = ulp * exact.abs() + 1e-6
+        assert bool((err <= bound).all()), \
+            f"{what}: not within one ulp of the exact sum, worst {err.max().item()}"
+    else:
+        check_equal(ours, ref, dtype, what)
     after = axonn_c.comm_stats()[group]
     sent, recv = ring_volume(coll, piece_bytes, n, esize, G, me, root)
     got = (after["bytes_sent"] - before["bytes_sent"], after["bytes_recv"] - before["bytes_recv"])
