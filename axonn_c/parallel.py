@@ -1,0 +1,392 @@
+"""What a user trains with around axonn_c.Linear: gradient synchronisation, global-norm
+clipping, the full (serial-equivalent) state dict, auto_parallelize and optimize_communication.
+
+Which ranks hold which tokens decides every reduction here:
+
+- easy layout (the default): every rank passes its own tokens, so every rank of the world holds
+  different tokens; a replicated parameter (LayerNorm, Embedding, ...) has one partial gradient
+  per rank and is summed over "world".
+- expert layout: tokens are split over data x depth only and replicated over row and column; a
+  replicated parameter is summed over ("depth", "data").
+
+A parameter of an axonn_c.Linear names the groups to sum its gradient over in
+`param._axonn_grad_groups` (the layer has already reduced what its own collectives cover).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from . import comm
+from .linear import Linear
+from .runtime import grid
+
+__all__ = ["sync_gradients", "no_grad_sync", "clip_grad_norm_", "full_state_dict",
+           "auto_parallelize", "optimize_communication"]
+
+# Gradients are packed into flat buffers of at most this many bytes per collective call.
+_BUCKET_BYTES = 32 * 1024 * 1024
+_state = threading.local()
+
+
+# ------------------------------------------------------------------------- token layout
+
+def _axonn_layers(model: nn.Module) -> List[Linear]:
+    return [m for m in model.modules() if isinstance(m, Linear)]
+
+
+def _model_expert_mode(model: nn.Module, expert_mode: Optional[bool]) -> bool:
+    """True when the model's axonn_c.Linear layers use the expert layout (tokens split over data
+    x depth only), False for the easy layout or a model without axonn_c layers."""
+    if expert_mode is not None:
+        return bool(expert_mode)
+    modes = {m.expert_mode for m in _axonn_layers(model)}
+    if len(modes) > 1:
+        raise ValueError(
+            "the model mixes expert_mode=True and expert_mode=False axonn_c.Linear layers, so "
+            "which ranks hold different tokens for its replicated parameters is ambiguous: pass "
+            "sync_gradients(model, expert_mode=True|False)")
+    return modes == {True}
+
+
+def _replicated_groups(expert: bool) -> Tuple[str, ...]:
+    return ("depth", "data") if expert else ("world",)
+
+
+def _token_shards(expert: bool) -> int:
+    g = grid()
+    return g.G_data * g.G_intra_d if expert else g.world_size
+
+
+def _group_size(name: str) -> int:
+    g = grid()
+    return {"col": g.G_intra_c, "row": g.G_intra_r, "depth": g.G_intra_d, "data": g.G_data,
+            "intra": g.G_intra, "world": g.world_size}[name]
+
+
+def _nontrivial(groups: Iterable[str]) -> Tuple[str, ...]:
+    return tuple(name for name in groups if _group_size(name) > 1)
+
+
+# ------------------------------------------------------------------------- sync_gradients
+
+@contextlib.contextmanager
+def no_grad_sync():
+    """Inside this context sync_gradients does nothing (gradient accumulation over
+    micro-batches: call sync_gradients once, after the last backward, outside the context)."""
+    prev = getattr(_state, "no_sync", False)
+    _state.no_sync = True
+    try:
+        yield
+    finally:
+        _state.no_sync = prev
+
+
+def _buckets(params: List[nn.Parameter], attr: str):
+    """Consecutive runs of gradients of one dtype/device, at most _BUCKET_BYTES each."""
+    bucket, nbytes, key = [], 0, None
+    for p in params:
+        g = getattr(p, attr)
+        k = (g.dtype, g.device)
+        size = g.numel() * g.element_size()
+        if bucket and (k != key or nbytes + size > _BUCKET_BYTES):
+            yield bucket
+            bucket, nbytes = [], 0
+        bucket.append(p)
+        nbytes, key = nbytes + size, k
+    if bucket:
+        yield bucket
+
+
+@torch.no_grad()
+def _reduce_bucket(params: List[nn.Parameter], groups: Tuple[str, ...], scale: Optional[float],
+                   attr: str) -> None:
+    grads = [getattr(p, attr) for p in params]
+    if len(grads) == 1 and grads[0].is_contiguous():
+        flat = grads[0]  # reduce in place, no copy
+    else:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+    for name in groups:
+        comm.all_reduce(flat, group=name, op="sum")
+    if scale is not None:
+        flat.mul_(scale)
+    if flat is not grads[0]:
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+
+def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[bool] = None,
+                   gradient_attr_name: str = "grad", vectorize: bool = True) -> None:
+    """Sums every parameter's gradient over exactly the groups whose ranks hold different tokens
+    (call on every rank after backward(), before the optimizer step).
+
+    - axonn_c.Linear parameters: over `param._axonn_grad_groups` (the layer's own collectives
+      have already summed over the rest: weight over "data", bias over ("depth", "data")).
+    - every other (replicated) parameter: over "world" in the easy layout, over ("depth",
+      "data") in the expert layout; the layout is read from the model's axonn_c.Linear layers
+      (a model without any is treated as easy) or forced with `expert_mode`.
+
+    `mean=True` divides every gradient by the number of distinct token shards (the world size in
+    the easy layout, G_data * G_intra_d in the expert one), so that a per-rank mean loss gives
+    the gradient of the global mean loss, as torch's DistributedDataParallel does.
+
+    Parameters whose gradient is None are skipped; every rank must have gradients for the same
+    parameters. Small gradients are packed into one flat buffer per set of groups (`vectorize`;
+    False reduces each gradient on its own). Does nothing inside `no_grad_sync()`.
+    """
+    if getattr(_state, "no_sync", False):
+        return
+    expert = _model_expert_mode(model, expert_mode)
+    if any(not hasattr(m.weight, "_axonn_norm_groups") for m in _axonn_layers(model)):
+        tag_norm_groups(model)  # for clip_grad_norm_, which sees parameters only
+    replicated = _replicated_groups(expert)
+    scale = 1.0 / _token_shards(expert) if mean else None
+    if scale == 1.0:
+        scale = None
+    by_groups: Dict[Tuple[str, ...], List[nn.Parameter]] = OrderedDict()
+    for p in model.parameters():  # deduplicated, the same order on every rank
+        if getattr(p, gradient_attr_name, None) is None:
+            continue
+        groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
+        by_groups.setdefault(groups, []).append(p)
+    for groups, params in by_groups.items():
+        if not groups and scale is None:
+            continue
+        if vectorize:
+            for bucket in _buckets(params, gradient_attr_name):
+                _reduce_bucket(bucket, groups, scale, gradient_attr_name)
+        else:
+            for p in params:
+                _reduce_bucket([p], groups, scale, gradient_attr_name)
+
+
+# ------------------------------------------------------------------------- clip_grad_norm_
+
+def _norm_groups(p: nn.Parameter) -> Tuple[str, ...]:
+    """The groups over which a parameter's values differ (its shard's share of the norm must be
+    summed over them; over any other group the values are copies, counted once)."""
+    groups = getattr(p, "_axonn_norm_groups", None)
+    if groups is not None:
+        return tuple(groups)
+    if hasattr(p, "_axonn_grad_groups"):
+        layer = getattr(p, "_axonn_layer", None)
+        layer = layer() if callable(layer) else layer
+        if layer is not None:
+            return _layer_param_norm_groups(layer, p)
+        raise RuntimeError(
+            "an axonn_c parameter carries no _axonn_norm_groups: cannot tell over which groups "
+            "its values are sharded")
+    return ()
+
+
+def _layer_param_norm_groups(layer: Linear, p: nn.Parameter) -> Tuple[str, ...]:
+    if p is layer.weight:
+        return ("intra",)
+    return (layer._shapes["gout"],)
+
+
+def tag_norm_groups(model: nn.Module) -> None:
+    """Marks the parameters of the model's axonn_c.Linear layers with `_axonn_norm_groups`
+    (the weight's depth shard differs over "intra"; the bias block over the output group).
+    clip_grad_norm_ reads these marks; the layer sets them itself, this is for older layers."""
+    for m in _axonn_layers(model):
+        m.weight._axonn_norm_groups = ("intra",)
+        if m.bias is not None:
+            m.bias._axonn_norm_groups = (m._shapes["gout"],)
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float,
+                    norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach=None) -> Tensor:
+    """Clips gradients by the true global norm of the whole (unsharded) model, like
+    torch.nn.utils.clip_grad_norm_ on the serial model; returns that norm. Call on every rank,
+    after sync_gradients.
+
+    A sharded gradient contributes the sum of |g|^p of its shard, summed over the groups that
+    shard it (weight: "intra", bias: the output-feature group); a replicated gradient (every
+    rank holds the same values after sync_gradients) contributes once.
+    """
+    del foreach
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    params = [p for p in parameters if p.grad is not None]
+    norm_type = float(norm_type)
+    g = grid()
+    if params:
+        device, dtype = params[0].grad.device, torch.float32
+    else:
+        device, dtype = torch.device("cpu"), torch.float32
+    if math.isinf(norm_type):
+        local = torch.zeros((), device=device, dtype=dtype)
+        for p in params:
+            if p.grad.numel():
+                local = torch.maximum(local, p.grad.detach().abs().max().to(device, dtype))
+        if g.world_size > 1:
+            local = local.reshape(1).contiguous()
+            comm.all_reduce(local, group="world", op="max")
+            local = local.reshape(())
+        total = local
+    else:
+        sums: Dict[Tuple[str, ...], Tensor] = OrderedDict()
+        for p in params:
+            groups = _nontrivial(_norm_groups(p))
+            s = torch.linalg.vector_norm(p.grad.detach().float(), norm_type).to(device) ** norm_type
+            sums[groups] = sums.get(groups, torch.zeros((), device=device, dtype=dtype)) + s
+        # the same set of group tuples on every rank: order them by name, not by encounter
+        total_p = torch.zeros((), device=device, dtype=dtype)
+        for groups in sorted(sums):
+            s = sums[groups].reshape(1).contiguous()
+            for name in groups:
+                comm.all_reduce(s, group=name, op="sum")
+            total_p = total_p + s.reshape(())
+        total = total_p ** (1.0 / norm_type)
+    if error_if_nonfinite and not torch.isfinite(total):
+        raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite "
+                           f"({total.item()}), so it cannot be clipped")
+    clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+    for p in params:
+        p.grad.detach().mul_(clip_coef.to(p.grad.device, p.grad.dtype))
+    return total
+
+
+# ------------------------------------------------------------------------- state dicts
+
+@torch.no_grad()
+def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Tensor]":
+    """The model's state dict with every axonn_c.Linear's weight and bias gathered to their full
+    serial shapes ([out, in] and [out]) on every rank: exactly the state dict of the serial model
+    in which nn.Linear stands for axonn_c.Linear, loadable by it (or by this model, through
+    load_state_dict). Collective: call on every rank."""
+    sd = model.state_dict(prefix=prefix)
+    full = OrderedDict()
+    layers = {prefix + name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    gathered: Dict[str, Tensor] = {}
+    for name, m in layers.items():  # named_modules order: the same on every rank
+        key = name + "." if name else ""
+        gathered[key + "weight"] = m.full_weight()
+        if m.bias is not None:
+            gathered[key + "bias"] = m.full_bias()
+    for k, v in sd.items():
+        full[k] = gathered.get(k, v)
+    return full
+
+
+# ------------------------------------------------------------------------- auto_parallelize
+
+_TorchLinear = nn.Linear
+
+
+def _fits_grid(in_features: int, out_features: int, transpose: bool = False) -> bool:
+    g = grid()
+    g_in, g_out = (g.G_intra_r, g.G_intra_c) if transpose else (g.G_intra_c, g.G_intra_r)
+    return in_features % g_in == 0 and out_features % g_out == 0
+
+
+class _LinearMeta(type(_TorchLinear)):
+    """isinstance(x, nn.Linear) inside auto_parallelize() holds for both the layers it builds."""
+
+    def __instancecheck__(cls, obj):
+        if cls is _AutoLinear:
+            return isinstance(obj, (_TorchLinear, Linear))
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub):
+        if cls is _AutoLinear:
+            return issubclass(sub, (_TorchLinear, Linear))
+        return super().__subclasscheck__(sub)
+
+
+class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
+    """Stands for torch.nn.Linear inside auto_parallelize(): `nn.Linear(in, out, ...)` returns an
+    axonn_c.Linear when the shapes fit the grid, else a plain torch nn.Linear. Classes that
+    subclass nn.Linear inside the context are built normally."""
+
+    def __new__(cls, in_features=None, out_features=None, bias=True, device=None, dtype=None,
+                *args, **kwargs):
+        if cls is not _AutoLinear:  # a user subclass defined inside the context
+            return super().__new__(cls)
+        ctx = getattr(_state, "auto", None)
+        if ctx is None or args or kwargs:
+            return _TorchLinear(in_features, out_features, bias, device, dtype, *args, **kwargs)
+        in_features, out_features = int(in_features), int(out_features)
+        if _fits_grid(in_features, out_features):
+            try:
+                return Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+            except ValueError as err:  # a constraint of the layer beyond divisibility
+                ctx["left"].setdefault((in_features, out_features), str(err))
+        else:
+            ctx["left"].setdefault((in_features, out_features), None)
+        return _TorchLinear(in_features, out_features, bias, device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def auto_parallelize():
+    """Inside this context, `torch.nn.Linear(in, out, bias)` builds an axonn_c.Linear (easy
+    layout) when `in` divides by the input-feature group (column) and `out` by the
+    output-feature group (row); other shapes stay torch nn.Linear, listed in one warning on rank
+    0 when the context exits. Requires axonn_c.init() first. Because axonn_c.Linear initialises
+    its full weight exactly like nn.Linear, a model built after torch.manual_seed(s) holds the
+    same full weights as the serial model built after the same seed.
+
+    Inside the context, isinstance(m, nn.Linear) is true for both kinds of layer; afterwards
+    torch.nn.Linear is torch's class again and an axonn_c.Linear is not an instance of it
+    (test for `(nn.Linear, axonn_c.Linear)`). Modules that bound nn.Linear under another name
+    before the context (`from torch.nn import Linear`) are not affected.
+    """
+    grid()  # raises before init()
+    import torch.nn.modules.linear as linear_mod
+
+    outer = getattr(_state, "auto", None)
+    ctx = {"left": OrderedDict()}
+    _state.auto = ctx
+    saved = (nn.Linear, linear_mod.Linear)
+    nn.Linear = _AutoLinear
+    linear_mod.Linear = _AutoLinear
+    try:
+        yield
+    finally:
+        nn.Linear, linear_mod.Linear = saved
+        _state.auto = outer
+        if outer is not None:
+            for k, v in ctx["left"].items():
+                outer["left"].setdefault(k, v)
+        elif ctx["left"] and grid().rank == 0:
+            g = grid()
+            shapes = ", ".join(f"{i}->{o}" + (f" ({why})" if why else "")
+                               for (i, o), why in ctx["left"].items())
+            warnings.warn(
+                f"auto_parallelize: kept torch nn.Linear for in->out {shapes}: in_features must "
+                f"divide by G_intra_c={g.G_intra_c} and out_features by G_intra_r={g.G_intra_r}",
+                UserWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------------- optimize_communication
+
+@contextlib.contextmanager
+def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scatter: bool = False,
+                           overlap_all_gather: bool = False, cache_weights: bool = False,
+                           model_object_for_overlapping_allgathers=None, *args, **kwargs):
+    """Accepted for AxoNN compatibility (wrap forward/backward in it as with AxoNN).
+
+    Currently a no-op: the arguments are validated and ignored. The communication scheduler
+    (DESIGN §6: prefetched depth all-gathers, deferred reduce-scatters, overlapped all-reduces)
+    will make it real without a change to the code that uses it."""
+    del args, kwargs, model_object_for_overlapping_allgathers
+    for name, value in (("overlap_all_reduce", overlap_all_reduce),
+                        ("overlap_reduce_scatter", overlap_reduce_scatter),
+                        ("overlap_all_gather", overlap_all_gather),
+                        ("cache_weights", cache_weights)):
+        if not isinstance(value, bool):
+            raise TypeError(f"optimize_communication: {name} must be a bool, got {value!r}")
+    yield

@@ -1,0 +1,133 @@
+"""Train a small character-level GPT with axonn_c's 4D parallelism.
+
+    torchrun --standalone --nproc_per_node 4 examples/train_gpt.py            # CPU, grid 1x2x2x1
+    torchrun --standalone --nproc_per_node 8 examples/train_gpt.py --G-intra-d 2 --device cuda
+
+The model (examples/gpt.py) is plain PyTorch; three things make it parallel:
+`axonn_c.init(grid)`, building it inside `axonn_c.auto_parallelize()` (every nn.Linear whose shapes
+divide by the grid becomes an axonn_c.Linear) and `axonn_c.sync_gradients(model, mean=True)` after
+backward. Every rank trains on its own micro-batch (the easy layout), so the global batch is
+world_size x --batch-size sequences and the printed loss is its mean.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import axonn_c  # noqa: E402
+from gpt import GPT, CharData, GPTConfig, make_corpus  # noqa: E402
+
+
+def default_grid(world: int, args) -> tuple[int, int, int, int]:
+    """Grid flags left out are filled in: without any, 2x2 tensor parallelism (row x column)
+    where the world divides by 4, data parallelism over the rest."""
+    r, c, d = args.G_intra_r, args.G_intra_c, args.G_intra_d
+    if r is None and c is None and d is None and args.G_data is None:
+        r = 2 if world % 2 == 0 else 1
+        c = 2 if world % (2 * r) == 0 else 1
+        d = 1
+    r, c, d = r or 1, c or 1, d or 1
+    data = args.G_data or max(world // (r * c * d), 1)
+    return data, r, c, d
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--G-data", type=int, default=None)
+    p.add_argument("--G-intra-r", type=int, default=None)
+    p.add_argument("--G-intra-c", type=int, default=None)
+    p.add_argument("--G-intra-d", type=int, default=None)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--corpus-chars", type=int, default=50000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--sample-chars", type=int, default=120, help="greedy sample at the end")
+    args = p.parse_args(argv)
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    G_data, G_r, G_c, G_d = default_grid(world, args)
+    g = axonn_c.init(G_data=G_data, G_intra_r=G_r, G_intra_c=G_c, G_intra_d=G_d)
+    rank, main_rank = g.rank, g.rank == 0
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is visible")
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+
+    data = CharData(make_corpus(args.corpus_chars), args.block_size, seed=args.seed)
+    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size,
+                    n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    torch.manual_seed(args.seed)
+    with axonn_c.auto_parallelize():
+        model = GPT(cfg)
+    model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+
+    n_sharded = sum(isinstance(m, axonn_c.Linear) for m in model.modules())
+    n_linear = n_sharded + sum(type(m) is torch.nn.Linear for m in model.modules())
+    if main_rank:
+        print(f"axonn_c grid: G_data={G_data} G_intra_r={G_r} G_intra_c={G_c} G_intra_d={G_d} "
+              f"({world} ranks, {device.type}); GPT {cfg.n_layer}x{cfg.n_embd}, "
+              f"{sum(p.numel() for p in model.parameters())} parameters on rank 0, "
+              f"{n_sharded}/{n_linear} linear layers sharded; "
+              f"global batch {world}x{args.batch_size}x{args.block_size} tokens", flush=True)
+
+    losses = []
+    t0 = time.perf_counter()
+    bar = tqdm(range(args.steps), disable=not main_rank, desc="train", dynamic_ncols=True)
+    for step in bar:
+        xg, yg = data.batch(step, args.batch_size * world)  # the same global batch on every rank
+        sl = slice(rank * args.batch_size, (rank + 1) * args.batch_size)  # this rank's share
+        x, y = xg[sl].to(device), yg[sl].to(device)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        axonn_c.sync_gradients(model, mean=True)
+        if args.clip > 0:
+            axonn_c.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        mean_loss = loss.detach().float().reshape(1).clone()
+        axonn_c.comm.all_reduce(mean_loss, group="world", op="avg")  # global-batch mean
+        losses.append(mean_loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if main_rank and (step % args.log_every == 0 or step == args.steps - 1):
+            tqdm.write(f"step {step:5d}  loss {losses[-1]:.4f}")
+    elapsed = time.perf_counter() - t0
+    bar.close()
+
+    tokens = args.steps * world * args.batch_size * args.block_size
+    if main_rank:
+        print(f"done: {args.steps} steps in {elapsed:.1f} s ({tokens / elapsed:,.0f} tokens/s), "
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+
+    if args.sample_chars > 0:  # every rank runs the layers (they are collective); rank 0 prints
+        model.eval()
+        idx = data.encode("The ").unsqueeze(0).to(device)
+        with torch.no_grad():
+            for _ in range(args.sample_chars):
+                logits = model(idx[:, -args.block_size:])[:, -1, : len(data.itos)]
+                idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
+        if main_rank:
+            print("sample: " + data.decode(idx[0].tolist()).replace("\n", " | "), flush=True)
+    axonn_c.finalize()
+    return losses
+
+
+if __name__ == "__main__":
+    main()
