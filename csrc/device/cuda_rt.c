@@ -52,6 +52,9 @@ AXC_PROTO_IS(cudaFree, cudaError_t (*)(void *));
 AXC_PROTO_IS(cudaStreamCreateWithPriority, cudaError_t (*)(cudaStream_t *, unsigned int, int));
 AXC_PROTO_IS(cudaDeviceGetStreamPriorityRange, cudaError_t (*)(int *, int *));
 AXC_PROTO_IS(cudaRuntimeGetVersion, cudaError_t (*)(int *));
+AXC_PROTO_IS(cudaMemcpy2DAsync, cudaError_t (*)(void *, size_t, const void *, size_t, size_t,
+                                                size_t, enum cudaMemcpyKind, cudaStream_t));
+AXC_PROTO_IS(cudaMemsetAsync, cudaError_t (*)(void *, int, size_t, cudaStream_t));
 
 _Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
 _Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
@@ -64,6 +67,7 @@ _Static_assert(cudaEventDisableTiming == AXC_CUDA_EVENT_DISABLE_TIMING, "cudaEve
 _Static_assert((int)cudaMemcpyHostToDevice == AXC_CUDA_MEMCPY_H2D, "cudaMemcpyHostToDevice changed");
 _Static_assert((int)cudaMemcpyDeviceToHost == AXC_CUDA_MEMCPY_D2H, "cudaMemcpyDeviceToHost changed");
 _Static_assert((int)cudaMemcpyDeviceToDevice == AXC_CUDA_MEMCPY_D2D, "cudaMemcpyDeviceToDevice");
+_Static_assert((int)cudaMemcpyDefault == AXC_CUDA_MEMCPY_DEFAULT, "cudaMemcpyDefault changed");
 
 int axc_cuda_compiled(void) { return 1; }
 int axc_cuda_header_version(void) { return CUDART_VERSION; }
@@ -169,6 +173,11 @@ static void load_runtime(void)
     }
     memcpy(&runtime_version, &sym, sizeof sym);
 #undef AXC_RESOLVE
+    /* optional entry points (NULL when absent; their users check) */
+    if ((sym = dlsym(h, "cudaMemcpy2DAsync")) != NULL)
+        memcpy(&api.Memcpy2DAsync, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaMemsetAsync")) != NULL)
+        memcpy(&api.MemsetAsync, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)
@@ -217,4 +226,29 @@ axc_status axc_cuda_check(int err, const char *what)
         desc = api_.GetErrorString(err);
     return axc_fail(AXC_ERR_BACKEND, "%s failed: %s (cudaError %d)", what ? what : "CUDA call",
                     desc ? desc : "unknown error", err);
+}
+
+axc_status axc_cuda_device_enter(int device, const axc_cuda_api **api, int *prev, const char *what)
+{
+    AXC_TRY(axc_cuda_load(api));
+    if (device < 0 || device >= (*api)->device_count)
+        return axc_fail(AXC_ERR_INVALID, "%s: CUDA device %d does not exist (%d visible)",
+                        what ? what : "CUDA call", device, (*api)->device_count);
+    AXC_TRY(axc_cuda_check((*api)->GetDevice(prev), "cudaGetDevice"));
+    if (*prev != device)
+        AXC_TRY(axc_cuda_check((*api)->SetDevice(device), "cudaSetDevice"));
+    return AXC_OK;
+}
+
+axc_status axc_cuda_device_leave(const axc_cuda_api *api, int device, int prev, axc_status st)
+{
+    if (prev != device) {
+        char saved[512];
+        snprintf(saved, sizeof saved, "%s", axc_last_error());
+        axc_status s2 = axc_cuda_check(api->SetDevice(prev), "cudaSetDevice (restoring the device)");
+        if (st == AXC_OK)
+            return s2;
+        axc_set_last_error(saved); /* keep the first failure's message */
+    }
+    return st;
 }

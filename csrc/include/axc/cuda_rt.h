@@ -11,7 +11,12 @@
 extern "C" {
 #endif
 
-enum { AXC_CUDA_MEMCPY_H2D = 1, AXC_CUDA_MEMCPY_D2H = 2, AXC_CUDA_MEMCPY_D2D = 3 };
+enum {
+    AXC_CUDA_MEMCPY_H2D = 1,
+    AXC_CUDA_MEMCPY_D2H = 2,
+    AXC_CUDA_MEMCPY_D2D = 3,
+    AXC_CUDA_MEMCPY_DEFAULT = 4 /* cudaMemcpyDefault: direction from the pointers (UVA) */
+};
 
 typedef struct axc_cuda_api {
     int runtime_version; /* e.g. 13000 */
@@ -37,6 +42,11 @@ typedef struct axc_cuda_api {
     int (*StreamCreateWithPriority)(void **stream, unsigned flags, int priority);
     int (*DeviceGetStreamPriorityRange)(int *least, int *greatest);
     int device_count; /* devices visible to this process (> 0 once loaded) */
+    /* used by gemm.c (axc_copy2d, axc_zero); resolved optionally: NULL when the runtime lacks
+     * them (a real libcudart always has them; the CPU mocks of the tests do not) */
+    int (*Memcpy2DAsync)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height, int kind, void *stream);
+    int (*MemsetAsync)(void *dst, int value, size_t bytes, void *stream);
 } axc_cuda_api;
 
 /* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */
@@ -52,6 +62,12 @@ axc_status axc_cuda_load(const axc_cuda_api **api);
 
 /* Turns a runtime error code into an AXC_ERR_BACKEND status naming the call. */
 axc_status axc_cuda_check(int err, const char *what);
+
+/* Makes `device` the calling thread's current device (loading the runtime, checking the index);
+ * *prev receives the device to hand back to axc_cuda_device_leave, which restores it and returns
+ * `st` (or the restore's failure when `st` is AXC_OK). `what` names the caller in messages. */
+axc_status axc_cuda_device_enter(int device, const axc_cuda_api **api, int *prev, const char *what);
+axc_status axc_cuda_device_leave(const axc_cuda_api *api, int device, int prev, axc_status st);
 
 /* Build facts for build_info(): 1 when compiled against real CUDA headers, and their version. */
 int axc_cuda_compiled(void);

@@ -1,0 +1,650 @@
+/* The CUDA GEMMs: cuBLASLt bound at run time (the libcublasLt that torch already loaded).
+ *
+ * Row-major to column-major: a row-major M x N matrix with row stride ld is the column-major
+ * N x M matrix with leading dimension ld, i.e. its transpose. So C = op(A) op(B) (row-major) is
+ * C^T = op(B)^T op(A)^T (column-major): cuBLASLt gets B first and A second, each with the user's
+ * transpose flag unchanged, and D = C^T is N x M. The bias vector [N] then runs along D's rows,
+ * which is what CUBLASLT_EPILOGUE_BIAS adds (D = alpha*AB + beta*C + bias, one rounding).
+ *
+ * Per device: one cuBLASLt handle; one 32 MiB workspace per stream (so GEMMs on two streams never
+ * share scratch memory; after AXC_LT_MAX_STREAMS streams, further ones run without workspace);
+ * device-resident ones/zeros vectors for the bias gradient (a GEMV against ones) and for K == 0.
+ * Algorithms from the heuristic are cached per shape/alignment key in a small hash table.
+ *
+ * Everything else about CUDA (the runtime, device switching) comes from cuda_rt.c. Compiled only
+ * against real cublasLt.h + CUDA runtime headers; otherwise every entry reports
+ * AXC_ERR_UNAVAILABLE. */
+#include "axc/gemm.h"
+
+#if defined(AXC_HAVE_CUBLASLT_HEADERS) && defined(AXC_HAVE_CUDA_HEADERS)
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "axc/cuda_rt.h"
+
+int axc_gemm_cuda_compiled(void) { return 1; }
+
+/* ------------------------------------------------------------------ the library */
+
+#define AXC_LT_SYMBOLS(X)                                                                        \
+    X(Create, cublasLtCreate)                                                                    \
+    X(GetStatusString, cublasLtGetStatusString)                                                  \
+    X(GetVersion, cublasLtGetVersion)                                                            \
+    X(Matmul, cublasLtMatmul)                                                                    \
+    X(MatmulDescCreate, cublasLtMatmulDescCreate)                                                \
+    X(MatmulDescDestroy, cublasLtMatmulDescDestroy)                                              \
+    X(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute)                                    \
+    X(MatrixLayoutCreate, cublasLtMatrixLayoutCreate)                                            \
+    X(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy)                                          \
+    X(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate)                                    \
+    X(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy)                                  \
+    X(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute)                        \
+    X(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic)
+
+/* Each pointer has exactly the type of the header's function (GNU __typeof__, also in -std=c11). */
+typedef struct lt_api {
+#define AXC_LT_FIELD(field, fn) __typeof__(fn) *field;
+    AXC_LT_SYMBOLS(AXC_LT_FIELD)
+#undef AXC_LT_FIELD
+} lt_api;
+
+static pthread_once_t lt_once_ = PTHREAD_ONCE_INIT;
+static lt_api lt_;
+static axc_status lt_status_ = AXC_ERR_UNAVAILABLE;
+static char lt_msg_[768];
+static char lt_name_[64];
+
+static void lt_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void lt_unavailable(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(lt_msg_, sizeof lt_msg_, fmt, ap);
+    va_end(ap);
+    lt_status_ = AXC_ERR_UNAVAILABLE;
+}
+
+static void *lt_open(void)
+{
+    static const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
+    const size_t n = sizeof names / sizeof names[0];
+    for (size_t i = 0; i < n; i++) { /* the copy torch loaded */
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+        if (h) {
+            snprintf(lt_name_, sizeof lt_name_, "%s (already loaded)", names[i]);
+            return h;
+        }
+    }
+    char errs[512] = "";
+    for (size_t i = 0; i < n; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) {
+            snprintf(lt_name_, sizeof lt_name_, "%s", names[i]);
+            return h;
+        }
+        const char *e = dlerror();
+        size_t used = strlen(errs);
+        snprintf(errs + used, sizeof errs - used, "%s%s", used ? "; " : "", e ? e : names[i]);
+    }
+    lt_unavailable("cuBLASLt not found: neither libcublasLt.so.13 nor libcublasLt.so.12 is loaded "
+                   "in this process or on the library path (%s); a CUDA build of torch loads it",
+                   errs);
+    return NULL;
+}
+
+static void lt_load(void)
+{
+    void *h = lt_open();
+    if (!h)
+        return;
+    lt_api api;
+    memset(&api, 0, sizeof api);
+    void *sym;
+#define AXC_LT_RESOLVE(field, fn)                                                                \
+    sym = dlsym(h, #fn);                                                                         \
+    if (!sym) {                                                                                  \
+        lt_unavailable("cuBLASLt %s has no symbol %s", lt_name_, #fn);                           \
+        return;                                                                                  \
+    }                                                                                            \
+    memcpy(&api.field, &sym, sizeof sym);
+    AXC_LT_SYMBOLS(AXC_LT_RESOLVE)
+#undef AXC_LT_RESOLVE
+    lt_ = api;
+    lt_status_ = AXC_OK;
+    lt_msg_[0] = '\0';
+}
+
+static axc_status lt_get(void)
+{
+    if (pthread_once(&lt_once_, lt_load) != 0)
+        return axc_fail(AXC_ERR_SYSTEM, "pthread_once failed while loading cuBLASLt");
+    if (lt_status_ != AXC_OK)
+        return axc_fail(lt_status_, "%s", lt_msg_);
+    return AXC_OK;
+}
+
+static axc_status lt_check(cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return AXC_OK;
+    const char *desc = lt_.GetStatusString ? lt_.GetStatusString(s) : NULL;
+    return axc_fail(AXC_ERR_BACKEND, "%s failed: %s (cublasStatus %d)", what,
+                    desc ? desc : "unknown status", (int)s);
+}
+
+/* ------------------------------------------------------------------ per-device state */
+
+enum {
+    AXC_LT_MAX_DEVICES = 64,
+    AXC_LT_MAX_STREAMS = 16,
+    AXC_LT_CACHE_SLOTS = 1024,
+    AXC_LT_CACHE_PROBE = 8,
+    AXC_LT_MIN_CONST = 65536 /* elements of the first ones/zeros vector */
+};
+#define AXC_LT_WORKSPACE_BYTES ((size_t)32 << 20)
+
+typedef struct lt_stream_ws {
+    void *stream;
+    void *ws;        /* NULL when the allocation failed: that stream runs without workspace */
+    size_t ws_bytes;
+} lt_stream_ws;
+
+typedef struct lt_device {
+    int has_handle;
+    cublasLtHandle_t handle;
+    lt_stream_ws ws[AXC_LT_MAX_STREAMS];
+    int n_ws;
+    /* constant vectors; older (smaller) ones are kept alive, never freed, because work queued on
+     * other streams may still read them */
+    void *ones[3];
+    int64_t ones_len[3];
+    void *zeros;
+    size_t zeros_bytes;
+} lt_device;
+
+static pthread_mutex_t lt_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static lt_device devs_[AXC_LT_MAX_DEVICES];
+
+static int dt_index(axc_dtype dt) { return dt == AXC_DT_F32 ? 0 : dt == AXC_DT_BF16 ? 1 : 2; }
+
+static cudaDataType_t dt_cuda(axc_dtype dt)
+{
+    return dt == AXC_DT_F32 ? CUDA_R_32F : dt == AXC_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+/* The handle of `device` (the caller made it current). */
+static axc_status lt_handle(int device, cublasLtHandle_t *out)
+{
+    if (device >= AXC_LT_MAX_DEVICES)
+        return axc_fail(AXC_ERR_INVALID, "axc_gemm: CUDA device %d is beyond the %d supported",
+                        device, AXC_LT_MAX_DEVICES);
+    axc_status st = AXC_OK;
+    pthread_mutex_lock(&lt_mu_);
+    lt_device *d = &devs_[device];
+    if (!d->has_handle) {
+        st = lt_check(lt_.Create(&d->handle), "cublasLtCreate");
+        d->has_handle = st == AXC_OK;
+    }
+    *out = d->handle;
+    pthread_mutex_unlock(&lt_mu_);
+    return st;
+}
+
+/* The workspace of (device, stream): allocated on first use (the caller made `device` current). */
+static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void **ws,
+                         size_t *bytes)
+{
+    pthread_mutex_lock(&lt_mu_);
+    lt_device *d = &devs_[device];
+    *ws = NULL;
+    *bytes = 0;
+    int i;
+    for (i = 0; i < d->n_ws; i++)
+        if (d->ws[i].stream == stream)
+            break;
+    if (i == d->n_ws && d->n_ws < AXC_LT_MAX_STREAMS) {
+        void *p = NULL;
+        int err = api->Malloc(&p, AXC_LT_WORKSPACE_BYTES);
+        if (err != AXC_CUDA_SUCCESS) {
+            axc_log(2, "axonn_c: cudaMalloc of a %zu-byte cuBLASLt workspace on device %d failed "
+                       "(cudaError %d); GEMMs on this stream run without workspace",
+                    AXC_LT_WORKSPACE_BYTES, device, err);
+            p = NULL;
+        }
+        d->ws[i].stream = stream;
+        d->ws[i].ws = p;
+        d->ws[i].ws_bytes = p ? AXC_LT_WORKSPACE_BYTES : 0;
+        d->n_ws++;
+    }
+    if (i < d->n_ws) {
+        *ws = d->ws[i].ws;
+        *bytes = d->ws[i].ws_bytes;
+    }
+    pthread_mutex_unlock(&lt_mu_);
+}
+
+/* A device vector of at least `n` elements of `dt` equal to 1 (ones = 1) or 0 (ones = 0), ready
+ * for use on any stream. Growing it synchronises `stream` once (rare: sizes double). */
+static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *stream, axc_dtype dt,
+                                  int ones, int64_t n, const void **out)
+{
+    size_t esz = axc_dtype_size(dt);
+    axc_status st = AXC_OK;
+    pthread_mutex_lock(&lt_mu_);
+    lt_device *d = &devs_[device];
+    int di = dt_index(dt);
+    void **slot = ones ? &d->ones[di] : &d->zeros;
+    size_t have = ones ? (size_t)d->ones_len[di] * esz : d->zeros_bytes;
+    size_t need = (size_t)n * esz;
+    if (*slot && have >= need) {
+        *out = *slot;
+        pthread_mutex_unlock(&lt_mu_);
+        return AXC_OK;
+    }
+    size_t len = (size_t)AXC_LT_MIN_CONST;
+    while (len < (size_t)n)
+        len *= 2;
+    if (have / esz * 2 > len)
+        len = have / esz * 2;
+    size_t bytes = len * esz;
+    void *p = NULL, *host = NULL;
+    st = axc_cuda_check(api->Malloc(&p, bytes), "cudaMalloc (constant vector for axc_gemm)");
+    if (st == AXC_OK && ones) {
+        host = malloc(bytes);
+        if (!host) {
+            st = axc_fail(AXC_ERR_NOMEM, "axc_gemm: out of host memory (%zu bytes)", bytes);
+        } else {
+            uint32_t one32 = 0x3f800000u;
+            uint16_t one16 = dt == AXC_DT_BF16 ? 0x3f80u : 0x3c00u;
+            for (size_t i = 0; i < len; i++) {
+                if (esz == 4)
+                    memcpy((char *)host + i * 4, &one32, 4);
+                else
+                    memcpy((char *)host + i * 2, &one16, 2);
+            }
+            st = axc_cuda_check(api->MemcpyAsync(p, host, bytes, AXC_CUDA_MEMCPY_H2D, stream),
+                                "cudaMemcpyAsync (ones vector)");
+        }
+    } else if (st == AXC_OK) {
+        if (!api->MemsetAsync)
+            st = axc_fail(AXC_ERR_UNAVAILABLE, "the CUDA runtime has no cudaMemsetAsync");
+        else
+            st = axc_cuda_check(api->MemsetAsync(p, 0, bytes, stream),
+                                "cudaMemsetAsync (zeros vector)");
+    }
+    if (st == AXC_OK) /* the vector is complete before any stream can see it */
+        st = axc_cuda_check(api->StreamSynchronize(stream), "cudaStreamSynchronize");
+    free(host);
+    if (st != AXC_OK) {
+        if (p)
+            (void)api->Free(p); /* best effort: the first error is the one reported */
+        pthread_mutex_unlock(&lt_mu_);
+        return st;
+    }
+    /* the old vector stays allocated (work queued on other streams may still read it) */
+    *slot = p;
+    if (ones)
+        d->ones_len[di] = (int64_t)len;
+    else
+        d->zeros_bytes = bytes;
+    *out = p;
+    pthread_mutex_unlock(&lt_mu_);
+    return AXC_OK;
+}
+
+/* ------------------------------------------------------------------ algorithm cache */
+
+typedef struct lt_key {
+    int32_t device, ab_type, cd_type, op_a, op_b, epilogue;
+    uint32_t align_a, align_b, align_c, align_bias;
+    uint64_t m, n, k, ws_bytes;
+    int64_t lda, ldb, ldc;
+} lt_key;
+
+typedef struct lt_entry {
+    int used;
+    lt_key key;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_size;
+} lt_entry;
+
+static lt_entry cache_[AXC_LT_CACHE_SLOTS];
+
+static uint64_t key_hash(const lt_key *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static int cache_get(const lt_key *k, cublasLtMatmulAlgo_t *algo, size_t *ws_size)
+{
+    uint64_t h = key_hash(k);
+    int found = 0;
+    pthread_mutex_lock(&lt_mu_);
+    for (int p = 0; p < AXC_LT_CACHE_PROBE; p++) {
+        lt_entry *e = &cache_[(h + (uint64_t)p) % AXC_LT_CACHE_SLOTS];
+        if (e->used && memcmp(&e->key, k, sizeof *k) == 0) {
+            *algo = e->algo;
+            *ws_size = e->ws_size;
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lt_mu_);
+    return found;
+}
+
+static void cache_put(const lt_key *k, const cublasLtMatmulAlgo_t *algo, size_t ws_size)
+{
+    uint64_t h = key_hash(k);
+    pthread_mutex_lock(&lt_mu_);
+    lt_entry *e = &cache_[h % AXC_LT_CACHE_SLOTS]; /* evicted when the probe window is full */
+    for (int p = 0; p < AXC_LT_CACHE_PROBE; p++) {
+        lt_entry *c = &cache_[(h + (uint64_t)p) % AXC_LT_CACHE_SLOTS];
+        if (!c->used || memcmp(&c->key, k, sizeof *k) == 0) {
+            e = c;
+            break;
+        }
+    }
+    e->used = 1;
+    e->key = *k;
+    e->algo = *algo;
+    e->ws_size = ws_size;
+    pthread_mutex_unlock(&lt_mu_);
+}
+
+static uint32_t ptr_align(const void *p)
+{
+    uintptr_t v = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && (v & (a - 1)) != 0)
+        a >>= 1;
+    return a;
+}
+
+/* ------------------------------------------------------------------ one column-major matmul */
+
+/* D[m x n] = alpha * op_a(A) op_b(B) + beta * D (+ bias[m]), column-major, D also serving as C. */
+typedef struct lt_call {
+    int device;
+    void *stream;
+    cudaDataType_t ab_type, cd_type;
+    int op_a, op_b;             /* 0: N, 1: T */
+    uint64_t m, n, k;
+    const void *A; int64_t lda; /* stored (op_a ? k x m : m x k) */
+    const void *B; int64_t ldb; /* stored (op_b ? n x k : k x n) */
+    void *D; int64_t ldd;
+    float alpha, beta;
+    const void *bias;           /* [m] of cd_type, or NULL */
+    const char *what;           /* names the caller in messages */
+} lt_call;
+
+static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
+{
+    cublasLtHandle_t handle = NULL;
+    AXC_TRY(lt_handle(c->device, &handle));
+    void *ws;
+    size_t ws_bytes;
+    lt_workspace(api, c->device, c->stream, &ws, &ws_bytes);
+
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    axc_status st = lt_check(lt_.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                             "cublasLtMatmulDescCreate");
+    int32_t op_a = c->op_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = c->op_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint32_t epi = c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    int32_t bias_type = (int32_t)c->cd_type;
+    if (st == AXC_OK)
+        st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
+                                                 sizeof op_a),
+                      "cublasLtMatmulDescSetAttribute(TRANSA)");
+    if (st == AXC_OK)
+        st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                                 sizeof op_b),
+                      "cublasLtMatmulDescSetAttribute(TRANSB)");
+    if (st == AXC_OK && c->bias) {
+        st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                 sizeof epi),
+                      "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+        if (st == AXC_OK)
+            st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &c->bias, sizeof c->bias),
+                          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+        if (st == AXC_OK)
+            st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                     &bias_type, sizeof bias_type),
+                          "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
+    }
+    if (st == AXC_OK)
+        st = lt_check(lt_.MatrixLayoutCreate(&la, c->ab_type, c->op_a ? c->k : c->m,
+                                             c->op_a ? c->m : c->k, c->lda),
+                      "cublasLtMatrixLayoutCreate(A)");
+    if (st == AXC_OK)
+        st = lt_check(lt_.MatrixLayoutCreate(&lb, c->ab_type, c->op_b ? c->n : c->k,
+                                             c->op_b ? c->k : c->n, c->ldb),
+                      "cublasLtMatrixLayoutCreate(B)");
+    if (st == AXC_OK)
+        st = lt_check(lt_.MatrixLayoutCreate(&ld, c->cd_type, c->m, c->n, c->ldd),
+                      "cublasLtMatrixLayoutCreate(C/D)");
+
+    lt_key key;
+    memset(&key, 0, sizeof key); /* padding bytes take part in the hash and the compare */
+    key.device = c->device;
+    key.ab_type = (int32_t)c->ab_type;
+    key.cd_type = (int32_t)c->cd_type;
+    key.op_a = c->op_a;
+    key.op_b = c->op_b;
+    key.epilogue = (int32_t)epi;
+    key.align_a = ptr_align(c->A);
+    key.align_b = ptr_align(c->B);
+    key.align_c = ptr_align(c->D);
+    key.align_bias = c->bias ? ptr_align(c->bias) : 0;
+    key.m = c->m;
+    key.n = c->n;
+    key.k = c->k;
+    key.ws_bytes = ws_bytes;
+    key.lda = c->lda;
+    key.ldb = c->ldb;
+    key.ldc = c->ldd;
+
+    cublasLtMatmulAlgo_t algo;
+    memset(&algo, 0, sizeof algo);
+    size_t algo_ws = 0;
+    if (st == AXC_OK && !cache_get(&key, &algo, &algo_ws)) {
+        st = lt_check(lt_.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+        uint64_t max_ws = ws_bytes;
+        if (st == AXC_OK)
+            st = lt_check(lt_.MatmulPreferenceSetAttribute(
+                              pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof max_ws),
+                          "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+        const struct {
+            cublasLtMatmulPreferenceAttributes_t attr;
+            uint32_t value;
+            const char *name;
+        } aligns[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a, "MIN_ALIGNMENT_A_BYTES"},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, "MIN_ALIGNMENT_B_BYTES"},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, "MIN_ALIGNMENT_C_BYTES"},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, "MIN_ALIGNMENT_D_BYTES"},
+        };
+        for (size_t i = 0; st == AXC_OK && i < sizeof aligns / sizeof aligns[0]; i++) {
+            st = lt_check(lt_.MatmulPreferenceSetAttribute(pref, aligns[i].attr, &aligns[i].value,
+                                                           sizeof aligns[i].value),
+                          "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+        }
+        cublasLtMatmulHeuristicResult_t res;
+        memset(&res, 0, sizeof res);
+        int found = 0;
+        if (st == AXC_OK)
+            st = lt_check(lt_.MatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 1, &res,
+                                                     &found),
+                          "cublasLtMatmulAlgoGetHeuristic");
+        if (st == AXC_OK && (found < 1 || res.state != CUBLAS_STATUS_SUCCESS))
+            st = axc_fail(AXC_ERR_BACKEND,
+                          "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (column-major), "
+                          "types %d/%d, op %d/%d, ld %lld/%lld/%lld, alignments %u/%u/%u, %s bias",
+                          c->what, (unsigned long long)c->m, (unsigned long long)c->n,
+                          (unsigned long long)c->k, (int)c->ab_type, (int)c->cd_type, c->op_a,
+                          c->op_b, (long long)c->lda, (long long)c->ldb, (long long)c->ldd,
+                          key.align_a, key.align_b, key.align_c, c->bias ? "with" : "no");
+        if (st == AXC_OK) {
+            algo = res.algo;
+            algo_ws = res.workspaceSize;
+            cache_put(&key, &algo, algo_ws);
+        }
+    }
+    if (st == AXC_OK && algo_ws > ws_bytes) /* cannot happen: the preference capped it */
+        st = axc_fail(AXC_ERR_BACKEND, "%s: cuBLASLt algorithm wants %zu workspace bytes, %zu "
+                                       "available",
+                      c->what, algo_ws, ws_bytes);
+    if (st == AXC_OK)
+        st = lt_check(lt_.Matmul(handle, desc, &c->alpha, c->A, la, c->B, lb, &c->beta, c->D, ld,
+                                 c->D, ld, &algo, ws, ws_bytes, (cudaStream_t)c->stream),
+                      "cublasLtMatmul");
+
+    /* descriptor teardown: keep the first failure */
+    axc_status s2 = AXC_OK;
+    if (pref)
+        s2 = lt_check(lt_.MatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
+    if (ld && s2 == AXC_OK)
+        s2 = lt_check(lt_.MatrixLayoutDestroy(ld), "cublasLtMatrixLayoutDestroy");
+    if (lb && s2 == AXC_OK)
+        s2 = lt_check(lt_.MatrixLayoutDestroy(lb), "cublasLtMatrixLayoutDestroy");
+    if (la && s2 == AXC_OK)
+        s2 = lt_check(lt_.MatrixLayoutDestroy(la), "cublasLtMatrixLayoutDestroy");
+    if (desc && s2 == AXC_OK)
+        s2 = lt_check(lt_.MatmulDescDestroy(desc), "cublasLtMatmulDescDestroy");
+    return st != AXC_OK ? st : s2;
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+axc_status axc_cublaslt_gemm(const axc_gemm_args *g)
+{
+    AXC_TRY(lt_get());
+    const axc_cuda_api *api;
+    int prev;
+    AXC_TRY(axc_cuda_device_enter(g->device, &api, &prev, "axc_gemm"));
+    lt_call c;
+    memset(&c, 0, sizeof c);
+    c.device = g->device;
+    c.stream = g->stream;
+    c.ab_type = c.cd_type = dt_cuda(g->dtype);
+    c.m = (uint64_t)g->N;
+    c.n = (uint64_t)g->M;
+    c.D = g->C;
+    c.ldd = g->ldc;
+    c.alpha = g->alpha;
+    c.beta = g->beta;
+    c.bias = g->bias;
+    c.what = "axc_gemm";
+    axc_status st = AXC_OK;
+    if (g->K > 0) {
+        /* C^T (N x M) = op(B)^T op(A)^T: B first, A second, flags unchanged */
+        c.k = (uint64_t)g->K;
+        c.op_a = g->trans_b != 0;
+        c.A = g->B;
+        c.lda = g->ldb;
+        c.op_b = g->trans_a != 0;
+        c.B = g->A;
+        c.ldb = g->lda;
+    } else {
+        /* K == 0: C = beta*C (+ bias) as a rank-1 product of zeros, exact and on the stream */
+        const void *z = NULL;
+        int64_t len = g->M > g->N ? g->M : g->N;
+        st = lt_const_vector(api, g->device, g->stream, g->dtype, 0, len, &z);
+        c.k = 1;
+        c.A = z; /* N x 1, ld N */
+        c.lda = g->N;
+        c.B = z; /* 1 x M, ld 1 */
+        c.ldb = 1;
+    }
+    if (st == AXC_OK)
+        st = lt_matmul_on_device(api, &c);
+    return axc_cuda_device_leave(api, g->device, prev, st);
+}
+
+axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const void *dY,
+                                  int64_t M, int64_t N, int64_t ld, void *db, int accumulate)
+{
+    AXC_TRY(lt_get());
+    const axc_cuda_api *api;
+    int prev;
+    AXC_TRY(axc_cuda_device_enter(device, &api, &prev, "axc_bias_grad"));
+    axc_status st = AXC_OK;
+    if (M == 0) {
+        if (!accumulate) {
+            if (!api->MemsetAsync)
+                st = axc_fail(AXC_ERR_UNAVAILABLE, "the CUDA runtime has no cudaMemsetAsync");
+            else
+                st = axc_cuda_check(api->MemsetAsync(db, 0, (size_t)N * axc_dtype_size(dt), stream),
+                                    "cudaMemsetAsync");
+        }
+        return axc_cuda_device_leave(api, device, prev, st);
+    }
+    /* db (N x 1) = dY^T (the column-major view of dY: N x M, ld) @ ones (M x 1) [+ db] */
+    const void *ones = NULL;
+    st = lt_const_vector(api, device, stream, dt, 1, M, &ones);
+    if (st == AXC_OK) {
+        lt_call c;
+        memset(&c, 0, sizeof c);
+        c.device = device;
+        c.stream = stream;
+        c.ab_type = c.cd_type = dt_cuda(dt);
+        c.m = (uint64_t)N;
+        c.n = 1;
+        c.k = (uint64_t)M;
+        c.A = dY;
+        c.lda = ld;
+        c.B = ones;
+        c.ldb = M;
+        c.D = db;
+        c.ldd = N;
+        c.alpha = 1.0f;
+        c.beta = accumulate ? 1.0f : 0.0f;
+        c.what = "axc_bias_grad";
+        st = lt_matmul_on_device(api, &c);
+    }
+    return axc_cuda_device_leave(api, device, prev, st);
+}
+
+#else /* no cuBLASLt headers at build time */
+
+int axc_gemm_cuda_compiled(void) { return 0; }
+
+static axc_status lt_missing(const char *fn)
+{
+    return axc_fail(AXC_ERR_UNAVAILABLE,
+                    "%s on CUDA: this build of axonn_c has no cuBLASLt support (cublasLt.h and the "
+                    "CUDA runtime headers were not found at build time; install nvidia-cublas and "
+                    "nvidia-cuda-runtime, or the CUDA toolkit, and rebuild)",
+                    fn);
+}
+
+axc_status axc_cublaslt_gemm(const axc_gemm_args *g)
+{
+    (void)g;
+    return lt_missing("axc_gemm");
+}
+
+axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const void *dY,
+                                  int64_t M, int64_t N, int64_t ld, void *db, int accumulate)
+{
+    (void)device, (void)stream, (void)dt, (void)dY, (void)M, (void)N, (void)ld, (void)db,
+        (void)accumulate;
+    return lt_missing("axc_bias_grad");
+}
+
+#endif

@@ -1,0 +1,123 @@
+/* torch's C ABI bound at run time: see axc/torch_shim.h.
+ *
+ * The package never links against torch: by the time the core needs a torch kernel, `import
+ * torch` has loaded libtorch_cpu.so, so a RTLD_NOLOAD dlopen finds it (and shares its thread pool
+ * and BLAS). C unit tests, which run without Python, name the library in AXONN_C_TORCH_LIB. */
+#include "axc/torch_shim.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(int32_t (*)(void)) == sizeof(void *), "function pointers are not pointer-sized");
+
+static pthread_once_t load_once_ = PTHREAD_ONCE_INIT;
+static axc_torch_api api_;
+static axc_status load_status_ = AXC_ERR_UNAVAILABLE;
+static char load_msg_[1024];
+static char lib_name_[512];
+
+static void set_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void set_unavailable(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(load_msg_, sizeof load_msg_, fmt, ap);
+    va_end(ap);
+    load_status_ = AXC_ERR_UNAVAILABLE;
+}
+
+static void *open_torch(void)
+{
+    void *h = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
+    if (h) {
+        snprintf(lib_name_, sizeof lib_name_, "libtorch_cpu.so (already loaded)");
+        return h;
+    }
+    const char *path = getenv("AXONN_C_TORCH_LIB");
+    if (path && path[0]) {
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h) {
+            snprintf(lib_name_, sizeof lib_name_, "%s", path);
+            return h;
+        }
+        const char *e = dlerror();
+        set_unavailable("torch's C library could not be opened from AXONN_C_TORCH_LIB=%s: %s",
+                        path, e ? e : "dlopen failed");
+        return NULL;
+    }
+    set_unavailable("torch's C library (libtorch_cpu.so) is not loaded in this process: "
+                    "`import torch` before using axonn_c, or set AXONN_C_TORCH_LIB to the path "
+                    "of libtorch_cpu.so");
+    return NULL;
+}
+
+static int resolve(void *h, const char *name, void *field, int required)
+{
+    void *sym = dlsym(h, name);
+    if (!sym) {
+        if (required)
+            set_unavailable("torch's %s has no symbol %s (this torch is too old or too new for "
+                            "axonn_c)",
+                            lib_name_, name);
+        return 0;
+    }
+    memcpy(field, &sym, sizeof sym);
+    return 1;
+}
+
+static void load_torch(void)
+{
+    void *h = open_torch();
+    if (!h)
+        return;
+    axc_torch_api api;
+    memset(&api, 0, sizeof api);
+    int32_t (*dt_f32)(void) = NULL, (*dt_bf16)(void) = NULL, (*dt_f16)(void) = NULL,
+            (*dev_cpu)(void) = NULL;
+    if (!resolve(h, "aoti_torch_create_tensor_from_blob", &api.create_tensor_from_blob, 1) ||
+        !resolve(h, "aoti_torch_delete_tensor_object", &api.delete_tensor_object, 1) ||
+        !resolve(h, "aoti_torch_cpu_addmm_out", &api.cpu_addmm_out, 1) ||
+        !resolve(h, "aoti_torch_cpu_mm_out", &api.cpu_mm_out, 1) ||
+        !resolve(h, "aoti_torch_dtype_float32", &dt_f32, 1) ||
+        !resolve(h, "aoti_torch_dtype_bfloat16", &dt_bf16, 1) ||
+        !resolve(h, "aoti_torch_dtype_float16", &dt_f16, 1) ||
+        !resolve(h, "aoti_torch_device_type_cpu", &dev_cpu, 1))
+        return;
+    if (!resolve(h, "torch_exception_get_what_without_backtrace", &api.exception_what, 0))
+        api.exception_what = NULL;
+    api.dtype_f32 = dt_f32();
+    api.dtype_bf16 = dt_bf16();
+    api.dtype_f16 = dt_f16();
+    api.device_cpu = dev_cpu();
+    api_ = api;
+    load_status_ = AXC_OK;
+    load_msg_[0] = '\0';
+}
+
+axc_status axc_torch_load(const axc_torch_api **api)
+{
+    if (api)
+        *api = NULL;
+    if (pthread_once(&load_once_, load_torch) != 0)
+        return axc_fail(AXC_ERR_SYSTEM, "pthread_once failed while loading torch's C library");
+    if (load_status_ != AXC_OK)
+        return axc_fail(load_status_, "%s", load_msg_);
+    if (api)
+        *api = &api_;
+    return AXC_OK;
+}
+
+axc_status axc_torch_check(int32_t err, const char *what)
+{
+    if (err == 0)
+        return AXC_OK;
+    const char *msg = NULL;
+    if (load_status_ == AXC_OK && api_.exception_what)
+        msg = api_.exception_what();
+    return axc_fail(AXC_ERR_BACKEND, "%s failed (torch error %d)%s%s", what ? what : "torch call",
+                    (int)err, msg && msg[0] ? ": " : "", msg && msg[0] ? msg : "");
+}
