@@ -6,10 +6,15 @@ import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core bind
 
 from . import _C, comm
 from ._C import CommError, CommTimeoutError, Work
+from .linear import Linear
+from .parallel import (auto_parallelize, clip_grad_norm_, full_state_dict, no_grad_sync,
+                       optimize_communication, sync_gradients)
 from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_initialized, reset_comm_stats
 
 __all__ = [
-    "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
+    "Linear", "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
+    "sync_gradients", "no_grad_sync", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
+    "optimize_communication",
 ]
 __version__ = "0.1.0"

@@ -10,6 +10,8 @@
 
 static axc_comm *g_comm = NULL;
 
+axc_comm *axc_py_comm(void) { return g_comm; }
+
 /* ------------------------------------------------------------------ bootstrap over the store */
 
 typedef struct py_store {

@@ -18,6 +18,7 @@ PyObject *axc_py_raise(axc_status status);
 /* Method tables, each NULL-terminated, one per binding file. */
 extern PyMethodDef axc_py_comm_methods[];
 extern PyMethodDef axc_py_model_methods[];
+extern PyMethodDef axc_py_linear_methods[];
 extern PyMethodDef axc_py_gemm_methods[];
 
 /* Types registered on the module (each file adds its own). */

@@ -1,0 +1,289 @@
+"""axonn_c.Linear: nn.Linear sharded over the 3D tensor-parallel grid (DESIGN §5).
+
+Forward and backward run in C (csrc/layers/linear.c). They are torch.library custom ops with
+fake kernels and a registered autograd formula, so torch.compile treats them as opaque nodes.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from . import _C
+from .runtime import grid
+
+_EASY, _EXPERT = 0, 1
+
+
+def _stream(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _dev(t: Tensor) -> int:
+    return t.device.index if t.is_cuda else -1
+
+
+def _desc(cfg: List[int], dtype: torch.dtype) -> tuple:
+    in_f, out_f, transpose, has_bias, layout = cfg
+    return (in_f, out_f, bool(transpose), bool(has_bias), layout, str(dtype)[6:])
+
+
+@torch.library.custom_op("axonn_c::linear_fwd", mutates_args=())
+def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tuple[Tensor, Tensor]:
+    """x: [rows, features] -> (y, saved); saved is what backward needs besides x (easy layout)."""
+    desc = _desc(cfg, x.dtype)
+    rows = x.shape[0]
+    t_max = rows
+    if cfg[4] == _EASY:
+        t_max = _C.linear_plane_tokens(desc, rows)
+    s = _C.linear_shapes(desc, t_max)
+    if cfg[4] == _EASY:
+        y = x.new_empty((rows, cfg[1]))
+        saved = x.new_empty((s["saved_rows"], s["saved_cols"]))
+    else:
+        y = x.new_empty((rows, s["n_local"]))
+        saved = x.new_empty((0,))
+    ws = x.new_empty((s["workspace_elems"],))
+    _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
+                      b.data_ptr() if b is not None else 0, y.data_ptr(), saved.data_ptr(),
+                      ws.data_ptr())
+    return y, saved
+
+
+@_linear_fwd.register_fake
+def _(x, w, b, cfg):
+    s = _C.linear_shapes(_desc(cfg, x.dtype), x.shape[0])
+    if cfg[4] == _EASY:
+        return x.new_empty((x.shape[0], cfg[1])), x.new_empty((s["saved_rows"], s["saved_cols"]))
+    return x.new_empty((x.shape[0], s["n_local"])), x.new_empty((0,))
+
+
+@torch.library.custom_op("axonn_c::linear_bwd", mutates_args=())
+def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor,
+                cfg: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
+    """-> (dx, dw, db); db is empty when the layer has no bias."""
+    desc = _desc(cfg, dy.dtype)
+    dy = dy.contiguous()
+    rows = x.shape[0]
+    t_max = rows
+    s = _C.linear_shapes(desc, rows)
+    if cfg[4] == _EASY:
+        t_max = saved.shape[0] // (s["gin_size"] * s["gout_size"])
+        s = _C.linear_shapes(desc, t_max)
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(w)
+    db = dy.new_empty((s["n_local"],) if cfg[3] else (0,))
+    ws = dy.new_empty((s["workspace_elems"],))
+    src = saved if cfg[4] == _EASY else x
+    _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
+                       dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                       db.data_ptr() if cfg[3] else 0, ws.data_ptr())
+    return dx, dw, db
+
+
+@_linear_bwd.register_fake
+def _(dy, x, saved, w, cfg):
+    s = _C.linear_shapes(_desc(cfg, dy.dtype), x.shape[0])
+    return (torch.empty_like(x), torch.empty_like(w),
+            dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, w, b, cfg = inputs
+    ctx.save_for_backward(x, output[1], w)
+    ctx.cfg = cfg
+    ctx.has_bias = b is not None
+
+
+def _backward(ctx, dy, _dsaved):
+    x, saved, w = ctx.saved_tensors
+    dx, dw, db = _linear_bwd(dy, x, saved, w, ctx.cfg)
+    return dx, dw, (db if ctx.has_bias else None), None
+
+
+torch.library.register_autograd("axonn_c::linear_fwd", _backward, setup_context=_setup_context)
+
+
+class Linear(nn.Module):
+    """Drop-in for nn.Linear, sharded over the grid of axonn_c.init().
+
+    Default (easy) layout: every rank passes its own tokens `[..., in_features]` and gets
+    `[..., out_features]`. `expert_mode=True` (the paper's layout): input `[..., in/G_in]`, output
+    `[..., out/G_out]`, where G_in is the column group (row group if `transpose=True`) and G_out
+    the other one; a `transpose=True` layer consumes what a normal layer produces.
+
+    The full weight is initialised exactly like nn.Linear's (kaiming_uniform(a=sqrt(5)) and the
+    matching bias), or by `init_method(full_weight)`, then sliced: a serial nn.Linear built after
+    the same torch.manual_seed holds the same full weight. Shapes must divide the grid; there is
+    no padding of features (the depth shard of the flattened block is padded internally).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 transpose: bool = False, skip_bias_add: bool = False, init_method=None,
+                 expert_mode: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.transpose, self.skip_bias_add = bool(transpose), bool(skip_bias_add)
+        self.expert_mode = bool(expert_mode)
+        dtype = dtype or torch.get_default_dtype()
+        self._cfg = [self.in_features, self.out_features, int(self.transpose), int(bias),
+                     _EXPERT if self.expert_mode else _EASY]
+        self._shapes = _C.linear_shapes(_desc(self._cfg, dtype), 0)  # raises before init()
+        s = self._shapes
+        full_w = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        if init_method is not None:
+            init_method(full_w)
+        else:
+            nn.init.kaiming_uniform_(full_w, a=math.sqrt(5))
+        full_b = None
+        if bias:
+            full_b = torch.empty(self.out_features, dtype=torch.float32)
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(full_b, -bound, bound)
+        self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
+        self.weight._axonn_grad_groups = ("data",)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
+            self.bias._axonn_grad_groups = ("depth", "data")
+        else:
+            self.register_parameter("bias", None)
+        self.load_full(full_w, full_b)
+
+    # ---------------------------------------------------------------- shards <-> full tensors
+
+    def _block_slices(self):
+        s = self._shapes
+        rows = slice(s["gout_rank"] * s["n_local"], (s["gout_rank"] + 1) * s["n_local"])
+        cols = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
+        return rows, cols
+
+    @torch.no_grad()
+    def load_full(self, weight: Tensor, bias: Optional[Tensor] = None) -> None:
+        """Loads this rank's shard from the full serial weight [out, in] (and bias [out])."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"full weight must be [{self.out_features}, {self.in_features}], "
+                             f"got {list(weight.shape)}")
+        s = self._shapes
+        rows, cols = self._block_slices()
+        flat = weight[rows, cols].reshape(-1)
+        padded = flat.new_zeros(s["shard"] * s["depth_size"])
+        padded[: s["block"]] = flat
+        d = grid().depth_rank
+        self.weight.copy_(padded[d * s["shard"]:(d + 1) * s["shard"]])
+        if self.bias is not None:
+            if bias is None or tuple(bias.shape) != (self.out_features,):
+                raise ValueError(f"full bias must be [{self.out_features}], got "
+                                 f"{None if bias is None else list(bias.shape)}")
+            self.bias.copy_(bias[rows])
+
+    @torch.no_grad()
+    def full_weight(self) -> Tensor:
+        """The full [out, in] weight on every rank (collective over the intra group)."""
+        from . import comm
+
+        s = self._shapes
+        shards = self.weight.new_empty(s["shard"] * s["depth_size"])
+        comm.all_gather(shards, self.weight.detach().contiguous(), group="depth")
+        block = shards[: s["block"]].view(s["n_local"], s["k_local"])
+        full = self.weight.new_zeros(self.out_features, self.in_features)
+        rows, cols = self._block_slices()
+        full[rows, cols] = block
+        # every block is owned by exactly one (gin, gout) pair: summing places them all
+        comm.all_reduce(full, group="col")
+        comm.all_reduce(full, group="row")
+        return full
+
+    @torch.no_grad()
+    def full_bias(self) -> Optional[Tensor]:
+        from . import comm
+
+        if self.bias is None:
+            return None
+        s = self._shapes
+        out = self.bias.new_empty(s["gout_size"] * s["n_local"])
+        comm.all_gather(out, self.bias.detach().contiguous(), group=s["gout"])
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        w = state_dict.get(prefix + "weight")
+        if w is not None and w.dim() == 2:  # a full serial nn.Linear state dict
+            b = state_dict.get(prefix + "bias")
+            self.load_full(w, b)
+            state_dict = {k: v for k, v in state_dict.items()
+                          if k not in (prefix + "weight", prefix + "bias")}
+            for k in ("weight", "bias"):
+                state_dict[prefix + k] = getattr(self, k) if getattr(self, k) is not None else None
+            state_dict = {k: v for k, v in state_dict.items() if v is not None}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(self, x: Tensor):
+        s = self._shapes
+        want = s["k_local"] if self.expert_mode else self.in_features
+        if x.shape[-1] != want:
+            layout = (f"expert layout: in_features/{s['gin']} group = {self.in_features}/"
+                      f"{s['gin_size']}") if self.expert_mode else "in_features"
+            raise ValueError(f"axonn_c.Linear expects the last input dimension to be {want} "
+                             f"({layout}), got input of shape {list(x.shape)}")
+        w, b = self.weight, self.bias
+        if x.device != w.device:
+            raise ValueError(f"input is on {x.device} but the layer's weights are on {w.device}")
+        if torch.is_autocast_enabled(x.device.type):
+            dt = torch.get_autocast_dtype(x.device.type)
+            x, w = x.to(dt), w.to(dt)
+            b = b.to(dt) if b is not None else None
+        elif x.dtype != w.dtype:
+            raise TypeError(f"input dtype {x.dtype} does not match the layer's {w.dtype} "
+                            "(cast the input, or use torch.autocast)")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        use_bias = b is not None and not self.skip_bias_add
+        cfg = list(self._cfg)
+        cfg[3] = int(use_bias)
+        y, _ = _linear_fwd(x2, w, b if use_bias else None, cfg)
+        y = y.view(*lead, y.shape[-1])
+        if self.skip_bias_add:
+            return y, (self._full_bias_for_output(b) if b is not None else None)
+        return y
+
+    def _full_bias_for_output(self, b: Tensor) -> Tensor:
+        """The bias as the output needs it: expert layout, the local block; easy, the full vector
+        (its gradient is summed over the plane, whose ranks hold different tokens)."""
+        if self.expert_mode:
+            return b
+        return _GatherBias.apply(b, self._shapes["gout"], self._shapes["gin"],
+                                 self._shapes["gout_size"])
+
+    def extra_repr(self) -> str:
+        s = self._shapes
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, transpose={self.transpose}, "
+                f"expert_mode={self.expert_mode}, block={s['n_local']}x{s['k_local']}, "
+                f"shard={s['shard']}")
+
+
+class _GatherBias(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, b, gout, gin, gout_size):
+        from . import comm
+
+        ctx.gout, ctx.gin, ctx.n = gout, gin, b.shape[0]
+        out = b.new_empty(gout_size * b.shape[0])
+        comm.all_gather(out, b.contiguous(), group=gout)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        from . import comm
+
+        g = g.contiguous().clone()
+        comm.all_reduce(g, group=ctx.gin)
+        comm.all_reduce(g, group=ctx.gout)
+        g_ = grid()
+        r = g_.row_rank if ctx.gout == "row" else g_.col_rank
+        return g[r * ctx.n:(r + 1) * ctx.n], None, None, None

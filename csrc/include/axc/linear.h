@@ -1,0 +1,77 @@
+/* The 3D tensor-parallel linear layer: shapes, and forward/backward over the grid (DESIGN §5).
+ *
+ * Weight W[out, in]. The group that splits the input features ("gin") is col, the one that splits
+ * the output features ("gout") is row; transpose=1 swaps them. Rank (d, r, c) owns the block
+ * [n_local x k_local] at (gout index, gin index), flattened row-major, padded to shard * Gd and
+ * split over depth: piece d (shard elements) is the parameter. The bias [n_local] is the gout
+ * block, replicated over gin and depth.
+ *
+ * Expert layout: X [m, k_local] (tokens split over data x depth, replicated over gin/gout),
+ * Y [m, n_local]. Easy layout: X [t, in] (this rank's own tokens), Y [t, out]; the layer
+ * redistributes inside, padding every rank of the gin x gout plane to the plane's largest t.
+ */
+#ifndef AXC_LINEAR_H
+#define AXC_LINEAR_H
+
+#include <stdint.h>
+
+#include "axc/comm.h"
+
+typedef enum axc_layout { AXC_LAYOUT_EASY = 0, AXC_LAYOUT_EXPERT = 1 } axc_layout;
+
+typedef struct axc_linear_desc {
+    int64_t in_features, out_features;
+    int transpose;
+    int has_bias;
+    axc_layout layout;
+    axc_dtype dtype;
+} axc_linear_desc;
+
+/* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */
+typedef struct axc_linear_shapes {
+    axc_group_kind gin, gout;
+    int gin_size, gout_size, gin_rank, gout_rank, depth_size;
+    int64_t k_local, n_local; /* block of W this rank's gin/gout coordinates select */
+    int64_t block;            /* k_local * n_local */
+    int64_t shard;            /* ceil(block / Gd): the parameter's length */
+    /* per call, for `rows` = the tokens (expert: m; easy: the plane's largest t) */
+    int64_t saved_rows;       /* rows of the activation saved for backward (expert: m) */
+    int64_t saved_cols;       /* its columns (k_local) */
+    int64_t workspace_elems;  /* scratch for forward or backward */
+} axc_linear_shapes;
+
+/* Validates the layer against the grid (divisibility, dtypes) with messages naming numbers. */
+axc_status axc_linear_check(const axc_comm *comm, const axc_linear_desc *d);
+
+/* Shapes for a call with `rows` rows (expert: m; easy: the padded t). */
+axc_status axc_linear_shapes_for(const axc_comm *comm, const axc_linear_desc *d, int64_t rows,
+                                 axc_linear_shapes *s);
+
+/* Easy layout: exchanges token counts over the gin x gout plane (a host collective). Writes the
+ * plane's largest count to *t_max. */
+axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int64_t t,
+                                   int64_t *t_max);
+
+typedef struct axc_linear_io {
+    int device;      /* -1 CPU, >= 0 CUDA */
+    void *stream;
+    int64_t rows;    /* expert: m; easy: this rank's t */
+    int64_t t_max;   /* easy: from axc_linear_plane_tokens (== rows when equal); expert: rows */
+    const void *x;   /* forward input */
+    const void *w;   /* weight shard [shard] */
+    const void *bias;/* [n_local] or NULL */
+    void *y;         /* forward output */
+    void *saved;     /* forward: filled with the activation backward needs (easy: the gathered
+                        [saved_rows, k_local] input; expert: unused, backward reads x) */
+    const void *dy;  /* backward input */
+    void *dx;        /* backward outputs */
+    void *dw;        /* [shard] */
+    void *db;        /* [n_local] or NULL */
+    void *workspace; /* workspace_elems elements */
+} axc_linear_io;
+
+axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);
+/* Backward for expert: reads io->x; easy: reads io->saved. Writes dx, dw, db. */
+axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);
+
+#endif

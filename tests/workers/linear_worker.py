@@ -1,0 +1,171 @@
+"""axonn_c.Linear against the serial nn.Linear on every grid of the world size: outputs, input
+gradients and every parameter's gradient (after the data/depth reductions DESIGN §5 assigns),
+both layouts, transpose on/off, bias on/off, square and non-square shapes, 3-D inputs."""
+import argparse
+import itertools
+import sys
+
+import torch
+
+import axonn_c
+
+SHAPES = [(48, 80), (96, 32), (64, 64)]
+SHAPES_3 = [(48, 120), (96, 24), (72, 72)]  # for world sizes with a factor 3
+
+
+def grids(world):
+    for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):
+        if world % (gd * gr * gc) == 0:
+            yield (world // (gd * gr * gc), gr, gc, gd)
+
+
+def close(got, want, dtype, what):
+    got, want = got.double(), want.double()
+    scale = want.abs().max().clamp_min(1e-12)
+    if dtype == torch.float32:
+        ok = torch.allclose(got / scale, want / scale, rtol=1e-5, atol=1e-6)
+    else:
+        ok = ((got - want).norm() / want.norm().clamp_min(1e-12)).item() < 1e-2
+    if not ok:
+        raise AssertionError(f"{what}: max |diff| {(got - want).abs().max().item():.3e}, "
+                             f"scale {scale.item():.3e}")
+
+
+def shard_of(full_grad, layer):
+    s = layer._shapes
+    rows, cols = layer._block_slices()
+    flat = full_grad[rows, cols].reshape(-1)
+    padded = flat.new_zeros(s["shard"] * s["depth_size"])
+    padded[: s["block"]] = flat
+    d = axonn_c.grid().depth_rank
+    return padded[d * s["shard"]:(d + 1) * s["shard"]]
+
+
+def reduce_grads(layer):
+    """What sync_gradients does for these two parameters, spelled out."""
+    for p in (layer.weight, layer.bias):
+        if p is not None:
+            for group in p._axonn_grad_groups:
+                axonn_c.comm.all_reduce(p.grad, group=group)
+
+
+def check(g, in_f, out_f, expert, transpose, bias, dtype, tokens_per_rank, seed):
+    world = g.world_size
+    what = (f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} {in_f}->{out_f} "
+            f"expert={expert} transpose={transpose} bias={bias} {dtype} rank {g.rank}")
+    torch.manual_seed(seed)
+    ref = torch.nn.Linear(in_f, out_f, bias=bias)
+    torch.manual_seed(seed)
+    layer = axonn_c.Linear(in_f, out_f, bias=bias, transpose=transpose, expert_mode=expert,
+                           dtype=dtype)
+    ref = ref.to(dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    s = layer._shapes
+    if expert:  # tokens split over data x depth; features over the gin/gout groups
+        shards = g.G_data * g.G_intra_d
+        T = shards * tokens_per_rank
+        X = torch.randn(2, T // 2, in_f, generator=gen).to(dtype)  # 3-D input
+        dY = torch.randn(2, T // 2, out_f, generator=gen).to(dtype)
+        blk = g.data_rank * g.G_intra_d + g.depth_rank
+        tok = slice(blk * tokens_per_rank // 2, (blk + 1) * tokens_per_rank // 2)
+        kin = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
+        nout = slice(s["gout_rank"] * s["n_local"], (s["gout_rank"] + 1) * s["n_local"])
+        x = X[:, tok, kin].clone().requires_grad_()
+        dy = dY[:, tok, nout]
+    else:  # each rank its own tokens, full features; unequal counts on purpose
+        counts = [tokens_per_rank + (r % 3) for r in range(world)]
+        T = sum(counts)
+        X = torch.randn(T, in_f, generator=gen).to(dtype)
+        dY = torch.randn(T, out_f, generator=gen).to(dtype)
+        start = sum(counts[:g.rank])
+        tok = slice(start, start + counts[g.rank])
+        kin, nout = slice(None), slice(None)
+        x = X[tok].clone().requires_grad_()
+        dy = dY[tok]
+    Xr = X.clone().requires_grad_()
+    Yr = ref(Xr)
+    Yr.backward(dY)
+    y = layer(x)
+    close(y, Yr.detach()[..., tok, nout] if expert else Yr.detach()[tok], dtype, what + " output")
+    y.backward(dy)
+    reduce_grads(layer)
+    close(x.grad, Xr.grad[..., tok, kin] if expert else Xr.grad[tok], dtype, what + " dX")
+    close(layer.weight.grad, shard_of(ref.weight.grad, layer), dtype, what + " dW")
+    if bias:
+        rows, _ = layer._block_slices()
+        close(layer.bias.grad, ref.bias.grad[rows], dtype, what + " db")
+
+
+def check_mlp_and_bytes(g, dtype, seed):
+    """Linear -> GELU -> Linear(transpose=True) in expert mode equals the serial MLP, and the
+    bytes each group moved in one step equal the communication model's (DESIGN §5's table: no
+    redistribution between the two layers)."""
+    hidden, ffn = 24 * 2, 24 * 4
+    grid4 = (g.G_data, g.G_intra_r, g.G_intra_c, g.G_intra_d)
+    torch.manual_seed(seed)
+    ref1, ref2 = torch.nn.Linear(hidden, ffn), torch.nn.Linear(ffn, hidden)
+    torch.manual_seed(seed)
+    l1 = axonn_c.Linear(hidden, ffn, expert_mode=True, dtype=dtype)
+    l2 = axonn_c.Linear(ffn, hidden, transpose=True, expert_mode=True, dtype=dtype)
+    shards, m = g.G_data * g.G_intra_d, 5
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(shards * m, hidden, generator=gen)
+    dY = torch.randn(shards * m, hidden, generator=gen)
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    tok = slice(blk * m, (blk + 1) * m)
+    s1 = l1._shapes
+    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
+    x = X[tok, kin].clone().requires_grad_()
+    axonn_c.reset_comm_stats()
+    y = l2(torch.nn.functional.gelu(l1(x)))
+    y.backward(dY[tok, kin])  # l2's output block is split like l1's input (col group)
+    for layer in (l1, l2):
+        reduce_grads(layer)
+    stats = axonn_c.comm_stats()
+    Xr = X.clone().requires_grad_()
+    Yr = ref2(torch.nn.functional.gelu(ref1(Xr)))
+    Yr.backward(dY)
+    what = f"MLP grid {grid4} rank {g.rank}"
+    close(y, Yr.detach()[tok, kin], dtype, what + " output")
+    close(x.grad, Xr.grad[tok, kin], dtype, what + " dX")
+    for layer, ref in ((l1, ref1), (l2, ref2)):
+        close(layer.weight.grad, shard_of(ref.weight.grad, layer), dtype, what + " dW")
+        rows, _ = layer._block_slices()
+        close(layer.bias.grad, ref.bias.grad[rows], dtype, what + " db")
+    layers = [dict(in_features=hidden, out_features=ffn, bias=1),
+              dict(in_features=ffn, out_features=hidden, transpose=1, bias=1)]
+    step = dict(tokens=shards * m, grad_acc=1, recompute=0, dtype="float32",
+                grad_dtype="float32")
+    pred = axonn_c._C.model_volume(grid4, g.rank, layers, step)
+    for grp in ("col", "row", "depth", "data"):
+        got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
+        want = (pred["sent"][grp], pred["recv"][grp])
+        assert got == want, f"{what}: group {grp} moved {got} bytes, model predicts {want}"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--tokens", type=int, default=6)
+    a = p.parse_args()
+    import os
+
+    world = int(os.environ["WORLD_SIZE"])
+    n = 0
+    for sizes in grids(world):
+        g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2],
+                         G_intra_d=sizes[3])
+        for (in_f, out_f), expert, transpose, bias, dname in itertools.product(
+                SHAPES_3 if world % 3 == 0 else SHAPES, (False, True), (False, True), (True, False), a.dtypes.split(",")):
+            check(g, in_f, out_f, expert, transpose, bias, getattr(torch, dname), a.tokens,
+                  seed=1000 + n)
+            n += 1
+        check_mlp_and_bytes(g, torch.float32, seed=77 + n)
+        axonn_c.finalize()
+    if int(os.environ["RANK"]) == 0:
+        print(f"world {world}: {n} layer cases match nn.Linear")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
