@@ -36,8 +36,11 @@ typedef struct axc_gemm_args {
  *   rounds beta*C + bias to the dtype first (exact for F32 up to one fp32 rounding).
  * - K == 0: C = beta*C (+ bias). M == 0 or N == 0: nothing happens.
  * - fp32 accumulation; F32 is full fp32 (no TF32) on CUDA, like torch's default.
- * - CUDA: on `stream`, on device `device` (the caller's current device is restored); the first
- *   call per (device, stream) allocates a cuBLASLt workspace, so warm up before graph capture. */
+ * - CUDA: on `stream`, on device `device` (the caller's current device is restored). The first
+ *   call per (device, stream) cudaMallocs a 32 MiB cuBLASLt workspace (kept for the process), and
+ *   K == 0 / axc_bias_grad grow a device zeros/ones vector with one stream synchronisation, so
+ *   warm up with the largest shapes before CUDA-graph capture. Algorithms are cached per shape,
+ *   leading dimensions and pointer alignments. */
 axc_status axc_gemm(const axc_gemm_args *g);
 
 /* db[N] (+)= sum over the M rows of dY[M x N] (row stride ld); accumulate=1 adds into db.

@@ -1,0 +1,179 @@
+/* CPU stand-in for libcublasLt.so.13 (plus the two runtime entry points the GEMM layer adds to
+ * the cudart mock), so the cuBLASLt path of csrc/device/cublaslt.c - row-major to column-major
+ * mapping, bias epilogue, ones-vector bias gradient, K == 0, descriptor and cache handling - runs
+ * on a machine without a GPU. "Device" memory is host memory and cublasLtMatmul computes on the
+ * host, checking that every descriptor is consistent. f32 and bf16 only.
+ * Build and run: see csrc/tests/mock/run_gemm_mock_test.sh. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef MOCK_CUDART_EXTRA
+/* appended to the cudart mock */
+int cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, int k,
+                      void *st)
+{
+    (void)k, (void)st;
+    for (size_t i = 0; i < h; i++)
+        memmove((char *)d + i * dp, (const char *)s + i * sp, w);
+    return 0;
+}
+int cudaMemsetAsync(void *d, int v, size_t n, void *st)
+{
+    (void)st;
+    memset(d, v, n);
+    return 0;
+}
+#else
+
+#include <cublasLt.h>
+
+typedef struct mdesc { int32_t ta, tb; uint32_t epi; const void *bias; int32_t bias_type; } mdesc;
+typedef struct mlayout { cudaDataType type; uint64_t rows, cols; int64_t ld; } mlayout;
+int mock_lt_matmuls, mock_lt_heuristics; /* counters the test reads through dlsym */
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)malloc(8); return 0; }
+const char *cublasLtGetStatusString(cublasStatus_t s) { return s ? "mock failure" : "ok"; }
+size_t cublasLtGetVersion(void) { return 130100; }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c,
+                                        cudaDataType_t s)
+{
+    if (c != CUBLAS_COMPUTE_32F || s != CUDA_R_32F)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *d = (cublasLtMatmulDesc_t)calloc(1, sizeof(mdesc));
+    return 0;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { free(d); return 0; }
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *buf,
+                                              size_t n)
+{
+    mdesc *m = (mdesc *)d;
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: if (n != 4) return 7; memcpy(&m->ta, buf, 4); return 0;
+    case CUBLASLT_MATMUL_DESC_TRANSB: if (n != 4) return 7; memcpy(&m->tb, buf, 4); return 0;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: if (n != 4) return 7; memcpy(&m->epi, buf, 4); return 0;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: if (n != sizeof(void *)) return 7; memcpy(&m->bias, buf, n); return 0;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: if (n != 4) return 7; memcpy(&m->bias_type, buf, 4); return 0;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r,
+                                          uint64_t c, int64_t ld)
+{
+    if (ld < (int64_t)(r ? r : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    mlayout *m = calloc(1, sizeof *m);
+    m->type = t, m->rows = r, m->cols = c, m->ld = ld;
+    *l = (cublasLtMatrixLayout_t)m;
+    return 0;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { free(l); return 0; }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = (cublasLtMatmulPreference_t)calloc(1, 16);
+    return 0;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { free(p); return 0; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t n)
+{
+    (void)p, (void)buf;
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return n == 8 ? 0 : CUBLAS_STATUS_INVALID_VALUE;
+    return n == 4 ? 0 : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* m, n, k from the descriptors; 0 when they are inconsistent */
+static int dims(const mdesc *d, const mlayout *A, const mlayout *B, const mlayout *C,
+                uint64_t *m, uint64_t *n, uint64_t *k)
+{
+    *m = C->rows, *n = C->cols;
+    uint64_t am = d->ta ? A->cols : A->rows, ak = d->ta ? A->rows : A->cols;
+    uint64_t bk = d->tb ? B->cols : B->rows, bn = d->tb ? B->rows : B->cols;
+    *k = ak;
+    return am == *m && bn == *n && bk == ak && A->type == B->type;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd,
+                                              cublasLtMatmulPreference_t p, int req,
+                                              cublasLtMatmulHeuristicResult_t res[], int *found)
+{
+    (void)h, (void)p, (void)dd;
+    uint64_t m, n, k;
+    if (req < 1 || !dims((mdesc *)d, (mlayout *)a, (mlayout *)b, (mlayout *)c, &m, &n, &k)) {
+        *found = 0;
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    memset(&res[0], 0, sizeof res[0]);
+    res[0].algo.data[0] = 42;
+    res[0].workspaceSize = 1024;
+    res[0].state = CUBLAS_STATUS_SUCCESS;
+    *found = 1;
+    mock_lt_heuristics++;
+    return 0;
+}
+
+static float ld_el(cudaDataType t, const void *p, int64_t i)
+{
+    if (t == CUDA_R_32F)
+        return ((const float *)p)[i];
+    uint32_t x = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static void st_el(cudaDataType t, void *p, int64_t i, float v)
+{
+    if (t == CUDA_R_32F) {
+        ((float *)p)[i] = v;
+        return;
+    }
+    uint32_t x;
+    memcpy(&x, &v, 4);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    ((uint16_t *)p)[i] = (uint16_t)(x >> 16);
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t Al, const void *B,
+                              cublasLtMatrixLayout_t Bl, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t Cl, void *D, cublasLtMatrixLayout_t Dl,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t wss,
+                              cudaStream_t s)
+{
+    (void)h, (void)s;
+    const mdesc *d = (const mdesc *)dsc;
+    const mlayout *a = (const mlayout *)Al, *b = (const mlayout *)Bl, *c = (const mlayout *)Cl,
+                  *dl = (const mlayout *)Dl;
+    uint64_t m, n, k;
+    if (!dims(d, a, b, c, &m, &n, &k) || c->rows != dl->rows || c->cols != dl->cols ||
+        algo->data[0] != 42 || (wss < 1024) || (wss && !ws) || C != D)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (d->epi == CUBLASLT_EPILOGUE_BIAS && (!d->bias || d->bias_type != (int32_t)c->type))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    float al, be;
+    memcpy(&al, alpha, 4);
+    memcpy(&be, beta, 4);
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+            float acc = 0.0f;
+            for (uint64_t kk = 0; kk < k; kk++) {
+                int64_t ai = d->ta ? (int64_t)(kk + i * a->ld) : (int64_t)(i + kk * a->ld);
+                int64_t bi = d->tb ? (int64_t)(j + kk * b->ld) : (int64_t)(kk + j * b->ld);
+                acc += ld_el(a->type, A, ai) * ld_el(b->type, B, bi);
+            }
+            int64_t ci = (int64_t)(i + j * c->ld);
+            float v = al * acc + (be != 0.0f ? be * ld_el(c->type, C, ci) : 0.0f);
+            if (d->epi == CUBLASLT_EPILOGUE_BIAS)
+                v += ld_el(c->type, d->bias, (int64_t)i);
+            st_el(dl->type, D, ci, v);
+        }
+    mock_lt_matmuls++;
+    return 0;
+}
+#endif

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the cuBLASLt path of the GEMM layer against CPU mocks of libcudart and libcublasLt (no GPU
+# needed), plain and under ASan+UBSan. Needs the CUDA runtime and cuBLASLt headers
+# (CUDA_INC, CUBLAS_INC: the toolkit, or the nvidia-cuda-runtime / nvidia-cublas wheels).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=build/mock_gemm
+mkdir -p "$OUT"
+CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
+CUBLAS_INC="${CUBLAS_INC:-$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')}"
+INC="-I$CUDA_INC -I$CUBLAS_INC"
+# shellcheck disable=SC2086
+gcc -shared -fPIC -O1 -DMOCK_CUDART_EXTRA $INC -Wl,-soname,libcudart.so.13 -o "$OUT/libcudart.so.13" \
+    csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_cublaslt.c
+# shellcheck disable=SC2086
+gcc -shared -fPIC -O1 -std=c11 -Wall -Wextra -Werror $INC -Wl,-soname,libcublasLt.so.13 \
+    -o "$OUT/libcublasLt.so.13" csrc/tests/mock/mock_cublaslt.c
+CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
+for mode in plain san; do
+    FLAGS="-O1 -g"
+    [ "$mode" = san ] && FLAGS="$FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+    bin="$OUT/test_gemm_mock_$mode"
+    # shellcheck disable=SC2086
+    gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers $FLAGS \
+        -DAXC_HAVE_CUDA_HEADERS=1 -DAXC_HAVE_CUBLASLT_HEADERS=1 -Icsrc/include $INC \
+        -o "$bin" csrc/tests/mock/test_gemm_mock.c $CORE -ldl -lpthread -lrt -lm
+    echo "== $bin"
+    AXC_TEST_CUDART="$PWD/$OUT/libcudart.so.13" AXC_TEST_CUBLASLT="$PWD/$OUT/libcublasLt.so.13" \
+        ASAN_OPTIONS=detect_leaks=0 "$bin"
+done

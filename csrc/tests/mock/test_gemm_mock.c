@@ -1,0 +1,201 @@
+/* The cuBLASLt path of the GEMM layer against CPU mocks of libcudart and libcublasLt (built and
+ * run by run_gemm_mock_test.sh): the row-major -> column-major mapping for every transpose
+ * combination and padded leading dimensions, alpha/beta, the bias epilogue, the bias gradient
+ * through the ones vector, K == 0 through the zeros vector, the algorithm cache, copies/fills. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "axc/cuda_rt.h"
+#include "axc/gemm.h"
+#include "../ctest.h"
+
+static void *lt_lib;
+
+static void preload(const char *env, void **out)
+{
+    const char *p = getenv(env);
+    void *h = p && *p ? dlopen(p, RTLD_NOW | RTLD_GLOBAL) : NULL;
+    if (!h)
+        fprintf(stderr, "cannot preload %s=%s: %s\n", env, p ? p : "(unset)", dlerror());
+    if (out)
+        *out = h;
+}
+
+static int counter(const char *name)
+{
+    int *p = lt_lib ? dlsym(lt_lib, name) : NULL;
+    return p ? *p : -1;
+}
+
+static float bf(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static double get(axc_dtype dt, const void *p, int64_t i)
+{
+    return dt == AXC_DT_F32 ? ((const float *)p)[i] : bf(((const uint16_t *)p)[i]);
+}
+
+static void fill(axc_dtype dt, void *p, int64_t n, uint64_t *s)
+{
+    for (int64_t i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        float v = (float)((int)((*s >> 33) % 31) - 15) / 8.0f;
+        if (dt == AXC_DT_F32) {
+            ((float *)p)[i] = v;
+        } else {
+            uint32_t x;
+            memcpy(&x, &v, 4);
+            ((uint16_t *)p)[i] = (uint16_t)(x >> 16); /* exact: few mantissa bits */
+        }
+    }
+}
+
+static int check_one(axc_dtype dt, int64_t M, int64_t N, int64_t K, int ta, int tb, int64_t pad,
+                     float alpha, float beta, int with_bias)
+{
+    size_t es = axc_dtype_size(dt);
+    axc_gemm_args g = {.device = 0, .stream = NULL, .dtype = dt, .trans_a = ta, .trans_b = tb,
+                       .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta};
+    int64_t a_rows = ta ? K : M, b_rows = tb ? N : K;
+    g.lda = (ta ? M : K) + pad;
+    g.ldb = (tb ? K : N) + pad + 1;
+    g.ldc = N + pad + 2;
+    if (g.lda < 1)
+        g.lda = 1;
+    uint64_t s = (uint64_t)(M * 131 + N * 17 + K * 7 + ta * 3 + tb);
+    void *A = calloc((size_t)((a_rows ? a_rows : 1) * g.lda), es);
+    void *B = calloc((size_t)((b_rows ? b_rows : 1) * g.ldb), es);
+    void *C = malloc((size_t)(M * g.ldc) * es), *C0 = malloc((size_t)(M * g.ldc) * es);
+    void *bias = malloc((size_t)N * es);
+    fill(dt, A, a_rows * g.lda, &s);
+    fill(dt, B, b_rows * g.ldb, &s);
+    fill(dt, C, M * g.ldc, &s);
+    fill(dt, bias, N, &s);
+    memcpy(C0, C, (size_t)(M * g.ldc) * es);
+    g.A = A, g.B = B, g.C = C, g.bias = with_bias ? bias : NULL;
+    axc_status st = axc_gemm(&g);
+    int ok = st == AXC_OK;
+    if (!ok)
+        fprintf(stderr, "axc_gemm failed: %s\n", axc_last_error());
+    double tol = dt == AXC_DT_F32 ? 1e-6 : 1.0 / 128;
+    for (int64_t i = 0; ok && i < M; i++)
+        for (int64_t j = 0; j < g.ldc; j++) {
+            double want;
+            if (j < N) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; k++)
+                    acc += get(dt, A, ta ? k * g.lda + i : i * g.lda + k) *
+                           get(dt, B, tb ? j * g.ldb + k : k * g.ldb + j);
+                want = alpha * acc + (beta != 0 ? beta * get(dt, C0, i * g.ldc + j) : 0) +
+                       (with_bias ? get(dt, bias, j) : 0);
+            } else {
+                want = get(dt, C0, i * g.ldc + j); /* padding untouched */
+            }
+            double got = get(dt, C, i * g.ldc + j);
+            if (fabs(got - want) > tol * (fabs(want) + 1)) {
+                fprintf(stderr, "mismatch dt=%d M=%lld N=%lld K=%lld ta=%d tb=%d (%lld,%lld): "
+                                "%g vs %g\n",
+                        (int)dt, (long long)M, (long long)N, (long long)K, ta, tb, (long long)i,
+                        (long long)j, got, want);
+                ok = 0;
+                break;
+            }
+        }
+    free(A), free(B), free(C), free(C0), free(bias);
+    return ok;
+}
+
+int main(void)
+{
+    preload("AXC_TEST_CUDART", NULL);
+    preload("AXC_TEST_CUBLASLT", &lt_lib);
+    CHECK(axc_gemm_cuda_compiled() == 1);
+    const axc_dtype dts[2] = {AXC_DT_F32, AXC_DT_BF16};
+    const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {17, 9, 33}};
+    const float co[][3] = {{1, 0, 0}, {0.5f, 0, 1}, {1, 1, 0}, {-1.5f, 0.25f, 1}};
+    int ok = 1, n = 0;
+    for (int d = 0; d < 2; d++)
+        for (int sh = 0; sh < 3; sh++)
+            for (int t = 0; t < 4; t++)
+                for (int pad = 0; pad < 4; pad += 3)
+                    for (int c = 0; c < 4; c++, n++)
+                        ok &= check_one(dts[d], shapes[sh][0], shapes[sh][1], shapes[sh][2], t & 1,
+                                        t >> 1, pad, co[c][0], co[c][1], co[c][2] != 0);
+    CHECK(ok);
+    /* K == 0 through the zeros vector */
+    CHECK(check_one(AXC_DT_F32, 4, 6, 0, 0, 0, 0, 1.0f, 0.5f, 1));
+    CHECK(check_one(AXC_DT_BF16, 4, 6, 0, 1, 1, 2, 1.0f, 0.0f, 1));
+    /* the algorithm cache: the same call (same shapes, same pointer alignments) asks no new
+     * heuristic; a different shape does */
+    {
+        static float a[64], b[64], c[64];
+        axc_gemm_args g = {.device = 0, .dtype = AXC_DT_F32, .M = 3, .N = 4, .K = 5, .A = a,
+                           .lda = 5, .B = b, .ldb = 4, .C = c, .ldc = 4, .alpha = 1.0f};
+        CHECK_OK(axc_gemm(&g));
+        int h1 = counter("mock_lt_heuristics"), m1 = counter("mock_lt_matmuls");
+        CHECK_OK(axc_gemm(&g));
+        CHECK_OK(axc_gemm(&g));
+        CHECK(counter("mock_lt_heuristics") == h1 && counter("mock_lt_matmuls") == m1 + 2);
+        g.K = 4;
+        g.lda = 4;
+        CHECK_OK(axc_gemm(&g));
+        CHECK(counter("mock_lt_heuristics") == h1 + 1);
+    }
+
+    /* bias gradient: db = column sums, through the ones vector (grows past 65536 rows) */
+    const int64_t bg[][3] = {{1, 1, 1}, {7, 13, 16}, {70000, 3, 5}, {0, 4, 4}};
+    for (int i = 0; i < 4; i++)
+        for (int d = 0; d < 2; d++)
+            for (int acc = 0; acc < 2; acc++) {
+                axc_dtype dt = dts[d];
+                int64_t M = bg[i][0], N = bg[i][1], ld = bg[i][2];
+                size_t es = axc_dtype_size(dt);
+                uint64_t s = 5;
+                void *dy = malloc((size_t)((M ? M : 1) * ld) * es), *db = malloc((size_t)N * es);
+                fill(dt, dy, (M ? M : 1) * ld, &s);
+                fill(dt, db, N, &s);
+                double *want = calloc((size_t)N, sizeof *want);
+                for (int64_t j = 0; j < N; j++) {
+                    for (int64_t r = 0; r < M; r++)
+                        want[j] += get(dt, dy, r * ld + j);
+                    want[j] += acc ? get(dt, db, j) : 0;
+                }
+                CHECK_OK(axc_bias_grad(0, NULL, dt, dy, M, N, ld, db, acc));
+                int good = 1;
+                for (int64_t j = 0; j < N; j++)
+                    good &= fabs(get(dt, db, j) - want[j]) <=
+                            (dt == AXC_DT_F32 ? 1e-6 : 1.0 / 128) * (fabs(want[j]) + 1);
+                CHECK(good);
+                free(dy), free(db), free(want);
+            }
+
+    /* copies and fills through the runtime */
+    unsigned char src[6 * 10], dst[6 * 12];
+    for (int i = 0; i < 60; i++)
+        src[i] = (unsigned char)i;
+    memset(dst, 0xee, sizeof dst);
+    CHECK_OK(axc_copy2d(0, NULL, dst, 12, src, 10, 8, 6));
+    int good = 1;
+    for (int r = 0; r < 6; r++)
+        for (int c = 0; c < 12; c++)
+            good &= dst[r * 12 + c] == (c < 8 ? src[r * 10 + c] : 0xee);
+    CHECK(good);
+    CHECK_OK(axc_zero(0, NULL, dst, 12));
+    CHECK(dst[0] == 0 && dst[11] == 0 && dst[12] == src[10]);
+    /* a device that does not exist */
+    float x = 0;
+    axc_gemm_args g = {.device = 3, .dtype = AXC_DT_F32, .M = 1, .N = 1, .K = 1, .A = &x,
+                       .lda = 1, .B = &x, .ldb = 1, .C = &x, .ldc = 1, .alpha = 1.0f};
+    CHECK(axc_gemm(&g) == AXC_ERR_INVALID && strstr(axc_last_error(), "device 3"));
+    printf("test_gemm_mock: %d GEMM configurations through the cuBLASLt path\n", n);
+    return ctest_summary("test_gemm_mock");
+}
