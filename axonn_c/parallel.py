@@ -363,11 +363,12 @@ def auto_parallelize():
                 outer["left"].setdefault(k, v)
         elif ctx["left"] and grid().rank == 0:
             g = grid()
-            shapes = ", ".join(f"{i}->{o}" + (f" ({why})" if why else "")
+            why_not = (f"in_features must divide by G_intra_c={g.G_intra_c} and out_features "
+                       f"by G_intra_r={g.G_intra_r}")
+            shapes = "; ".join(f"{i}->{o} ({why or why_not})"
                                for (i, o), why in ctx["left"].items())
             warnings.warn(
-                f"auto_parallelize: kept torch nn.Linear for in->out {shapes}: in_features must "
-                f"divide by G_intra_c={g.G_intra_c} and out_features by G_intra_r={g.G_intra_r}",
+                f"auto_parallelize: kept torch nn.Linear (not sharded) for in->out {shapes}",
                 UserWarning, stacklevel=3)
 
 

@@ -1,0 +1,316 @@
+"""Multi-rank checks of the training utilities around axonn_c.Linear, launched by torchrun.
+
+For every grid given: sync_gradients (sum and mean, easy and expert layout) against the serial
+model's gradients, clip_grad_norm_ against torch's on the serial model, full_state_dict against
+the serial state dict, load_state_dict of a serial and of a sharded state dict, and
+auto_parallelize's swap/keep/warn behaviour. Every comparison is float32, rtol 1e-5, atol 1e-6.
+"""
+import argparse
+import copy
+import math
+import warnings
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import axonn_c
+from axonn_c import comm
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def close(a, b, what):
+    a, b = a.detach().float(), b.detach().float()
+    if a.shape != b.shape:
+        raise AssertionError(f"{what}: shape {list(a.shape)} != {list(b.shape)}")
+    if not torch.allclose(a, b, rtol=RTOL, atol=ATOL):
+        err = (a - b).abs().max().item()
+        raise AssertionError(f"{what}: max abs error {err:.3e}, max |ref| "
+                             f"{b.abs().max().item():.3e} (rank {axonn_c.grid().rank})")
+
+
+def shard_weight(layer, full):
+    """This rank's depth shard of the full [out, in] tensor, by DESIGN §5's layout."""
+    s = layer._shapes
+    rows = slice(s["gout_rank"] * s["n_local"], (s["gout_rank"] + 1) * s["n_local"])
+    cols = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
+    flat = full[rows, cols].reshape(-1)
+    padded = flat.new_zeros(s["shard"] * s["depth_size"])
+    padded[: flat.numel()] = flat
+    d = axonn_c.grid().depth_rank
+    return padded[d * s["shard"]:(d + 1) * s["shard"]]
+
+
+def shard_bias(layer, full):
+    s = layer._shapes
+    return full[s["gout_rank"] * s["n_local"]:(s["gout_rank"] + 1) * s["n_local"]]
+
+
+# ------------------------------------------------------------------------- models
+
+class EasyMLP(nn.Module):
+    """LayerNorm -> Linear -> GELU -> Linear(transpose) -> LayerNorm -> Linear(no bias)."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.ln_in = nn.LayerNorm(16)
+        self.fc1 = lin(16, 32)
+        self.fc2 = lin(32, 24, transpose=True)
+        self.ln_out = nn.LayerNorm(24)
+        self.head = lin(24, 8, bias=False)
+
+    def forward(self, x):
+        return self.head(self.ln_out(self.fc2(F.gelu(self.fc1(self.ln_in(x))))))
+
+
+class _GatherCols(torch.autograd.Function):
+    """Expert layout -> full features: all-gather the feature blocks over a group; the gradient
+    downstream is the same on every member, so backward keeps this member's block."""
+
+    @staticmethod
+    def forward(ctx, x, group, index, size):
+        ctx.index, ctx.f = index, x.shape[-1]
+        out = x.new_empty((size,) + tuple(x.shape))
+        comm.all_gather(out, x.contiguous(), group=group)
+        return out.movedim(0, -2).reshape(*x.shape[:-1], size * x.shape[-1])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g[..., ctx.index * ctx.f:(ctx.index + 1) * ctx.f], None, None, None
+
+
+class ExpertMLP(nn.Module):
+    """Linear -> GELU -> Linear(transpose) in the expert layout, then the features gathered and
+    a replicated LayerNorm (input: [tokens / (G_data G_d), 16 / G_c])."""
+
+    def __init__(self, lin, parallel):
+        super().__init__()
+        kw = {"expert_mode": True} if parallel else {}
+        self.parallel = parallel
+        self.fc1 = lin(16, 32, **kw)
+        self.fc2 = lin(32, 24, transpose=True, **kw)
+        self.ln = nn.LayerNorm(24)
+
+    def forward(self, x):
+        y = self.fc2(F.gelu(self.fc1(x)))
+        if self.parallel:
+            g = axonn_c.grid()
+            y = _GatherCols.apply(y, "col", g.col_rank, g.G_intra_c)
+        return self.ln(y)
+
+
+def serial_lin(i, o, bias=True, transpose=False):
+    return nn.Linear(i, o, bias=bias)
+
+
+def parallel_lin(i, o, bias=True, transpose=False, expert_mode=False):
+    return axonn_c.Linear(i, o, bias=bias, transpose=transpose, expert_mode=expert_mode)
+
+
+def randomize_norms(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
+
+
+def compare_grads(par, ser, what):
+    pmods = dict(par.named_modules())
+    for name, p in ser.named_parameters():
+        mod_name, _, pname = name.rpartition(".")
+        layer = pmods[mod_name]
+        got = getattr(layer, pname).grad
+        want = p.grad
+        if isinstance(layer, axonn_c.Linear):
+            want = shard_weight(layer, want) if pname == "weight" else shard_bias(layer, want)
+        close(got, want, f"{what}: grad of {name}")
+
+
+def compare_full(par, ser, what):
+    full = axonn_c.full_state_dict(par)
+    ref = ser.state_dict()
+    if list(full) != list(ref):
+        raise AssertionError(f"{what}: keys {list(full)} != serial {list(ref)}")
+    for k in ref:
+        close(full[k], ref[k], f"{what}: {k}")
+
+
+# ------------------------------------------------------------------------- checks
+
+def loss_fn(out, target, mean, n_global):
+    """mean: the per-rank mean (sync_gradients(mean=True) turns it into the global mean);
+    else a per-rank sum scaled by a constant so the gradients stay O(1) (summed by
+    sync_gradients(mean=False) into the gradient of the global sum)."""
+    if mean:
+        return F.mse_loss(out, target)
+    return F.mse_loss(out, target, reduction="sum") / n_global
+
+
+def check_easy(g, mean):
+    world = g.world_size
+    torch.manual_seed(11)
+    ser = EasyMLP(serial_lin)
+    randomize_norms(ser, 5)
+    torch.manual_seed(11)
+    par = EasyMLP(parallel_lin)
+    randomize_norms(par, 5)
+    compare_full(par, ser, "easy: seeded construction")
+    # loading the serial state dict must give the same model too
+    with torch.no_grad():
+        for p in par.parameters():
+            p.zero_()
+    par.load_state_dict(ser.state_dict())
+    compare_full(par, ser, "easy: load of the serial state dict")
+
+    gen = torch.Generator().manual_seed(7)
+    b = 3
+    x = torch.randn(world * b, 2, 16, generator=gen)
+    t = torch.randn(world * b, 2, 8, generator=gen)
+    loss_fn(ser(x), t, mean, t.numel()).backward()
+    mine = slice(g.rank * b, (g.rank + 1) * b)
+    out = par(x[mine])
+    close(out, ser(x)[mine], "easy: output")
+    loss_fn(out, t[mine], mean, t.numel()).backward()
+    axonn_c.sync_gradients(par, mean=mean)
+    compare_grads(par, ser, f"easy sync_gradients(mean={mean})")
+    return par, ser
+
+
+def check_clip(par, ser):
+    for norm_type in (1.0, math.inf, 2.0):
+        max_norm = 1e9 if norm_type != 2.0 else 0.05  # clip only at the last, 2-norm check
+        got = axonn_c.clip_grad_norm_(par.parameters(), max_norm, norm_type=norm_type)
+        want = torch.nn.utils.clip_grad_norm_(ser.parameters(), max_norm, norm_type=norm_type)
+        close(got, want, f"clip_grad_norm_ total norm (p={norm_type})")
+    if not float(want) > 0.05:
+        raise AssertionError(f"test setup: norm {float(want)} would not clip")
+    compare_grads(par, ser, "after clip_grad_norm_")
+
+
+def check_expert(g, mean):
+    shards = g.G_data * g.G_intra_d
+    torch.manual_seed(21)
+    ser = ExpertMLP(serial_lin, False)
+    randomize_norms(ser, 6)
+    torch.manual_seed(21)
+    par = ExpertMLP(parallel_lin, True)
+    randomize_norms(par, 6)
+    compare_full(par, ser, "expert: seeded construction")
+
+    gen = torch.Generator().manual_seed(9)
+    b = 4
+    x = torch.randn(shards * b, 16, generator=gen)
+    t = torch.randn(shards * b, 24, generator=gen)
+    loss_fn(ser(x), t, mean, t.numel()).backward()
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    tok = slice(blk * b, (blk + 1) * b)
+    k = 16 // g.G_intra_c
+    xl = x[tok, g.col_rank * k:(g.col_rank + 1) * k]
+    out = par(xl)
+    close(out, ser(x)[tok], "expert: output")
+    loss_fn(out, t[tok], mean, t.numel()).backward()
+    axonn_c.sync_gradients(par, mean=mean)  # layout read from the model: expert
+    compare_grads(par, ser, f"expert sync_gradients(mean={mean})")
+    got = axonn_c.clip_grad_norm_(par.parameters(), 1e9)
+    want = torch.nn.utils.clip_grad_norm_(ser.parameters(), 1e9)
+    close(got, want, "expert: clip_grad_norm_ total norm")
+
+
+def check_sharded_state_dict(g):
+    torch.manual_seed(31)
+    ser = EasyMLP(serial_lin)
+    torch.manual_seed(31)
+    par = EasyMLP(parallel_lin)
+    sd = copy.deepcopy(par.state_dict())
+    fc1 = par.fc1
+    if tuple(sd["fc1.weight"].shape) != tuple(fc1.weight.shape):
+        raise AssertionError("state_dict() of axonn_c.Linear must be sharded")
+    with torch.no_grad():
+        for p in par.parameters():
+            p.add_(1.0)
+    par.load_state_dict(sd)
+    compare_full(par, ser, "load of the sharded state dict")
+
+
+def check_auto_parallelize(g):
+    torch.manual_seed(41)
+    ser = nn.Sequential(nn.Linear(16, 32), nn.Linear(15, 32), nn.Linear(32, 7), nn.Linear(8, 8))
+    torch.manual_seed(41)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with axonn_c.auto_parallelize():
+            par = nn.Sequential(nn.Linear(16, 32), nn.Linear(15, 32), nn.Linear(32, 7),
+                                torch.nn.modules.linear.Linear(8, 8))
+            if not all(isinstance(m, nn.Linear) for m in par):
+                raise AssertionError("inside auto_parallelize isinstance(m, nn.Linear) must hold")
+
+            class Mine(nn.Linear):  # a subclass defined inside the context builds normally
+                pass
+
+            mine = Mine(4, 5)
+            if type(mine) is not Mine or mine.weight.shape != (5, 4):
+                raise AssertionError(f"subclass of nn.Linear built as {type(mine)}")
+    if nn.Linear is not torch.nn.modules.linear.Linear or nn.Linear.__name__ != "Linear" or \
+            nn.Linear.__module__ != "torch.nn.modules.linear":
+        raise AssertionError("nn.Linear was not restored")
+    fits = [16 % g.G_intra_c == 0 and 32 % g.G_intra_r == 0,
+            15 % g.G_intra_c == 0 and 32 % g.G_intra_r == 0,
+            32 % g.G_intra_c == 0 and 7 % g.G_intra_r == 0,
+            True]
+    for i, (m, fit) in enumerate(zip(par, fits)):
+        want = axonn_c.Linear if fit else nn.Linear
+        if type(m) is not want:
+            raise AssertionError(f"layer {i}: {type(m).__name__}, expected {want.__name__}")
+    ours = [w for w in caught if "auto_parallelize" in str(w.message)]
+    kept = [s for s, fit in zip(("15->32", "32->7"), fits[1:3]) if not fit]
+    if g.rank == 0 and kept:
+        if len(ours) != 1 or not all(s in str(ours[0].message) for s in kept):
+            raise AssertionError(f"expected one warning naming {kept}, got "
+                                 f"{[str(w.message) for w in ours]}")
+    elif ours:
+        raise AssertionError(f"unexpected warning: {[str(w.message) for w in ours]}")
+    compare_full(par, ser, "auto_parallelize: seeded construction")
+
+
+def check_compat():
+    from axonn_c import axonn as ax
+    from axonn_c.intra_layer import (Linear, auto_parallelize, clip_grad_norm_,
+                                     optimize_communication, sync_gradients)
+
+    assert Linear is axonn_c.Linear and sync_gradients is axonn_c.sync_gradients
+    assert auto_parallelize is axonn_c.auto_parallelize
+    assert clip_grad_norm_ is axonn_c.clip_grad_norm_
+    with optimize_communication(True, True, True, cache_weights=True):
+        pass
+    g = axonn_c.grid()
+    assert ax.config.G_intra_r == g.G_intra_r and ax.config.G_data == g.G_data
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--grids", required=True, help="G_data,Gr,Gc,Gd;...")
+    args = ap.parse_args()
+    for spec in args.grids.split(";"):
+        sizes = [int(v) for v in spec.split(",")]
+        from axonn_c import axonn as ax
+
+        g = ax.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2], G_intra_d=sizes[3])
+        for mean in (False, True):
+            par, ser = check_easy(g, mean)
+        check_clip(par, ser)
+        for mean in (False, True):
+            check_expert(g, mean)
+        check_sharded_state_dict(g)
+        check_auto_parallelize(g)
+        check_compat()
+        if g.rank == 0:
+            print(f"grid {spec}: ok", flush=True)
+        axonn_c.finalize()
+    print("ALL OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
