@@ -30,6 +30,20 @@ def _desc(cfg: List[int], dtype: torch.dtype) -> tuple:
     return (in_f, out_f, bool(transpose), bool(has_bias), layout, str(dtype)[6:])
 
 
+_shape_cache: dict = {}
+
+
+def _shapes(desc: tuple, rows: int) -> dict:
+    """_C.linear_shapes, memoised per communicator (cleared by init/finalize)."""
+    key = (desc, rows, _C.grid_info())
+    s = _shape_cache.get(key)
+    if s is None:
+        if len(_shape_cache) > 4096:
+            _shape_cache.clear()
+        s = _shape_cache[key] = _C.linear_shapes(desc, rows)
+    return s
+
+
 @torch.library.custom_op("axonn_c::linear_fwd", mutates_args=())
 def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tuple[Tensor, Tensor]:
     """x: [rows, features] -> (y, saved); saved is what backward needs besides x (easy layout)."""
@@ -38,7 +52,7 @@ def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tu
     t_max = rows
     if cfg[4] == _EASY:
         t_max = _C.linear_plane_tokens(desc, rows)
-    s = _C.linear_shapes(desc, t_max)
+    s = _shapes(desc, t_max)
     if cfg[4] == _EASY:
         y = x.new_empty((rows, cfg[1]))
         saved = x.new_empty((s["saved_rows"], s["saved_cols"]))
@@ -54,7 +68,7 @@ def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tu
 
 @_linear_fwd.register_fake
 def _(x, w, b, cfg):
-    s = _C.linear_shapes(_desc(cfg, x.dtype), x.shape[0])
+    s = _shapes(_desc(cfg, x.dtype), x.shape[0])
     if cfg[4] == _EASY:
         return x.new_empty((x.shape[0], cfg[1])), x.new_empty((s["saved_rows"], s["saved_cols"]))
     return x.new_empty((x.shape[0], s["n_local"])), x.new_empty((0,))
@@ -68,10 +82,10 @@ def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor,
     dy = dy.contiguous()
     rows = x.shape[0]
     t_max = rows
-    s = _C.linear_shapes(desc, rows)
+    s = _shapes(desc, rows)
     if cfg[4] == _EASY:
         t_max = saved.shape[0] // (s["gin_size"] * s["gout_size"])
-        s = _C.linear_shapes(desc, t_max)
+        s = _shapes(desc, t_max)
     dx = torch.empty_like(x)
     dw = torch.empty_like(w)
     db = dy.new_empty((s["n_local"],) if cfg[3] else (0,))
@@ -85,7 +99,7 @@ def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor,
 
 @_linear_bwd.register_fake
 def _(dy, x, saved, w, cfg):
-    s = _C.linear_shapes(_desc(cfg, dy.dtype), x.shape[0])
+    s = _shapes(_desc(cfg, dy.dtype), x.shape[0])
     return (torch.empty_like(x), torch.empty_like(w),
             dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
 
@@ -132,6 +146,10 @@ class Linear(nn.Module):
                      _EXPERT if self.expert_mode else _EASY]
         self._shapes = _C.linear_shapes(_desc(self._cfg, dtype), 0)  # raises before init()
         s = self._shapes
+        if s["gin_size"] * s["gout_size"] == 1:
+            # no feature sharding: both layouts hold full features and this rank's tokens, so
+            # the easy layout needs no redistribution (and no copies)
+            self._cfg[4] = _EXPERT
         full_w = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
         if init_method is not None:
             init_method(full_w)

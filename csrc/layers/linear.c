@@ -89,9 +89,10 @@ static void layout_bwd(const axc_linear_desc *d, const axc_linear_shapes *s, int
                        bwd_bufs *w)
 {
     memset(w, 0, sizeof *w);
-    if (s->depth_size > 1)
+    if (s->depth_size > 1) {
         w->wfull = take(b, s->shard * s->depth_size);
-    w->dwpad = take(b, s->shard * s->depth_size);
+        w->dwpad = take(b, s->shard * s->depth_size);
+    }
     if (d->layout == AXC_LAYOUT_EASY) {
         int64_t P = (int64_t)s->gin_size * s->gout_size;
         w->dypack = take(b, s->gout_size * rows * s->n_local);
