@@ -1,0 +1,115 @@
+"""axonn_c.Linear in one process: nn.Linear equivalence, autocast, errors, state dicts, and the
+custom ops' registration (opcheck)."""
+import pytest
+import torch
+
+import axonn_c
+from axonn_c import linear as axl
+
+
+@pytest.fixture(autouse=True)
+def world_of_one(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    axonn_c.finalize()
+    axonn_c.init()
+    yield
+    axonn_c.finalize()
+
+
+def pair(in_f=48, out_f=80, bias=True, seed=0, **kw):
+    torch.manual_seed(seed)
+    ref = torch.nn.Linear(in_f, out_f, bias=bias)
+    torch.manual_seed(seed)
+    return axonn_c.Linear(in_f, out_f, bias=bias, **kw), ref
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("expert", [False, True])
+def test_equals_nn_linear(bias, expert):
+    ours, ref = pair(bias=bias, expert_mode=expert)
+    assert torch.equal(ours.full_weight(), ref.weight.detach())
+    x = torch.randn(3, 5, 48, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    y, yr = ours(x), ref(xr)
+    assert y.shape == (3, 5, 80)
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(y)
+    y.backward(g)
+    yr.backward(g)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad.reshape(-1), rtol=1e-5, atol=1e-5)
+    if bias:
+        torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_init_method_and_seed_reproducible():
+    ours = axonn_c.Linear(16, 8, init_method=lambda w: torch.nn.init.constant_(w, 0.5))
+    assert torch.all(ours.full_weight() == 0.5)
+
+
+def test_bfloat16_and_autocast():
+    ours, ref = pair()
+    x = torch.randn(7, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ours(x)
+        yr = ref(x)
+    assert y.dtype == torch.bfloat16
+    rel = (y.float() - yr.float()).norm() / yr.float().norm()
+    assert rel < 1e-2
+    ours16, _ = pair(dtype=torch.bfloat16)
+    y16 = ours16(x.bfloat16())
+    assert y16.dtype == torch.bfloat16
+    assert ((y16.float() - ref(x)).norm() / ref(x).norm()) < 1e-2
+
+
+def test_skip_bias_add_returns_bias():
+    ours, ref = pair(skip_bias_add=True)
+    x = torch.randn(4, 48)
+    y, b = ours(x)
+    torch.testing.assert_close(y + b, ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_errors_name_the_numbers():
+    ours, _ = pair()
+    with pytest.raises(ValueError, match=r"last input dimension to be 48 .* shape \[4, 47\]"):
+        ours(torch.randn(4, 47))
+    with pytest.raises(TypeError, match="input dtype torch.float64 does not match"):
+        ours(torch.randn(4, 48, dtype=torch.float64))
+    with pytest.raises(ValueError, match="float32, bfloat16 and float16"):
+        axonn_c.Linear(4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="in_features, out_features >= 1"):
+        axonn_c.Linear(0, 4)
+    axonn_c.finalize()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        axonn_c.Linear(4, 4)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        ours(torch.randn(2, 48))
+
+
+def test_non_contiguous_input_is_handled():
+    ours, ref = pair()
+    x = torch.randn(48, 6).t()  # [6, 48], not contiguous
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_state_dicts_sharded_and_serial():
+    ours, ref = pair(seed=3)
+    sd = ours.state_dict()
+    assert sd["weight"].shape == (48 * 80,)
+    other, _ = pair(seed=4)
+    other.load_state_dict(sd)  # sharded
+    assert torch.equal(other.weight, ours.weight)
+    other.load_state_dict(ref.state_dict())  # the full serial nn.Linear one
+    assert torch.equal(other.full_weight(), ref.weight.detach())
+    assert torch.equal(other.bias, ref.bias.detach())
+
+
+def test_custom_ops_pass_opcheck():
+    ours, _ = pair(in_f=8, out_f=12)
+    x = torch.randn(5, 8)
+    for layout in (0, 1):
+        cfg = [8, 12, 0, 1, layout]
+        torch.library.opcheck(torch.ops.axonn_c.linear_fwd.default,
+                              (x, ours.weight.detach(), ours.bias.detach(), cfg),
+                              test_utils=("test_schema", "test_faketensor"))
