@@ -47,7 +47,7 @@ test-py:
 test: setup test-c test-c-san test-py
 
 demo: setup
-	torchrun --standalone --nproc_per_node 4 examples/demo_collectives.py
+	torchrun --standalone --nproc_per_node 4 examples/train_gpt.py
 
 bench: setup
 	$(PY) benchmarks/bench_collectives.py --json benchmarks/results/collectives.json
