@@ -21,8 +21,11 @@ $(BUILD)/san/%: csrc/tests/%.c $(CORE_SRC) csrc/tests/ctest.h
 PLAIN_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/plain/%,$(TEST_SRC))
 SAN_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/san/%,$(TEST_SRC))
 
+# the plain run also exercises the CPU GEMM through torch's library when torch is installed
+TORCH_LIB = $(shell $(PY) -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cpu.so'))" 2>/dev/null)
+
 test-c: $(PLAIN_BINS)
-	@set -e; for t in $(PLAIN_BINS); do echo "== $$t"; $$t; done
+	@set -e; for t in $(PLAIN_BINS); do echo "== $$t"; AXONN_C_TORCH_LIB=$(TORCH_LIB) $$t; done
 
 test-c-san: $(SAN_BINS)
 	@set -e; for t in $(SAN_BINS); do echo "== $$t (ASan+UBSan)"; \
