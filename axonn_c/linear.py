@@ -58,7 +58,8 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
         y = x.new_empty((rows, s["n_local"]))
         saved = x.new_empty((0,))
     n_ws = s["workspace_elems"]
-    ws = x.new_empty((n_ws,)).data_ptr() if n_ws else 0
+    ws_t = x.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
+    ws = ws_t.data_ptr() if n_ws else 0
     _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
                       b.data_ptr() if b is not None else 0, y.data_ptr(), saved.data_ptr(), ws)
     return y, saved
@@ -78,7 +79,8 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[in
     dw = torch.empty_like(w)
     db = dy.new_empty((s["n_local"],) if cfg[3] else (0,))
     n_ws = s["workspace_elems"]
-    ws = dy.new_empty((n_ws,)).data_ptr() if n_ws else 0
+    ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
+    ws = ws_t.data_ptr() if n_ws else 0
     src = saved if cfg[4] == _EASY else x
     _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
                        dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
@@ -196,9 +198,11 @@ class Linear(nn.Module):
             nn.init.uniform_(full_b, -bound, bound)
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
         self.weight._axonn_grad_groups = ("data",)
+        self.weight._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
         if bias:
             self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
             self.bias._axonn_grad_groups = ("depth", "data")
+            self.bias._axonn_norm_groups = (s["gout"],)
         else:
             self.register_parameter("bias", None)
         self.load_full(full_w, full_b)
