@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C
+from . import _C, runtime
 from .runtime import grid
 
 _EASY, _EXPERT = 0, 1
@@ -25,17 +25,26 @@ def _dev(t: Tensor) -> int:
     return t.device.index if t.is_cuda else -1
 
 
-def _desc(cfg: List[int], dtype: torch.dtype) -> tuple:
-    in_f, out_f, transpose, has_bias, layout = cfg
-    return (in_f, out_f, bool(transpose), bool(has_bias), layout, str(dtype)[6:])
+_desc_cache: dict = {}
+
+
+def _desc(cfg, dtype: torch.dtype) -> tuple:
+    """The layer description the C functions take, memoised (this runs on every call)."""
+    key = (*cfg, dtype)
+    d = _desc_cache.get(key)
+    if d is None:
+        in_f, out_f, transpose, has_bias, layout = cfg
+        d = _desc_cache[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
+                                str(dtype)[6:])
+    return d
 
 
 _shape_cache: dict = {}
 
 
 def _shapes(desc: tuple, rows: int) -> dict:
-    """_C.linear_shapes, memoised per communicator (cleared by init/finalize)."""
-    key = (desc, rows, _C.grid_info())
+    """_C.linear_shapes, memoised per init() (runtime.epoch changes at init and finalize)."""
+    key = (desc, rows, runtime.epoch)
     s = _shape_cache.get(key)
     if s is None:
         if len(_shape_cache) > 4096:
@@ -54,14 +63,15 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     if cfg[4] == _EASY:
         y = x.new_empty((rows, cfg[1]))
         saved = x.new_empty((s["saved_rows"], s["saved_cols"]))
-    else:
+    else:  # backward reads x itself
         y = x.new_empty((rows, s["n_local"]))
-        saved = x.new_empty((0,))
+        saved = None
     n_ws = s["workspace_elems"]
     ws_t = x.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
     ws = ws_t.data_ptr() if n_ws else 0
     _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
-                      b.data_ptr() if b is not None else 0, y.data_ptr(), saved.data_ptr(), ws)
+                      b.data_ptr() if b is not None else 0, y.data_ptr(),
+                      saved.data_ptr() if saved is not None else 0, ws)
     return y, saved
 
 
@@ -77,14 +87,14 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[in
         s = _shapes(desc, t_max)
     dx = torch.empty_like(x)
     dw = torch.empty_like(w)
-    db = dy.new_empty((s["n_local"],) if cfg[3] else (0,))
+    db = dy.new_empty((s["n_local"],)) if cfg[3] else None
     n_ws = s["workspace_elems"]
     ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
     ws = ws_t.data_ptr() if n_ws else 0
     src = saved if cfg[4] == _EASY else x
     _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
                        dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-                       db.data_ptr() if cfg[3] else 0, ws)
+                       db.data_ptr() if db is not None else 0, ws)
     return dx, dw, db
 
 
@@ -92,7 +102,8 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[in
 
 @torch.library.custom_op("axonn_c::linear_fwd", mutates_args=())
 def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tuple[Tensor, Tensor]:
-    return _forward_impl(x, w, b, cfg)
+    y, saved = _forward_impl(x, w, b, cfg)
+    return y, (saved if saved is not None else x.new_empty((0,)))
 
 
 @_linear_fwd.register_fake
@@ -106,7 +117,8 @@ def _(x, w, b, cfg):
 @torch.library.custom_op("axonn_c::linear_bwd", mutates_args=())
 def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor,
                 cfg: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
-    return _backward_impl(dy, x, saved, w, cfg)
+    dx, dw, db = _backward_impl(dy, x, saved, w, cfg)
+    return dx, dw, (db if db is not None else dy.new_empty((0,)))
 
 
 @_linear_bwd.register_fake
@@ -150,9 +162,9 @@ class _EagerLinear(torch.autograd.Function):
         return dx, dw, (db if ctx.has_bias else None), None
 
 
-def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tensor:
+def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg) -> Tensor:
     if torch.compiler.is_compiling():
-        return _linear_fwd(x, w, b, cfg)[0]
+        return _linear_fwd(x, w, b, list(cfg))[0]
     return _EagerLinear.apply(x, w, b, cfg)
 
 
@@ -299,8 +311,7 @@ class Linear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
-        cfg = list(self._cfg)
-        cfg[3] = int(use_bias)
+        cfg = (*self._cfg[:3], int(use_bias), self._cfg[4])
         y = linear_op(x2, w, b if use_bias else None, cfg)
         y = y.view(*lead, y.shape[-1])
         if self.skip_bias_add:

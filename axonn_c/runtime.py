@@ -13,6 +13,7 @@ from . import _C
 DEFAULT_TIMEOUT_S = 300.0
 GROUPS = ("col", "row", "depth", "data", "intra", "world")
 _generation = 0  # counts init() calls so each gets fresh store keys
+epoch = 0  # changes at every init/finalize: keys caches that depend on the grid
 
 
 @dataclass(frozen=True)
@@ -138,11 +139,15 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
             G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
             cuda_device=cuda_device, store_set=store.set, store_get=store_get)
+    global epoch
+    epoch += 1
     return grid()
 
 
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
+    global epoch
+    epoch += 1
     _C.finalize()
 
 
