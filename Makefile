@@ -3,17 +3,18 @@ PY ?= python3
 CC ?= gcc
 CORE_SRC := $(filter-out csrc/python/% csrc/tests/%,$(wildcard csrc/*/*.c))
 TEST_SRC := $(wildcard csrc/tests/test_*.c)
+HEADERS := $(wildcard csrc/include/axc/*.h)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers -Icsrc/include -g
 LIBS := -ldl -lpthread -lrt -lm
 BUILD := build/ctests
 
 .PHONY: test test-c test-c-san test-py setup install demo bench clean
 
-$(BUILD)/plain/%: csrc/tests/%.c $(CORE_SRC) csrc/tests/ctest.h
+$(BUILD)/plain/%: csrc/tests/%.c $(CORE_SRC) $(HEADERS) csrc/tests/ctest.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -o $@ $< $(CORE_SRC) $(LIBS)
 
-$(BUILD)/san/%: csrc/tests/%.c $(CORE_SRC) csrc/tests/ctest.h
+$(BUILD)/san/%: csrc/tests/%.c $(CORE_SRC) $(HEADERS) csrc/tests/ctest.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
 	    -fno-omit-frame-pointer -o $@ $< $(CORE_SRC) $(LIBS)

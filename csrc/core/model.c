@@ -95,11 +95,16 @@ static axc_status layer_geometry(const axc_grid *g, const axc_layer_desc *l,
         return axc_fail(AXC_ERR_INVALID, "tokens per step %lld not divisible by grad_acc=%d",
                         (long long)s->tokens, s->grad_acc);
     int64_t micro = s->tokens / s->grad_acc;
-    int64_t split = (int64_t)g->G_data * g->G_d;
+    /* expert layout: tokens split over data x depth; easy: every rank its own tokens */
+    int64_t split = (int64_t)g->G_data * g->G_d * (l->easy ? (int64_t)g->G_r * g->G_c : 1);
     if (micro % split)
         return axc_fail(AXC_ERR_INVALID,
-                        "%lld tokens per micro-batch not divisible by G_data*G_intra_d=%lld",
-                        (long long)micro, (long long)split);
+                        "%lld tokens per micro-batch not divisible by %s=%lld",
+                        (long long)micro, l->easy ? "the world size" : "G_data*G_intra_d",
+                        (long long)split);
+    if (l->easy && s->fwd_chunks > 1)
+        return axc_fail(AXC_ERR_INVALID, "fwd_chunks=%d applies to the expert layout only",
+                        s->fwd_chunks);
     out->in_loc = l->in_features / in_split;
     out->out_loc = l->out_features / out_split;
     out->block = out->in_loc * out->out_loc;
@@ -131,6 +136,61 @@ static axc_status push(axc_model_coll *out, int cap, int *n, axc_group_kind grou
     return AXC_OK;
 }
 
+/* The reduce-scatter of dW over depth (per micro-batch) and the once-per-step reductions of the
+ * gradients over the groups whose ranks hold different tokens. */
+static axc_status push_grad_reductions(axc_model_coll *out, int cap, int *n,
+                                       const axc_layer_desc *l, const axc_step_desc *s,
+                                       const layer_geom *g)
+{
+    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, g->shard, s->dtype,
+                 s->grad_acc, "bwd reduce-scatter dW"));
+    AXC_TRY(push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, g->shard, s->grad_dtype, 1,
+                 "data all-reduce dW"));
+    if (l->bias) {
+        AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_ALL_REDUCE, g->out_loc,
+                     s->grad_dtype, 1, "depth all-reduce db"));
+        AXC_TRY(push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, g->out_loc, s->grad_dtype,
+                     1, "data all-reduce db"));
+    }
+    return AXC_OK;
+}
+
+/* Easy layout (csrc/layers/linear.c): the row x col plane pools its tokens. With t rows per
+ * rank, gin the input-feature group and gout the output-feature group: forward all-gather of X
+ * over gout, all-to-all over gin, reduce-scatter of Y over gin, all-to-all over gout; backward
+ * the mirror image. Collectives on groups of size 1 are skipped by the layer (volume 0). The
+ * token-count exchange (one int64 all-gather over the intra group per forward) is not in the
+ * four groups modelled here. */
+static axc_status push_easy(axc_model_coll *out, int cap, int *n, const axc_grid *grid,
+                            const axc_layer_desc *l, const axc_step_desc *s, const layer_geom *g,
+                            int64_t fwd_repeat, int64_t bwd_repeat)
+{
+    axc_group_kind gin = g->fwd_group, gout = g->bwd_group;
+    int64_t n_in = l->transpose ? grid->G_r : grid->G_c;
+    int64_t n_out = l->transpose ? grid->G_c : grid->G_r;
+    int64_t t = g->rows, K = l->in_features;
+    axc_dtype dt = s->dtype;
+    if (n_in * n_out == 1)
+        return AXC_OK; /* no feature sharding: nothing is redistributed */
+    AXC_TRY(push(out, cap, n, gout, AXC_COLL_ALL_GATHER, t * K, dt, fwd_repeat,
+                 "fwd all-gather X"));
+    AXC_TRY(push(out, cap, n, gin, AXC_COLL_ALL_TO_ALL, n_out * t * g->in_loc, dt, fwd_repeat,
+                 "fwd all-to-all X"));
+    AXC_TRY(push(out, cap, n, gin, AXC_COLL_REDUCE_SCATTER, n_out * t * g->out_loc, dt,
+                 fwd_repeat, "fwd reduce-scatter Y"));
+    AXC_TRY(push(out, cap, n, gout, AXC_COLL_ALL_TO_ALL, t * g->out_loc, dt, fwd_repeat,
+                 "fwd all-to-all Y"));
+    AXC_TRY(push(out, cap, n, gout, AXC_COLL_ALL_TO_ALL, t * g->out_loc, dt, bwd_repeat,
+                 "bwd all-to-all dY"));
+    AXC_TRY(push(out, cap, n, gin, AXC_COLL_ALL_GATHER, n_out * t * g->out_loc, dt, bwd_repeat,
+                 "bwd all-gather dY"));
+    AXC_TRY(push(out, cap, n, gout, AXC_COLL_REDUCE_SCATTER, n_in * t * g->in_loc, dt,
+                 bwd_repeat, "bwd reduce-scatter dX"));
+    AXC_TRY(push(out, cap, n, gin, AXC_COLL_ALL_TO_ALL, t * g->in_loc, dt, bwd_repeat,
+                 "bwd all-to-all dX"));
+    return AXC_OK;
+}
+
 axc_status axc_model_layer_colls(const axc_grid *grid, const axc_layer_desc *l,
                                  const axc_step_desc *s, axc_model_coll *out, int cap, int *n)
 {
@@ -149,6 +209,10 @@ axc_status axc_model_layer_colls(const axc_grid *grid, const axc_layer_desc *l,
                  N * (gathers - 1), s->recompute && !l->cache_weights
                                         ? "recompute+bwd all-gather W"
                                         : "bwd all-gather W"));
+    if (l->easy) {
+        AXC_TRY(push_easy(out, cap, n, grid, l, s, &g, N * passes, N));
+        return push_grad_reductions(out, cap, n, l, s, &g);
+    }
     /* forward all-reduce of Y [rows, out_loc], split into fwd_chunks row chunks (the first
      * rows % chunks chunks get one extra row) */
     int64_t q = g.rows / s->fwd_chunks, r = g.rows % s->fwd_chunks;
@@ -159,19 +223,7 @@ axc_status axc_model_layer_colls(const axc_grid *grid, const axc_layer_desc *l,
     /* backward all-reduce of dX [rows, in_loc] */
     AXC_TRY(push(out, cap, n, g.bwd_group, AXC_COLL_ALL_REDUCE, g.rows * g.in_loc, s->dtype, N,
                  "bwd all-reduce dX"));
-    /* backward reduce-scatter of dW over depth: recv = the shard */
-    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, g.shard, s->dtype, N,
-                 "bwd reduce-scatter dW"));
-    /* data-parallel reduction of the dW shard, once per step */
-    AXC_TRY(push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, g.shard, s->grad_dtype, 1,
-                 "data all-reduce dW"));
-    if (l->bias) {
-        AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_ALL_REDUCE, g.out_loc, s->grad_dtype,
-                     1, "depth all-reduce db"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, g.out_loc, s->grad_dtype,
-                     1, "data all-reduce db"));
-    }
-    return AXC_OK;
+    return push_grad_reductions(out, cap, n, l, s, &g);
 }
 
 static uint64_t ring_hops(axc_coll_kind kind, int G)

@@ -8,6 +8,7 @@
  * views and run the same BLAS call (MKL/OpenBLAS/oneDNN), without copies. */
 #include "axc/gemm.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,6 +320,56 @@ static void bias_grad_cpu(axc_dtype dt, const void *dY, int64_t M, int64_t N, in
     }
 }
 
+/* Large CPU bias gradients go through torch's multi-threaded BLAS as ones[1 x M] @ dY[M x N]
+ * (the plain loop is single-threaded). The ones vector is cached and grown under a lock, held
+ * across the GEMM so a concurrent grow cannot free it mid-use. */
+enum { BIAS_GEMM_MIN = 1 << 16 };
+static pthread_mutex_t ones_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *ones_buf[3];
+static int64_t ones_len[3];
+
+static axc_status bias_grad_cpu_gemm(axc_dtype dt, const void *dY, int64_t M, int64_t N,
+                                     int64_t ld, void *db, int accumulate)
+{
+    int slot = dt == AXC_DT_F32 ? 0 : dt == AXC_DT_BF16 ? 1 : 2;
+    size_t es = axc_dtype_size(dt);
+    pthread_mutex_lock(&ones_mu);
+    if (ones_len[slot] < M) {
+        void *p = realloc(ones_buf[slot], (size_t)M * es);
+        if (!p) {
+            pthread_mutex_unlock(&ones_mu);
+            return axc_fail(AXC_ERR_NOMEM, "axc_bias_grad: no memory for %lld ones",
+                            (long long)M);
+        }
+        for (int64_t i = 0; i < M; i++) {
+            if (dt == AXC_DT_F32) {
+                ((float *)p)[i] = 1.0f;
+            } else {
+                ((uint16_t *)p)[i] = dt == AXC_DT_BF16 ? 0x3f80 : 0x3c00; /* 1.0 */
+            }
+        }
+        ones_buf[slot] = p;
+        ones_len[slot] = M;
+    }
+    axc_gemm_args g = {0};
+    g.device = -1;
+    g.dtype = dt;
+    g.M = 1;
+    g.N = N;
+    g.K = M;
+    g.A = ones_buf[slot];
+    g.lda = M;
+    g.B = dY;
+    g.ldb = ld;
+    g.C = db;
+    g.ldc = N;
+    g.alpha = 1.0f;
+    g.beta = accumulate ? 1.0f : 0.0f;
+    axc_status st = axc_gemm(&g);
+    pthread_mutex_unlock(&ones_mu);
+    return st;
+}
+
 axc_status axc_bias_grad(int device, void *stream, axc_dtype dt, const void *dY, int64_t M,
                          int64_t N, int64_t ld, void *db, int accumulate)
 {
@@ -336,6 +387,9 @@ axc_status axc_bias_grad(int device, void *stream, axc_dtype dt, const void *dY,
         return axc_fail(AXC_ERR_INVALID, "axc_bias_grad: %s is NULL", db ? "dY" : "db");
     if (device >= 0)
         return axc_cublaslt_bias_grad(device, stream, dt, dY, M, N, ld, db, accumulate);
+    const axc_torch_api *torch_api;
+    if (M * N >= BIAS_GEMM_MIN && axc_torch_load(&torch_api) == AXC_OK)
+        return bias_grad_cpu_gemm(dt, dY, M, N, ld, db, accumulate);
     bias_grad_cpu(dt, dY, M, N, ld, db, accumulate);
     return AXC_OK;
 }

@@ -122,7 +122,8 @@ static int parse_layer(PyObject *d, axc_layer_desc *l)
     if (get_i64(d, "in_features", &l->in_features) < 0 ||
         get_i64(d, "out_features", &l->out_features) < 0 ||
         get_int(d, "transpose", &l->transpose) < 0 || get_int(d, "bias", &l->bias) < 0 ||
-        get_int(d, "cache_weights", &l->cache_weights) < 0 || get_i64(d, "count", &l->count) < 0)
+        get_int(d, "cache_weights", &l->cache_weights) < 0 || get_int(d, "easy", &l->easy) < 0 ||
+        get_i64(d, "count", &l->count) < 0)
         return -1;
     return 0;
 }

@@ -371,8 +371,43 @@ static void test_planner(void)
     }
 }
 
+/* Easy layout, in=8 out=12 on Gdata=1 Gr=2 Gc=2 Gd=1, 16 tokens (4 per rank), bf16, no
+ * recompute. gin=col, gout=row, k_loc=4, n_loc=6.
+ * row: fwd all-gather X 4*8=32 el -> 64 B; fwd all-to-all Y 4*6=24/peer -> 48 B;
+ *      bwd all-to-all dY 48 B; bwd reduce-scatter dX, recv 2*4*4=32 -> 64 B: 224 B.
+ * col: fwd all-to-all X 2*4*4=32/peer -> 64 B; fwd reduce-scatter Y, recv 2*4*6=48 -> 96 B;
+ *      bwd all-gather dY 48 -> 96 B; bwd all-to-all dX 4*4=16/peer -> 32 B: 288 B.
+ * Transposed (gin=row, gout=col): the same numbers with row and col swapped for in=8 out=12,
+ * since both groups have 2 ranks. No feature sharding (Gr=Gc=1): nothing moves. */
+static void test_easy_layout(void)
+{
+    axc_grid g = grid_of(1, 2, 2, 1);
+    axc_layer_desc l = {8, 12, 0, 0, 0, 1, 1};
+    axc_volume v = volume(&g, 3, l, step_of(16, 1, 0));
+    CHECK(v.sent[AXC_GROUP_ROW] == 224 && v.recv[AXC_GROUP_ROW] == 224);
+    CHECK(v.sent[AXC_GROUP_COL] == 288 && v.recv[AXC_GROUP_COL] == 288);
+    CHECK(v.sent[AXC_GROUP_DEPTH] == 0 && v.sent[AXC_GROUP_DATA] == 0);
+    CHECK(v.calls[AXC_GROUP_ROW] == 4 && v.calls[AXC_GROUP_COL] == 4);
+    l.transpose = 1;
+    v = volume(&g, 0, l, step_of(16, 1, 0));
+    CHECK(v.sent[AXC_GROUP_COL] == 224 && v.sent[AXC_GROUP_ROW] == 288);
+    axc_grid dp = grid_of(2, 1, 1, 2);
+    axc_layer_desc e = {8, 12, 0, 0, 0, 1, 1};
+    v = volume(&dp, 0, e, step_of(16, 1, 0));
+    CHECK(v.sent[AXC_GROUP_ROW] == 0 && v.sent[AXC_GROUP_COL] == 0);
+    /* tokens must split over every rank, and chunking is the expert layout's */
+    axc_step_desc s = step_of(18, 1, 0);
+    axc_volume w;
+    memset(&w, 0, sizeof w);
+    CHECK(axc_model_layer_volume(&g, 0, &l, &s, &w) == AXC_ERR_INVALID);
+    s = step_of(16, 1, 0);
+    s.fwd_chunks = 2;
+    CHECK(axc_model_layer_volume(&g, 0, &l, &s, &w) == AXC_ERR_INVALID);
+}
+
 int main(void)
 {
+    test_easy_layout();
     test_normal_layer();
     test_transposed_layer();
     test_grad_acc_recompute_depth();

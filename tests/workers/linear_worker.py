@@ -143,6 +143,32 @@ def check_mlp_and_bytes(g, dtype, seed):
         assert got == want, f"{what}: group {grp} moved {got} bytes, model predicts {want}"
 
 
+def check_easy_bytes(g, seed):
+    """Easy layout, equal token counts: the bytes of one step (forward, backward, gradient
+    reductions) equal the communication model's for the easy layout."""
+    hidden, ffn, t = 24, 48, 3
+    grid4 = (g.G_data, g.G_intra_r, g.G_intra_c, g.G_intra_d)
+    torch.manual_seed(seed)
+    l1 = axonn_c.Linear(hidden, ffn)
+    l2 = axonn_c.Linear(ffn, hidden, transpose=True, bias=False)
+    x = torch.randn(t, hidden, requires_grad=True)
+    axonn_c.reset_comm_stats()
+    l2(torch.relu(l1(x))).sum().backward()
+    for layer in (l1, l2):
+        reduce_grads(layer)
+    stats = axonn_c.comm_stats()
+    layers = [dict(in_features=hidden, out_features=ffn, bias=1, easy=1),
+              dict(in_features=ffn, out_features=hidden, transpose=1, bias=0, easy=1)]
+    step = dict(tokens=g.world_size * t, grad_acc=1, recompute=0, dtype="float32",
+                grad_dtype="float32")
+    pred = axonn_c._C.model_volume(grid4, g.rank, layers, step)
+    for grp in ("col", "row", "depth", "data"):
+        got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
+        want = (pred["sent"][grp], pred["recv"][grp])
+        assert got == want, (f"easy layout grid {grid4} rank {g.rank}: group {grp} moved {got} "
+                             f"bytes, model predicts {want}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="float32")
@@ -161,6 +187,7 @@ def main():
                   seed=1000 + n)
             n += 1
         check_mlp_and_bytes(g, torch.float32, seed=77 + n)
+        check_easy_bytes(g, seed=99 + n)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: {n} layer cases match nn.Linear")

@@ -23,6 +23,8 @@ LAYERS = [
     dict(in_features=24, out_features=12, transpose=1),
     dict(in_features=36, out_features=12, transpose=1, bias=1),
     dict(in_features=12, out_features=60, bias=1, cache_weights=1),
+    dict(in_features=12, out_features=24, easy=1),
+    dict(in_features=24, out_features=36, transpose=1, bias=1, easy=1),
 ]
 STEPS = [
     dict(tokens=48, grad_acc=1, recompute=0),
@@ -49,6 +51,9 @@ def run_coll(c, G):
         elif c["kind"] == "reduce_scatter":
             comm.reduce_scatter(torch.empty(n, dtype=dt), torch.ones(n * G, dtype=dt),
                                 group=c["group"])
+        elif c["kind"] == "all_to_all":
+            comm.all_to_all(torch.empty(n * G, dtype=dt), torch.ones(n * G, dtype=dt),
+                            group=c["group"])
         else:
             raise AssertionError(f"unexpected collective {c}")
 

@@ -28,6 +28,8 @@ typedef struct axc_layer_desc {
     int bias;          /* 1: a bias whose gradient is reduced over depth and data (per step) */
     int cache_weights; /* 1: the gathered weight is kept from the first forward to backward */
     int64_t count;     /* how many such layers (>= 1) */
+    int easy;          /* 1: easy layout (every rank its own tokens, full features; the layer
+                          redistributes over the row x col plane), 0: expert layout */
 } axc_layer_desc;
 
 /* How one optimizer step runs. */
