@@ -117,6 +117,12 @@ if [ "$BUILD_RC" -eq 0 ]; then
     step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
         --junitxml="$OUT/pytest_gpu.xml" "$REPO/tests/test_gpu.py"
 
+    # 4b. the GEMM layer and the Linear layer on CUDA (cuBLASLt), and bench_linear against nn.Linear
+    step pytest_gemm_cuda 900 "$PY" -m pytest -q -rs -p no:cacheprovider "$REPO/tests/test_gemm.py" \
+        "$REPO/tests/test_linear_gpu.py"
+    step bench_linear_cuda 1200 "$PY" "$REPO/benchmarks/bench_linear.py" --device cuda \
+        --json "$OUT/linear_cuda.json"
+
     # 5. multi-process suite with CUDA tensors (shm backend stages through host memory)
     for n in 2 3 4; do
         step "multirank_cuda_shm_np$n" 900 "$PY" -m torch.distributed.run --standalone \
