@@ -55,6 +55,7 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/bench_collectives.py --json benchmarks/results/collectives.json
+	$(PY) benchmarks/bench_linear.py --json benchmarks/results/linear_cpu.json
 
 clean:
 	rm -rf build *.egg-info axonn_c/_C*.so
