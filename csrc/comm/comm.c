@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "axc/futex.h"
+#include "axc/timeline.h"
 
 typedef struct group_slot {
     axc_group_info info;
@@ -316,6 +317,13 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
 
 void axc_work_complete(axc_work *w, axc_status status, const char *message)
 {
+    /* before the state store: a waiter may free `w` as soon as it sees DONE */
+    if (w->t_exec_begin > 0 && w->group.size > 1 && axc_timeline_enabled()) {
+        uint64_t sent, recv;
+        axc_coll_volume(&w->coll, w->group.size, w->group.rank, &sent, &recv);
+        axc_timeline_record(AXC_SPAN_COMM, axc_coll_name(w->coll.kind), (int)w->group.kind,
+                            w->t_exec_begin, axc_timeline_now(), sent);
+    }
     w->status = status;
     if (status != AXC_OK)
         snprintf(w->message, sizeof w->message, "%s", message ? message : "");

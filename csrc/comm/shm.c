@@ -20,6 +20,7 @@
 #include "axc/cuda_rt.h"
 #include "axc/futex.h"
 #include "axc/reduce.h"
+#include "axc/timeline.h"
 
 #define SHM_MAGIC 0x61786373u /* "axcs" */
 #define CACHE_LINE 64
@@ -407,6 +408,7 @@ static void execute(shm_backend *b, axc_work *w)
         return;
     }
     int64_t t0 = axc_now_ns();
+    w->t_exec_begin = axc_timeline_enabled() ? axc_timeline_now() : 0;
     axc_status st = w->coll.device >= 0 ? run_cuda(b, g, w)
                                          : run_host(b, g, &w->coll, w->coll.send, w->coll.recv);
     if (st == AXC_OK)

@@ -161,6 +161,7 @@ struct axc_work {
     int waited;              /* axc_work_wait ran; its result is `status` */
     char message[512];
     axc_work *next;          /* backend queue link */
+    int64_t t_exec_begin;    /* timeline: when the backend began executing it (0: not timed) */
 };
 
 /* Backends call this once per work, from any thread. */

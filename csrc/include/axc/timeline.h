@@ -1,0 +1,112 @@
+/* The timeline: compute and communication spans of this process, recorded into a preallocated
+ * fixed-capacity buffer (thread-safe, lock-free, a few atomics per span), and the summary that
+ * turns them into compute time, communication time and exposed (not hidden) communication time.
+ *
+ * Recording is off by default; when off, a record costs one relaxed atomic load. Call sites:
+ *
+ *     int64_t t0 = axc_timeline_begin();          // 0 when the timeline is off
+ *     st = axc_gemm(...);
+ *     axc_timeline_end(AXC_SPAN_COMPUTE, "fwd_gemm", -1, t0, 0);
+ *
+ * or AXC_TIMED(AXC_SPAN_COMPUTE, "fwd_gemm", -1, 0, st = axc_gemm(...));
+ * Names must be static strings (the buffer keeps the pointer). Times are axc_now_ns() (monotonic
+ * ns). Host timestamps of CUDA work measure the launch, not the kernel. */
+#ifndef AXC_TIMELINE_H
+#define AXC_TIMELINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "axc/grid.h"
+#include "axc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { AXC_SPAN_COMPUTE = 0, AXC_SPAN_COMM = 1 };
+
+/* Default capacity (spans) of the buffer allocated on the first enable. */
+#define AXC_TIMELINE_DEFAULT_CAPACITY ((size_t)1 << 20)
+
+typedef struct axc_span {
+    int kind;         /* AXC_SPAN_COMPUTE or AXC_SPAN_COMM */
+    int group;        /* axc_group_kind of a comm span; -1 for compute */
+    const char *name; /* static string */
+    int64_t t_begin, t_end; /* monotonic ns */
+    uint64_t bytes;   /* comm: closed-form bytes sent by this rank; compute: caller's figure */
+} axc_span;
+
+typedef struct axc_timeline_group_stats {
+    int64_t comm_ns;    /* length of the union of this group's comm spans */
+    int64_t exposed_ns; /* of which not covered by any compute span */
+    uint64_t bytes;     /* sum of the spans' bytes */
+    uint64_t spans;     /* number of spans */
+} axc_timeline_group_stats;
+
+typedef struct axc_timeline_stats {
+    int64_t compute_ns;      /* length of the union of compute spans */
+    int64_t comm_ns;         /* length of the union of all comm spans */
+    int64_t exposed_comm_ns; /* comm_ns minus its intersection with the compute union */
+    int64_t t_first, t_last; /* earliest begin, latest end over all spans (0 when none) */
+    size_t spans;            /* spans summarised */
+    size_t compute_spans, comm_spans;
+    uint64_t dropped;        /* spans lost because the buffer was full */
+    axc_timeline_group_stats group[AXC_GROUP_COUNT];
+} axc_timeline_stats;
+
+/* Turns recording on or off. The first enable allocates the buffer (on failure recording stays
+ * off and axc_timeline_enable_checked reports it). */
+void axc_timeline_enable(int on);
+axc_status axc_timeline_enable_checked(int on);
+int axc_timeline_enabled(void);
+/* Capacity for the next allocation; fails with AXC_ERR_STATE once the buffer exists. */
+axc_status axc_timeline_set_capacity(size_t spans);
+size_t axc_timeline_capacity(void);
+/* Forgets every span and the drop count (call while nothing records concurrently for exactness). */
+void axc_timeline_clear(void);
+/* Disables and frees the buffer; only when no thread can be recording (e.g. at finalize). */
+void axc_timeline_free(void);
+
+int64_t axc_timeline_now(void);
+/* Thread-safe; drops (and counts) the span when the buffer is full; no-op when disabled. */
+void axc_timeline_record(int kind, const char *name, int group, int64_t t_begin, int64_t t_end,
+                         uint64_t bytes);
+
+size_t axc_timeline_count(void);
+axc_status axc_timeline_get(size_t i, axc_span *out);
+uint64_t axc_timeline_dropped(void);
+
+/* Summary of the recorded spans. */
+axc_status axc_timeline_summary(axc_timeline_stats *out);
+/* The same arithmetic over any array of spans (dropped is left 0). O(n log n). */
+axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_stats *out);
+
+/* ---- call-site helpers ---- */
+
+/* 0 when the timeline is off, else the current time: pass it to axc_timeline_end. */
+static inline int64_t axc_timeline_begin(void)
+{
+    return axc_timeline_enabled() ? axc_timeline_now() : 0;
+}
+
+static inline void axc_timeline_end(int kind, const char *name, int group, int64_t t0,
+                                    uint64_t bytes)
+{
+    if (t0 > 0)
+        axc_timeline_record(kind, name, group, t0, axc_timeline_now(), bytes);
+}
+
+/* Runs the statement `expr` and records it as one span when the timeline is on. A `return`
+ * inside expr (e.g. AXC_TRY) skips the record. */
+#define AXC_TIMED(kind, name, group, bytes, expr)                      \
+    do {                                                               \
+        int64_t axc_timed_t0_ = axc_timeline_begin();                  \
+        expr;                                                          \
+        axc_timeline_end((kind), (name), (group), axc_timed_t0_, (bytes)); \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif
