@@ -5,6 +5,7 @@ The core is C (axonn_c._C); this package is the thin Python API over it.
 import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core binds to)
 
 from . import _C, comm
+from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .linear import Linear
 from .parallel import (auto_parallelize, clip_grad_norm_, full_state_dict, no_grad_sync,
@@ -15,6 +16,6 @@ __all__ = [
     "Linear", "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
-    "optimize_communication",
+    "optimize_communication", "timeline",
 ]
 __version__ = "0.1.0"
