@@ -33,9 +33,10 @@ def _desc(cfg, dtype: torch.dtype) -> tuple:
     key = (*cfg, dtype)
     d = _desc_cache.get(key)
     if d is None:
-        in_f, out_f, transpose, has_bias, layout = cfg
+        in_f, out_f, transpose, has_bias, layout, *knobs = cfg
+        ov_ar, ov_rs, chunks = knobs if knobs else (0, 0, 1)
         d = _desc_cache[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
-                                str(dtype)[6:])
+                                str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks)
     return d
 
 
@@ -311,12 +312,26 @@ class Linear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
-        cfg = (*self._cfg[:3], int(use_bias), self._cfg[4])
+        cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], *self._overlap_knobs())
         y = linear_op(x2, w, b if use_bias else None, cfg)
         y = y.view(*lead, y.shape[-1])
         if self.skip_bias_add:
             return y, (self._full_bias_for_output(b) if b is not None else None)
         return y
+
+    # per-layer overlap knobs: None inherits optimize_communication()'s, then init()'s
+    overlap_all_reduce: Optional[bool] = None
+    overlap_reduce_scatter: Optional[bool] = None
+    fwd_chunks: Optional[int] = None
+
+    def _overlap_knobs(self) -> tuple:
+        out = []
+        for name in ("overlap_all_reduce", "overlap_reduce_scatter", "fwd_chunks"):
+            v = getattr(self, name)
+            if v is None:
+                v = runtime.overlap_overrides.get(name, runtime.overlap_defaults[name])
+            out.append(int(v))
+        return tuple(out)
 
     def _full_bias_for_output(self, b: Tensor) -> Tensor:
         """The bias as the output needs it: expert layout, the local block; easy, the full vector

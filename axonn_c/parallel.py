@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import comm
+from . import runtime, comm
 from .linear import Linear
 from .runtime import grid
 
@@ -378,11 +378,14 @@ def auto_parallelize():
 def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scatter: bool = False,
                            overlap_all_gather: bool = False, cache_weights: bool = False,
                            model_object_for_overlapping_allgathers=None, *args, **kwargs):
-    """Accepted for AxoNN compatibility (wrap forward/backward in it as with AxoNN).
+    """Overlap knobs for the layers run inside the context (AxoNN's API, for migration).
 
-    Currently a no-op: the arguments are validated and ignored. The communication scheduler
-    (DESIGN §6: prefetched depth all-gathers, deferred reduce-scatters, overlapped all-reduces)
-    will make it real without a change to the code that uses it."""
+    overlap_all_reduce: each layer's backward dX reduction runs while its dW GEMM computes (and,
+    in the expert layout, the forward all-reduce is over-decomposed into 2 row chunks).
+    overlap_reduce_scatter: the dW depth reduce-scatter runs asynchronously within the layer.
+    overlap_all_gather and cache_weights (prefetching and keeping gathered weights across
+    layers) are accepted and validated; they take effect with the cross-layer scheduler
+    (DESIGN §6), which is not built yet. A layer's own attributes override the context."""
     del args, kwargs, model_object_for_overlapping_allgathers
     for name, value in (("overlap_all_reduce", overlap_all_reduce),
                         ("overlap_reduce_scatter", overlap_reduce_scatter),
@@ -390,4 +393,12 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                         ("cache_weights", cache_weights)):
         if not isinstance(value, bool):
             raise TypeError(f"optimize_communication: {name} must be a bool, got {value!r}")
-    yield
+    saved = dict(runtime.overlap_overrides)
+    runtime.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
+                                     overlap_reduce_scatter=overlap_reduce_scatter,
+                                     fwd_chunks=2 if overlap_all_reduce else 1)
+    try:
+        yield
+    finally:
+        runtime.overlap_overrides.clear()
+        runtime.overlap_overrides.update(saved)

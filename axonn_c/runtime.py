@@ -14,6 +14,11 @@ DEFAULT_TIMEOUT_S = 300.0
 GROUPS = ("col", "row", "depth", "data", "intra", "world")
 _generation = 0  # counts init() calls so each gets fresh store keys
 epoch = 0  # changes at every init/finalize: keys caches that depend on the grid
+# overlap knobs: init(overlap=...) sets the defaults, optimize_communication() overrides them in
+# a context, a layer's own attributes override both (axonn_c/linear.py resolves them per call)
+overlap_defaults = {"overlap_all_reduce": False, "overlap_reduce_scatter": False,
+                    "fwd_chunks": 1}
+overlap_overrides: dict = {}
 
 
 @dataclass(frozen=True)
@@ -74,15 +79,24 @@ def _make_store(rank: int, world: int, timeout: float):
 
 def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1,
          G_inter: int = 1, backend: str | None = None, timeout: float | None = None,
-         plan: str | None = None, model=None, **plan_kwargs) -> Grid:
+         plan: str | None = None, model=None, overlap: bool = False,
+         fwd_chunks: int | None = None, **plan_kwargs) -> Grid:
     """Creates the 4D grid and its communicators on every rank (call on all ranks).
 
     Ranks come from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);
     without it the process is a world of one. `backend`: None picks shm for CPU tensors on one
     node and nccl for CUDA tensors; "shm" or "nccl" force one. `timeout` (seconds; env
     AXONN_C_TIMEOUT) bounds every wait for a peer. `plan="auto"` lets the communication model
-    choose the grid (see axonn_c.plan).
+    choose the grid (see axonn_c.plan). `overlap=True` overlaps each layer's collectives with its
+    GEMMs (the backward reductions; the expert forward's all-reduce in `fwd_chunks` row chunks,
+    default 2 with overlap).
     """
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be a bool, got {overlap!r}")
+    if fwd_chunks is not None and (not isinstance(fwd_chunks, int) or not 1 <= fwd_chunks <= 64):
+        raise ValueError(f"fwd_chunks must be an int in [1, 64], got {fwd_chunks!r}")
+    overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
+                            fwd_chunks=fwd_chunks or (2 if overlap else 1))
     global _generation
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)

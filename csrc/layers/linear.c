@@ -146,8 +146,10 @@ typedef struct ctx {
     size_t es;
 } ctx;
 
-static axc_status coll(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send, void *recv,
-                       int64_t count)
+/* Starts a collective on the layer's buffers; *w is NULL when the group has one rank and
+ * nothing needs to move (the caller handles the local case). */
+static axc_status coll_start(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send,
+                             void *recv, int64_t count, axc_work **w)
 {
     axc_coll a = {0};
     a.kind = kind;
@@ -158,11 +160,28 @@ static axc_status coll(ctx *c, axc_group_kind g, axc_coll_kind kind, const void 
     a.op = AXC_RED_SUM;
     a.device = c->io->device;
     a.stream = c->io->stream;
-    axc_work *w;
-    AXC_TRY(axc_comm_start(c->comm, g, &a, &w));
-    axc_status st = axc_work_wait(w);
-    axc_work_free(w);
+    return axc_comm_start(c->comm, g, &a, w);
+}
+
+/* Waits for and frees *w (if any); keeps the first error. */
+static axc_status coll_finish(axc_work **w, axc_status st)
+{
+    if (*w) {
+        axc_status ws = axc_work_wait(*w);
+        axc_work_free(*w);
+        *w = NULL;
+        if (st == AXC_OK)
+            st = ws;
+    }
     return st;
+}
+
+static axc_status coll(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send, void *recv,
+                       int64_t count)
+{
+    axc_work *w = NULL;
+    AXC_TRY(coll_start(c, g, kind, send, recv, count, &w));
+    return coll_finish(&w, AXC_OK);
 }
 
 static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
@@ -237,10 +256,32 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
     int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
 
     if (d->layout == AXC_LAYOUT_EXPERT) {
-        AXC_TRY(gemm(&c, 0, 1, rows, Nl, Kl, io->x, Kl, w, Kl, io->y, Nl, bias));
-        if (s->gin_size > 1)
-            AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_REDUCE, io->y, io->y, rows * Nl));
-        return AXC_OK;
+        if (s->gin_size == 1) {
+            AXC_TRY(gemm(&c, 0, 1, rows, Nl, Kl, io->x, Kl, w, Kl, io->y, Nl, bias));
+            return AXC_OK;
+        }
+        /* over-decomposition: chunk i's all-reduce runs while chunk i+1's GEMM computes; the
+         * first rows % n chunks get one extra row (as the communication model counts them) */
+        int64_t n = d->fwd_chunks < 1 ? 1 : d->fwd_chunks;
+        if (n > rows)
+            n = rows > 0 ? rows : 1;
+        axc_work *works[64] = {0};
+        if (n > 64)
+            n = 64;
+        axc_status st = AXC_OK;
+        int64_t q = rows / n, r = rows % n, row0 = 0;
+        for (int64_t i = 0; i < n && st == AXC_OK; i++) {
+            int64_t len = q + (i < r ? 1 : 0);
+            const unsigned char *xi = at((void *)io->x, row0 * Kl, c.es);
+            unsigned char *yi = at(io->y, row0 * Nl, c.es);
+            st = gemm(&c, 0, 1, len, Nl, Kl, xi, Kl, w, Kl, yi, Nl, bias);
+            if (st == AXC_OK)
+                st = coll_start(&c, s->gin, AXC_COLL_ALL_REDUCE, yi, yi, len * Nl, &works[i]);
+            row0 += len;
+        }
+        for (int64_t i = 0; i < n; i++)
+            st = coll_finish(&works[i], st);
+        return st;
     }
 
     /* easy: gather the gout peers' tokens, trade feature blocks within gin */
@@ -289,22 +330,41 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
 
 /* ------------------------------------------------------------------ backward */
 
-static axc_status weight_grads(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)
+/* dW block = dY^T X into the buffer that is reduce-scattered over depth (or straight into the
+ * gradient when Gd == 1), zero-padded to shard * Gd. */
+static axc_status dw_gemm(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)
 {
     const axc_linear_shapes *s = &c->s;
     const axc_linear_io *io = c->io;
     int64_t Kl = s->k_local, Nl = s->n_local, padded = s->shard * s->depth_size;
-    /* dW block = dY^T X, padded to shard * Gd, then reduce-scattered over depth */
     void *dwfull = s->depth_size > 1 ? w->dwpad : io->dw;
     AXC_TRY(gemm(c, 1, 0, Nl, Kl, rows, dy, Nl, x, Kl, dwfull, Kl, NULL));
     if (padded > s->block)
         AXC_TRY(axc_zero(io->device, io->stream, at(dwfull, s->block, c->es),
                          (size_t)(padded - s->block) * c->es));
-    if (s->depth_size > 1)
-        AXC_TRY(coll(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw, s->shard));
-    if (c->d->has_bias && io->db)
-        AXC_TRY(axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, Nl, Nl, io->db, 0));
     return AXC_OK;
+}
+
+/* The depth reduce-scatter of dW (asynchronous with overlap_reduce_scatter, so it runs while the
+ * bias gradient computes), db = column sums of dY, then every collective still in flight
+ * (`pending`, e.g. dX's reduction) completes. */
+static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, axc_work **pending)
+{
+    const axc_linear_shapes *s = &c->s;
+    const axc_linear_io *io = c->io;
+    axc_work *rs = NULL;
+    axc_status st = AXC_OK;
+    if (s->depth_size > 1) {
+        st = coll_start(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw, s->shard,
+                        &rs);
+        if (!c->d->overlap_reduce_scatter)
+            st = coll_finish(&rs, st);
+    }
+    if (st == AXC_OK && c->d->has_bias && io->db)
+        st = axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, s->n_local, s->n_local,
+                           io->db, 0);
+    st = coll_finish(pending, st);
+    return coll_finish(&rs, st);
 }
 
 axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
@@ -321,11 +381,18 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
     int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
 
     if (d->layout == AXC_LAYOUT_EXPERT) {
-        /* dX = dY W, summed over the gout group */
+        /* dX = dY W, summed over the gout group: with overlap, while dW computes */
+        axc_work *ar = NULL;
         AXC_TRY(gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL));
-        if (s->gout_size > 1)
-            AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_REDUCE, io->dx, io->dx, rows * Kl));
-        return weight_grads(&c, &w, io->dy, io->x, rows);
+        if (s->gout_size > 1) {
+            AXC_TRY(coll_start(&c, s->gout, AXC_COLL_ALL_REDUCE, io->dx, io->dx, rows * Kl, &ar));
+            if (!d->overlap_all_reduce)
+                AXC_TRY(coll_finish(&ar, AXC_OK));
+        }
+        axc_status st = dw_gemm(&c, &w, io->dy, io->x, rows);
+        if (st != AXC_OK)
+            return coll_finish(&ar, st);
+        return dw_finish(&c, &w, io->dy, rows, &ar);
     }
 
     int G_in = s->gin_size, G_out = s->gout_size;
@@ -360,21 +427,32 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
                                   rows));
         dxperm = w.dxperm;
     }
+    /* dX's reduce-scatter over gout runs while dW computes (with overlap); the all-to-all over
+     * gin needs its result, and runs while the depth reduce-scatter and db proceed */
     const void *dxr = dxperm;
+    axc_work *rs = NULL, *a2a = NULL;
     if (G_out > 1) {
-        AXC_TRY(coll(&c, s->gout, AXC_COLL_REDUCE_SCATTER, dxperm, w.dxr, G_in * rows * Kl));
+        AXC_TRY(coll_start(&c, s->gout, AXC_COLL_REDUCE_SCATTER, dxperm, w.dxr, G_in * rows * Kl,
+                           &rs));
         dxr = w.dxr;
+        if (!d->overlap_all_reduce)
+            AXC_TRY(coll_finish(&rs, AXC_OK));
     }
+    axc_status st = dw_gemm(&c, &w, dye, io->saved, P_rows);
+    st = coll_finish(&rs, st);
     /* dxr: (gin source, token) of my gin group, my input block; send each its tokens */
     const void *dxrecv = dxr;
-    if (G_in > 1) {
-        AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_TO_ALL, dxr, w.dxrecv, rows * Kl));
+    if (st == AXC_OK && G_in > 1) {
+        st = coll_start(&c, s->gin, AXC_COLL_ALL_TO_ALL, dxr, w.dxrecv, rows * Kl, &a2a);
         dxrecv = w.dxrecv;
+        if (!d->overlap_all_reduce)
+            st = coll_finish(&a2a, st);
     }
-    for (int i = 0; i < G_in; i++)
-        AXC_TRY(copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
-                          Kl, Kl, io->rows));
-    return weight_grads(&c, &w, dye, io->saved, P_rows);
+    st = st == AXC_OK ? dw_finish(&c, &w, dye, P_rows, &a2a) : coll_finish(&a2a, st);
+    for (int i = 0; i < G_in && st == AXC_OK; i++)
+        st = copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
+                       Kl, Kl, io->rows);
+    return st;
 }
 
 /* ------------------------------------------------------------------ token counts */

@@ -8,14 +8,23 @@
 
 axc_comm *axc_py_comm(void); /* py_comm.c: the process's communicator or NULL */
 
-/* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name) */
+/* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
+ *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks]) */
 static int parse_desc(PyObject *t, axc_linear_desc *d)
 {
     long long in, out;
-    int transpose, has_bias, layout;
+    int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1;
     const char *dtype;
-    if (!PyArg_ParseTuple(t, "LLppis", &in, &out, &transpose, &has_bias, &layout, &dtype))
+    if (!PyArg_ParseTuple(t, "LLppis|ppi", &in, &out, &transpose, &has_bias, &layout, &dtype,
+                          &ov_ar, &ov_rs, &chunks))
         return -1;
+    if (chunks < 1 || chunks > 64) {
+        PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64], got %d", chunks);
+        return -1;
+    }
+    d->overlap_all_reduce = ov_ar;
+    d->overlap_reduce_scatter = ov_rs;
+    d->fwd_chunks = chunks;
     d->in_features = in;
     d->out_features = out;
     d->transpose = transpose;

@@ -96,7 +96,7 @@ def check(g, in_f, out_f, expert, transpose, bias, dtype, tokens_per_rank, seed)
         close(layer.bias.grad, ref.bias.grad[rows], dtype, what + " db")
 
 
-def check_mlp_and_bytes(g, dtype, seed):
+def check_mlp_and_bytes(g, dtype, seed, chunks=1):
     """Linear -> GELU -> Linear(transpose=True) in expert mode equals the serial MLP, and the
     bytes each group moved in one step equal the communication model's (DESIGN §5's table: no
     redistribution between the two layers)."""
@@ -107,6 +107,9 @@ def check_mlp_and_bytes(g, dtype, seed):
     torch.manual_seed(seed)
     l1 = axonn_c.Linear(hidden, ffn, expert_mode=True, dtype=dtype)
     l2 = axonn_c.Linear(ffn, hidden, transpose=True, expert_mode=True, dtype=dtype)
+    for layer in (l1, l2):  # over-decomposed forward all-reduces, overlapped backward
+        layer.fwd_chunks = chunks
+        layer.overlap_all_reduce = layer.overlap_reduce_scatter = chunks > 1
     shards, m = g.G_data * g.G_intra_d, 5
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(shards * m, hidden, generator=gen)
@@ -135,7 +138,7 @@ def check_mlp_and_bytes(g, dtype, seed):
     layers = [dict(in_features=hidden, out_features=ffn, bias=1),
               dict(in_features=ffn, out_features=hidden, transpose=1, bias=1)]
     step = dict(tokens=shards * m, grad_acc=1, recompute=0, dtype="float32",
-                grad_dtype="float32")
+                grad_dtype="float32", fwd_chunks=chunks)
     pred = axonn_c._C.model_volume(grid4, g.rank, layers, step)
     for grp in ("col", "row", "depth", "data"):
         got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
@@ -169,6 +172,33 @@ def check_easy_bytes(g, seed):
                              f"bytes, model predicts {want}")
 
 
+def check_overlap_identical(g, seed):
+    """With overlap on (and one forward chunk) every result is bitwise the same as with overlap
+    off; with several forward chunks (expert layout) it still equals the serial layer."""
+    torch.manual_seed(seed)
+    results = {}
+    for expert in (False, True):
+        for knobs in ((False, False, 1), (True, True, 1), (True, True, 3)):
+            torch.manual_seed(seed)
+            layer = axonn_c.Linear(48, 96, expert_mode=expert)
+            layer.overlap_all_reduce, layer.overlap_reduce_scatter, layer.fwd_chunks = knobs
+            s = layer._shapes
+            gen = torch.Generator().manual_seed(seed + g.data_rank * 10 + g.depth_rank)
+            width = s["k_local"] if expert else 48
+            x = torch.randn(7, width, generator=gen)
+            if not expert:  # easy: every rank its own tokens
+                x = x + g.rank
+            x.requires_grad_()
+            y = layer(x)
+            y.backward(torch.ones_like(y))
+            results[(expert, knobs)] = [y.detach(), x.grad, layer.weight.grad, layer.bias.grad]
+        base = results[(expert, (False, False, 1))]
+        for a, b in zip(base, results[(expert, (True, True, 1))]):
+            assert torch.equal(a, b), f"rank {g.rank} expert={expert}: overlap changed a result"
+        for a, b in zip(base, results[(expert, (True, True, 3))]):
+            close(b, a, torch.float32, f"rank {g.rank} expert={expert} fwd_chunks=3")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="float32")
@@ -187,7 +217,9 @@ def main():
                   seed=1000 + n)
             n += 1
         check_mlp_and_bytes(g, torch.float32, seed=77 + n)
+        check_mlp_and_bytes(g, torch.float32, seed=78 + n, chunks=3)
         check_easy_bytes(g, seed=99 + n)
+        check_overlap_identical(g, seed=123 + n)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: {n} layer cases match nn.Linear")

@@ -25,6 +25,12 @@ typedef struct axc_linear_desc {
     int has_bias;
     axc_layout layout;
     axc_dtype dtype;
+    /* overlap inside the layer (DESIGN §6); results do not depend on these except that
+     * fwd_chunks > 1 runs the forward GEMM on row chunks */
+    int overlap_all_reduce;     /* backward: dX's reduction runs while the dW GEMM computes */
+    int overlap_reduce_scatter; /* backward: dW's depth reduce-scatter runs asynchronously */
+    int fwd_chunks;             /* expert forward: row chunks whose all-reduce overlaps the next
+                                   chunk's GEMM (1 = off) */
 } axc_linear_desc;
 
 /* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */
