@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "axc/gemm.h"
+#include "axc/timeline.h"
 
 /* ------------------------------------------------------------------ shapes */
 
@@ -206,7 +207,10 @@ static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, 
     g.alpha = 1.0f;
     g.beta = 0.0f;
     g.bias = bias;
-    return axc_gemm(&g);
+    int64_t t0 = axc_timeline_begin(); /* 0 when the timeline is off */
+    axc_status st = axc_gemm(&g);
+    axc_timeline_end(AXC_SPAN_COMPUTE, "gemm", -1, t0, 0);
+    return st;
 }
 
 static axc_status copy_rows(ctx *c, void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
