@@ -5,7 +5,6 @@ axonn_c result must equal gloo's on the same group, and the byte counters must e
 -form ring volumes (computed here independently of the C code).
 """
 import argparse
-import itertools
 import sys
 import warnings
 
@@ -13,19 +12,11 @@ import torch
 import torch.distributed as dist
 
 import axonn_c
+from common import DTYPES, GROUPS, grids
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-GROUPS = ("col", "row", "depth", "data", "intra", "world")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "int8": torch.int8, "uint8": torch.uint8}
 COLLECTIVES = ("all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_gather",
                "reduce_scatter", "all_to_all", "broadcast")
-
-
-def grids(world):
-    for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):
-        if world % (gd * gr * gc) == 0:
-            yield (world // (gd * gr * gc), gr, gc, gd)
 
 
 _gloo_groups = {}

@@ -6,25 +6,16 @@ returns for CUDA tensors. Usage: torchrun --standalone --nproc_per_node N gpu_sh
 [--backend shm] [--sizes 1,7,1000].
 """
 import argparse
-import itertools
 import os
 import sys
 
 import torch
 
 import axonn_c
+from common import DTYPES, GROUPS, grids
 
-GROUPS = ("col", "row", "depth", "data", "intra", "world")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "int8": torch.int8, "uint8": torch.uint8}
 COLLECTIVES = ("all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_gather",
                "reduce_scatter", "all_to_all", "broadcast")
-
-
-def grids(world):
-    for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):
-        if world % (gd * gr * gc) == 0:
-            yield (world // (gd * gr * gc), gr, gc, gd)
 
 
 def make_input(dtype, n, seed, rank):

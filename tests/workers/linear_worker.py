@@ -8,15 +8,10 @@ import sys
 import torch
 
 import axonn_c
+from common import grids
 
 SHAPES = [(48, 80), (96, 32), (64, 64)]
 SHAPES_3 = [(48, 120), (96, 24), (72, 72)]  # for world sizes with a factor 3
-
-
-def grids(world):
-    for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):
-        if world % (gd * gr * gc) == 0:
-            yield (world // (gd * gr * gc), gr, gc, gd)
 
 
 def close(got, want, dtype, what):

@@ -13,6 +13,7 @@ import sys
 import torch
 
 import axonn_c
+from common import grids
 from axonn_c import _C, comm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,12 +32,6 @@ STEPS = [
     dict(tokens=96, grad_acc=2, recompute=1, grad_dtype="bfloat16"),
     dict(tokens=72, grad_acc=1, recompute=1, fwd_chunks=5),
 ]
-
-
-def grids(world):
-    for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):
-        if world % (gd * gr * gc) == 0:
-            yield (world // (gd * gr * gc), gr, gc, gd)
 
 
 def run_coll(c, G):
