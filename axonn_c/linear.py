@@ -309,12 +309,13 @@ class Linear(nn.Module):
         elif x.dtype != w.dtype:
             raise TypeError(f"input dtype {x.dtype} does not match the layer's {w.dtype} "
                             "(cast the input, or use torch.autocast)")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        flat = x.dim() == 2 and x.is_contiguous()  # the common case needs no reshaping
+        x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
         cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], *self._overlap_knobs())
         y = linear_op(x2, w, b if use_bias else None, cfg)
-        y = y.view(*lead, y.shape[-1])
+        if not flat:
+            y = y.view(*x.shape[:-1], y.shape[-1])
         if self.skip_bias_add:
             return y, (self._full_bias_for_output(b) if b is not None else None)
         return y
@@ -325,6 +326,11 @@ class Linear(nn.Module):
     fwd_chunks: Optional[int] = None
 
     def _overlap_knobs(self) -> tuple:
+        if (self.overlap_all_reduce is None and self.overlap_reduce_scatter is None
+                and self.fwd_chunks is None and not runtime.overlap_overrides):
+            d = runtime.overlap_defaults  # the common case: init()'s defaults
+            return (int(d["overlap_all_reduce"]), int(d["overlap_reduce_scatter"]),
+                    d["fwd_chunks"])
         out = []
         for name in ("overlap_all_reduce", "overlap_reduce_scatter", "fwd_chunks"):
             v = getattr(self, name)
