@@ -10,14 +10,30 @@ BUILD := build/ctests
 
 .PHONY: test test-c test-c-san test-py setup install demo bench clean
 
-$(BUILD)/plain/%: csrc/tests/%.c $(CORE_SRC) $(HEADERS) csrc/tests/ctest.h
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -O1 -o $@ $< $(CORE_SRC) $(LIBS)
+# the core is compiled once per flavour into a static library the tests link against
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+PLAIN_OBJS := $(patsubst csrc/%.c,$(BUILD)/plain/obj/%.o,$(CORE_SRC))
+SAN_OBJS := $(patsubst csrc/%.c,$(BUILD)/san/obj/%.o,$(CORE_SRC))
 
-$(BUILD)/san/%: csrc/tests/%.c $(CORE_SRC) $(HEADERS) csrc/tests/ctest.h
+$(BUILD)/plain/obj/%.o: csrc/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
-	    -fno-omit-frame-pointer -o $@ $< $(CORE_SRC) $(LIBS)
+	$(CC) $(CFLAGS_BASE) -O1 -c -o $@ $<
+
+$(BUILD)/san/obj/%.o: csrc/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 $(SAN_FLAGS) -c -o $@ $<
+
+$(BUILD)/plain/libaxc.a: $(PLAIN_OBJS)
+	ar rcs $@ $^
+
+$(BUILD)/san/libaxc.a: $(SAN_OBJS)
+	ar rcs $@ $^
+
+$(BUILD)/plain/%: csrc/tests/%.c $(BUILD)/plain/libaxc.a $(HEADERS) csrc/tests/ctest.h
+	$(CC) $(CFLAGS_BASE) -O1 -o $@ $< $(BUILD)/plain/libaxc.a $(LIBS)
+
+$(BUILD)/san/%: csrc/tests/%.c $(BUILD)/san/libaxc.a $(HEADERS) csrc/tests/ctest.h
+	$(CC) $(CFLAGS_BASE) -O1 $(SAN_FLAGS) -o $@ $< $(BUILD)/san/libaxc.a $(LIBS)
 
 PLAIN_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/plain/%,$(TEST_SRC))
 SAN_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/san/%,$(TEST_SRC))
