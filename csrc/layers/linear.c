@@ -185,6 +185,19 @@ static axc_status coll(ctx *c, axc_group_kind g, axc_coll_kind kind, const void 
     return coll_finish(&w, AXC_OK);
 }
 
+/* Runs the collective from `send` into `buf` on a group of several ranks and returns `buf`
+ * in *out; on a one-rank group nothing moves and *out is `send` itself. */
+static axc_status through(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send,
+                          void *buf, int64_t count, const void **out)
+{
+    *out = send;
+    if (axc_grid_group_size(axc_comm_grid(c->comm), g) == 1)
+        return AXC_OK;
+    AXC_TRY(coll(c, g, kind, send, buf, count));
+    *out = buf;
+    return AXC_OK;
+}
+
 static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
                        int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
                        const void *bias)
@@ -297,11 +310,8 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
                          (size_t)((rows - io->rows) * K) * c.es));
         x = f.xpad;
     }
-    const void *g1 = x;
-    if (G_out > 1) {
-        AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_GATHER, x, f.g1, rows * K));
-        g1 = f.g1;
-    }
+    const void *g1;
+    AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_GATHER, x, f.g1, rows * K, &g1));
     /* piece j (for gin peer j) = column block j of every gathered row */
     int64_t grows = G_out * rows;
     if (G_in > 1) {
@@ -315,17 +325,11 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
     /* rows of `saved` are ordered (gin source, gout source, token) */
     int64_t P_rows = (int64_t)G_in * grows;
     AXC_TRY(gemm(&c, 0, 1, P_rows, Nl, Kl, io->saved, Kl, w, Kl, f.ypart, Nl, bias));
-    const void *yr = f.ypart;
-    if (G_in > 1) {
-        AXC_TRY(coll(&c, s->gin, AXC_COLL_REDUCE_SCATTER, f.ypart, f.yr, grows * Nl));
-        yr = f.yr;
-    }
+    const void *yr;
+    AXC_TRY(through(&c, s->gin, AXC_COLL_REDUCE_SCATTER, f.ypart, f.yr, grows * Nl, &yr));
     /* yr: my gout group's tokens (gout source, token), my output block; give each its tokens */
-    const void *yrecv = yr;
-    if (G_out > 1) {
-        AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_TO_ALL, yr, f.yrecv, rows * Nl));
-        yrecv = f.yrecv;
-    }
+    const void *yrecv;
+    AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_TO_ALL, yr, f.yrecv, rows * Nl, &yrecv));
     for (int k = 0; k < G_out; k++)
         AXC_TRY(copy_rows(&c, at(io->y, k * Nl, c.es), N, at((void *)yrecv, k * rows * Nl, c.es),
                           Nl, Nl, io->rows));
@@ -409,16 +413,9 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
             AXC_TRY(axc_zero(io->device, io->stream, at(piece, io->rows * Nl, c.es),
                              (size_t)((rows - io->rows) * Nl) * c.es));
     }
-    const void *dyr = w.dypack;
-    if (G_out > 1) {
-        AXC_TRY(coll(&c, s->gout, AXC_COLL_ALL_TO_ALL, w.dypack, w.dyr, rows * Nl));
-        dyr = w.dyr;
-    }
-    const void *dye = dyr;
-    if (G_in > 1) {
-        AXC_TRY(coll(&c, s->gin, AXC_COLL_ALL_GATHER, dyr, w.dye, grows * Nl));
-        dye = w.dye;
-    }
+    const void *dyr, *dye;
+    AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_TO_ALL, w.dypack, w.dyr, rows * Nl, &dyr));
+    AXC_TRY(through(&c, s->gin, AXC_COLL_ALL_GATHER, dyr, w.dye, grows * Nl, &dye));
     /* dye rows match `saved`: (gin source, gout source, token) */
     AXC_TRY(gemm(&c, 0, 0, P_rows, Kl, Nl, dye, Nl, wt, Kl, w.dxe, Kl, NULL));
     /* regroup rows by gout source so the reduce-scatter over gout hands each its tokens */

@@ -95,17 +95,21 @@ static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
 
 static void *ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
 
-/* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace) */
-static PyObject *py_linear_forward(PyObject *self, PyObject *args)
+typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
+
+/* Parses (desc, device, stream, rows, t_max, <n pointers>) into d/io and the pointer array, runs
+ * `fn` with the GIL released, raises on failure. */
+static PyObject *call_layer(PyObject *args, const char *fmt, unsigned long long *p, int n,
+                            void (*place)(axc_linear_io *, const unsigned long long *),
+                            linear_fn fn)
 {
-    (void)self;
     PyObject *dt;
     int device;
-    unsigned long long stream, x, w, b, y, saved, ws;
+    unsigned long long stream;
     long long rows, t_max;
     axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK", &PyTuple_Type, &dt, &device, &stream, &rows,
-                          &t_max, &x, &w, &b, &y, &saved, &ws) ||
+    if (!PyArg_ParseTuple(args, fmt, &PyTuple_Type, &dt, &device, &stream, &rows, &t_max, &p[0],
+                          &p[1], &p[2], &p[3], &p[4], &p[5], n > 6 ? &p[6] : NULL) ||
         parse_desc(dt, &d) < 0)
         return NULL;
     axc_comm *comm = comm_or_raise();
@@ -116,51 +120,49 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args)
     io.stream = ptr(stream);
     io.rows = rows;
     io.t_max = t_max;
-    io.x = ptr(x);
-    io.w = ptr(w);
-    io.bias = ptr(b);
-    io.y = ptr(y);
-    io.saved = ptr(saved);
-    io.workspace = ptr(ws);
+    place(&io, p);
     axc_status st;
-    Py_BEGIN_ALLOW_THREADS st = axc_linear_forward(comm, &d, &io);
+    Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, &io);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     Py_RETURN_NONE;
+}
+
+static void place_forward(axc_linear_io *io, const unsigned long long *p)
+{
+    io->x = ptr(p[0]);
+    io->w = ptr(p[1]);
+    io->bias = ptr(p[2]);
+    io->y = ptr(p[3]);
+    io->saved = ptr(p[4]);
+    io->workspace = ptr(p[5]);
+}
+
+static void place_backward(axc_linear_io *io, const unsigned long long *p)
+{
+    io->x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */
+    io->saved = ptr(p[0]);
+    io->w = ptr(p[1]);
+    io->dy = ptr(p[2]);
+    io->dx = ptr(p[3]);
+    io->dw = ptr(p[4]);
+    io->db = ptr(p[5]);
+    io->workspace = ptr(p[6]);
+}
+
+/* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace) */
+static PyObject *py_linear_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long p[6];
+    return call_layer(args, "O!iKLLKKKKKK", p, 6, place_forward, axc_linear_forward);
 }
 
 /* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace) */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *dt;
-    int device;
-    unsigned long long stream, x, w, dy, dx, dw, db, ws;
-    long long rows, t_max;
-    axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK", &PyTuple_Type, &dt, &device, &stream, &rows,
-                          &t_max, &x, &w, &dy, &dx, &dw, &db, &ws) ||
-        parse_desc(dt, &d) < 0)
-        return NULL;
-    axc_comm *comm = comm_or_raise();
-    if (!comm)
-        return NULL;
-    axc_linear_io io = {0};
-    io.device = device;
-    io.stream = ptr(stream);
-    io.rows = rows;
-    io.t_max = t_max;
-    io.x = ptr(x);
-    io.saved = ptr(x);
-    io.w = ptr(w);
-    io.dy = ptr(dy);
-    io.dx = ptr(dx);
-    io.dw = ptr(dw);
-    io.db = ptr(db);
-    io.workspace = ptr(ws);
-    axc_status st;
-    Py_BEGIN_ALLOW_THREADS st = axc_linear_backward(comm, &d, &io);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
-    Py_RETURN_NONE;
+    unsigned long long p[7];
+    return call_layer(args, "O!iKLLKKKKKKK", p, 7, place_backward, axc_linear_backward);
 }
 
 PyMethodDef axc_py_linear_methods[] = {
