@@ -8,14 +8,15 @@ from . import _C, comm
 from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .linear import Linear
-from .parallel import (auto_parallelize, clip_grad_norm_, full_state_dict, no_grad_sync,
-                       optimize_communication, sync_gradients)
+from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
+                       no_grad_sync, no_sync, optimize_communication, sync_gradients)
+from .runtime import scheduler_stats
 from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_initialized, reset_comm_stats
 
 __all__ = [
     "Linear", "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
-    "sync_gradients", "no_grad_sync", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
-    "optimize_communication", "timeline",
+    "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
+    "optimize_communication", "timeline", "scheduler_stats",
 ]
 __version__ = "0.1.0"

@@ -6,12 +6,13 @@ fake kernels and a registered autograd formula, so torch.compile treats them as 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from . import _C, runtime
+from . import _C, grads, runtime
 from .runtime import grid
 
 _EASY, _EXPERT = 0, 1
@@ -27,6 +28,10 @@ def _dev(t: Tensor) -> int:
 
 _desc_cache: dict = {}
 
+# cfg: (in_features, out_features, transpose, has_bias, layout[, overlap_all_reduce,
+#       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id])
+_SCHED, _OV_DATA, _LAYER = 8, 9, 10
+
 
 def _desc(cfg, dtype: torch.dtype) -> tuple:
     """The layer description the C functions take, memoised (this runs on every call)."""
@@ -34,10 +39,29 @@ def _desc(cfg, dtype: torch.dtype) -> tuple:
     d = _desc_cache.get(key)
     if d is None:
         in_f, out_f, transpose, has_bias, layout, *knobs = cfg
-        ov_ar, ov_rs, chunks = knobs if knobs else (0, 0, 1)
+        ov_ar, ov_rs, chunks, scheduled = (*knobs, 0, 0, 1, 0)[:4] if knobs else (0, 0, 1, 0)
         d = _desc_cache[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
-                                str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks)
+                                str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks, bool(scheduled))
     return d
+
+
+# The scheduler reads a layer's last-seen shard when it prefetches: keep it alive (per layer id)
+_keep: dict = {}
+
+
+def _sched_args(w: Tensor, cfg) -> tuple:
+    """(layer id, weight version, prefetch_ok) for the C call."""
+    if len(cfg) <= _LAYER:
+        return (-1, 0, False)
+    if cfg[_SCHED]:
+        _keep[cfg[_LAYER]] = w
+    return (cfg[_LAYER], w._version, bool(cfg[_SCHED]))
+
+
+def _forget(layer_id: int, ep: int) -> None:
+    _keep.pop(layer_id, None)
+    if ep == runtime.epoch and _C is not None:
+        _C.sched_forget(layer_id)
 
 
 _shape_cache: dict = {}
@@ -72,12 +96,14 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     ws = ws_t.data_ptr() if n_ws else 0
     _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
                       b.data_ptr() if b is not None else 0, y.data_ptr(),
-                      saved.data_ptr() if saved is not None else 0, ws)
+                      saved.data_ptr() if saved is not None else 0, ws, *_sched_args(w, cfg))
     return y, saved
 
 
-def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[int]):
-    """-> (dx, dw, db); db is empty when the layer has no bias."""
+def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=None):
+    """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
+    parameter itself, eager mode with deferral on) dW is deferred: it is completed into
+    param.grad at the end of backward (axonn_c/grads.py) and dw is None."""
     desc = _desc(cfg, dy.dtype)
     dy = dy.contiguous()
     rows = x.shape[0]
@@ -87,16 +113,35 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[in
         t_max = saved.shape[0] // (s["gin_size"] * s["gout_size"])
         s = _shapes(desc, t_max)
     dx = torch.empty_like(x)
-    dw = torch.empty_like(w)
     db = dy.new_empty((s["n_local"],)) if cfg[3] else None
     n_ws = s["workspace_elems"]
     ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
     ws = ws_t.data_ptr() if n_ws else 0
     src = saved if cfg[4] == _EASY else x
+    if param is not None:
+        dw, fold, replace, reduced = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
+        tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
+    else:
+        dw, tail = torch.empty_like(w), _sched_args(w, cfg)
     _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
                        dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-                       db.data_ptr() if db is not None else 0, ws)
+                       db.data_ptr() if db is not None else 0, ws, *tail)
+    if param is not None:
+        # the reduce-scatter reads the workspace and writes dw until grads.finish()
+        grads.add(param, dw, (ws_t, fold), replace, reduced)
+        return dx, None, db
+    if len(cfg) > _LAYER and cfg[_SCHED]:
+        grads.queue_finish()  # the end of backward ends the scheduler's step
     return dx, dw, db
+
+
+def _defers(w: Tensor, cfg) -> bool:
+    """Whether this backward hands dW to the scheduler: eager mode, the weight is the parameter
+    itself (not a per-call cast), and there is a deferred reduction to run."""
+    if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
+        return False
+    g_data, _, _, g_d = runtime.grid_sizes()
+    return (bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1)
 
 
 # ---- torch.library custom ops: what torch.compile sees (opaque nodes, no graph break)
@@ -159,7 +204,8 @@ class _EagerLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
-        dx, dw, db = _backward_impl(dy, x, saved, w, ctx.cfg)
+        cfg = ctx.cfg
+        dx, dw, db = _backward_impl(dy, x, saved, w, cfg, w if _defers(w, cfg) else None)
         return dx, dw, (db if ctx.has_bias else None), None
 
 
@@ -312,7 +358,21 @@ class Linear(nn.Module):
         flat = x.dim() == 2 and x.is_contiguous()  # the common case needs no reshaping
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
-        cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], *self._overlap_knobs())
+        ov_ar, ov_rs, chunks, ov_ag, ov_data = self._overlap_knobs()
+        if (x.is_cuda and (ov_ag or ov_rs or ov_data)
+                and torch.cuda.is_current_stream_capturing()):
+            raise RuntimeError(
+                "axonn_c.Linear cannot be captured in a CUDA graph with the cross-layer "
+                "scheduler on (its prefetch order and gradient buckets are decided at run time): "
+                "set overlap_all_gather, overlap_reduce_scatter and overlap_data to False "
+                "(init(overlap=False) or optimize_communication) for the captured region")
+        if torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
+            cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks)
+        else:
+            # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast
+            scheduled = ov_ag and w is self.weight
+            cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
+                   int(scheduled), ov_data, self._layer_id())
         y = linear_op(x2, w, b if use_bias else None, cfg)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
@@ -323,21 +383,35 @@ class Linear(nn.Module):
     # per-layer overlap knobs: None inherits optimize_communication()'s, then init()'s
     overlap_all_reduce: Optional[bool] = None
     overlap_reduce_scatter: Optional[bool] = None
-    fwd_chunks: Optional[int] = None
+    fwd_chunks: Optional[int] = None  # 0: chosen by the output's size
+    overlap_all_gather: Optional[bool] = None  # prefetch this layer's depth all-gather
+    overlap_data: Optional[bool] = None  # data-parallel reduction of dW during backward
 
     def _overlap_knobs(self) -> tuple:
         if (self.overlap_all_reduce is None and self.overlap_reduce_scatter is None
-                and self.fwd_chunks is None and not runtime.overlap_overrides):
+                and self.fwd_chunks is None and self.overlap_all_gather is None
+                and self.overlap_data is None and not runtime.overlap_overrides):
             d = runtime.overlap_defaults  # the common case: init()'s defaults
             return (int(d["overlap_all_reduce"]), int(d["overlap_reduce_scatter"]),
-                    d["fwd_chunks"])
+                    d["fwd_chunks"], int(d["overlap_all_gather"]), int(d["overlap_data"]))
         out = []
-        for name in ("overlap_all_reduce", "overlap_reduce_scatter", "fwd_chunks"):
+        for name in runtime.OVERLAP_KNOBS:
             v = getattr(self, name)
             if v is None:
                 v = runtime.overlap_overrides.get(name, runtime.overlap_defaults[name])
             out.append(int(v))
         return tuple(out)
+
+    _sched_key = None
+
+    def _layer_id(self) -> int:
+        """This layer's scheduler id, per init() and per object (a deep copy gets its own)."""
+        key = (runtime.epoch, id(self))
+        if self._sched_key != key:
+            self._sched_id = _C.sched_layer_new()
+            self._sched_key = key
+            weakref.finalize(self, _forget, self._sched_id, runtime.epoch)
+        return self._sched_id
 
     def _full_bias_for_output(self, b: Tensor) -> Tensor:
         """The bias as the output needs it: expert layout, the local block; easy, the full vector

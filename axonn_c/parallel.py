@@ -24,11 +24,11 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import runtime, comm
+from . import comm, grads, runtime
 from .linear import Linear
 from .runtime import grid
 
-__all__ = ["sync_gradients", "no_grad_sync", "clip_grad_norm_", "full_state_dict",
+__all__ = ["sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict",
            "auto_parallelize", "optimize_communication"]
 
 # Gradients are packed into flat buffers of at most this many bytes per collective call.
@@ -79,14 +79,25 @@ def _nontrivial(groups: Iterable[str]) -> Tuple[str, ...]:
 
 @contextlib.contextmanager
 def no_grad_sync():
-    """Inside this context sync_gradients does nothing (gradient accumulation over
-    micro-batches: call sync_gradients once, after the last backward, outside the context)."""
-    prev = getattr(_state, "no_sync", False)
-    _state.no_sync = True
+    """Gradient accumulation over micro-batches: inside this context backward starts no
+    data-parallel reduction and sync_gradients does nothing. Run every micro-batch but the last
+    inside it; the last one's backward (with overlap on) and sync_gradients reduce the whole
+    accumulated gradient once. Also available as axonn_c.no_sync()."""
+    prev = runtime.grad_sync_enabled
+    runtime.grad_sync_enabled = False
     try:
         yield
     finally:
-        _state.no_sync = prev
+        runtime.grad_sync_enabled = prev
+
+
+no_sync = no_grad_sync
+
+
+def finish_grads() -> None:
+    """Waits for every gradient reduction still in flight and sets the weights' .grad (backward
+    does this itself when it ends; for code that reads .grad from inside backward hooks)."""
+    grads.finish()
 
 
 def _buckets(params: List[nn.Parameter], attr: str):
@@ -144,8 +155,9 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     parameters. Small gradients are packed into one flat buffer per set of groups (`vectorize`;
     False reduces each gradient on its own). Does nothing inside `no_grad_sync()`.
     """
-    if getattr(_state, "no_sync", False):
+    if not runtime.grad_sync_enabled:
         return
+    grads.finish()
     expert = _model_expert_mode(model, expert_mode)
     if any(not hasattr(m.weight, "_axonn_norm_groups") for m in _axonn_layers(model)):
         tag_norm_groups(model)  # for clip_grad_norm_, which sees parameters only
@@ -158,6 +170,9 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         if getattr(p, gradient_attr_name, None) is None:
             continue
         groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
+        if getattr(p, "_axonn_data_reduced", False):  # summed over data during backward
+            groups = tuple(g for g in groups if g != "data")
+            p._axonn_data_reduced = False
         by_groups.setdefault(groups, []).append(p)
     for groups, params in by_groups.items():
         if not groups and scale is None:
@@ -377,15 +392,20 @@ def auto_parallelize():
 @contextlib.contextmanager
 def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scatter: bool = False,
                            overlap_all_gather: bool = False, cache_weights: bool = False,
-                           model_object_for_overlapping_allgathers=None, *args, **kwargs):
-    """Overlap knobs for the layers run inside the context (AxoNN's API, for migration).
+                           model_object_for_overlapping_allgathers=None, *args,
+                           overlap_data: Optional[bool] = None, **kwargs):
+    """Overlap knobs for the layers run inside the context (AxoNN's API, for migration; init(
+    overlap=True) sets them all for the whole run).
 
-    overlap_all_reduce: each layer's backward dX reduction runs while its dW GEMM computes (and,
-    in the expert layout, the forward all-reduce is over-decomposed into 2 row chunks).
-    overlap_reduce_scatter: the dW depth reduce-scatter runs asynchronously within the layer.
-    overlap_all_gather and cache_weights (prefetching and keeping gathered weights across
-    layers) are accepted and validated; they take effect with the cross-layer scheduler
-    (DESIGN §6), which is not built yet. A layer's own attributes override the context."""
+    overlap_all_reduce: each layer's backward dX reduction runs while its dW GEMM computes, and
+    the expert forward's all-reduce is over-decomposed into row chunks (count chosen by size).
+    overlap_reduce_scatter: dW's depth reduce-scatter runs during the rest of backward.
+    overlap_all_gather: each weight's depth all-gather is prefetched in the learned layer order.
+    cache_weights: a layer's forward gather is kept for its backward.
+    overlap_data (not in AxoNN; None keeps init()'s): the data-parallel gradient reduction runs
+    in buckets during backward.
+    Unlike AxoNN, gradients are complete when backward() returns, not when the context exits.
+    A layer's own attributes override the context."""
     del args, kwargs, model_object_for_overlapping_allgathers
     for name, value in (("overlap_all_reduce", overlap_all_reduce),
                         ("overlap_reduce_scatter", overlap_reduce_scatter),
@@ -393,12 +413,22 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                         ("cache_weights", cache_weights)):
         if not isinstance(value, bool):
             raise TypeError(f"optimize_communication: {name} must be a bool, got {value!r}")
+    if overlap_data is not None and not isinstance(overlap_data, bool):
+        raise TypeError(f"optimize_communication: overlap_data must be a bool or None, got "
+                        f"{overlap_data!r}")
     saved = dict(runtime.overlap_overrides)
+    saved_sched = tuple(runtime.sched_config)
     runtime.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
                                      overlap_reduce_scatter=overlap_reduce_scatter,
-                                     fwd_chunks=2 if overlap_all_reduce else 1)
+                                     overlap_all_gather=overlap_all_gather,
+                                     fwd_chunks=0 if overlap_all_reduce else 1)
+    if overlap_data is not None:
+        runtime.overlap_overrides["overlap_data"] = overlap_data
+    runtime.configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
     try:
         yield
     finally:
         runtime.overlap_overrides.clear()
         runtime.overlap_overrides.update(saved)
+        if runtime.is_initialized():
+            runtime.configure_scheduler(*saved_sched)

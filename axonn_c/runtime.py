@@ -16,9 +16,30 @@ _generation = 0  # counts init() calls so each gets fresh store keys
 epoch = 0  # changes at every init/finalize: keys caches that depend on the grid
 # overlap knobs: init(overlap=...) sets the defaults, optimize_communication() overrides them in
 # a context, a layer's own attributes override both (axonn_c/linear.py resolves them per call)
+OVERLAP_KNOBS = ("overlap_all_reduce", "overlap_reduce_scatter", "fwd_chunks",
+                 "overlap_all_gather", "overlap_data")
 overlap_defaults = {"overlap_all_reduce": False, "overlap_reduce_scatter": False,
-                    "fwd_chunks": 1}
+                    "fwd_chunks": 1, "overlap_all_gather": False, "overlap_data": False}
 overlap_overrides: dict = {}
+# False inside no_grad_sync(): backward does not start data-parallel reductions (process-wide:
+# autograd may run backward on another thread)
+grad_sync_enabled = True
+_sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
+sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
+
+
+def configure_scheduler(prefetch: int, budget: int, cache: bool) -> None:
+    _C.sched_configure(prefetch, budget, cache)
+    sched_config[:] = [prefetch, budget, cache]
+
+
+def grid_sizes() -> tuple:
+    """(G_data, G_intra_r, G_intra_c, G_intra_d), cached per init (for per-call paths)."""
+    global _sizes
+    if _sizes is None or _sizes[0] != epoch:
+        g = grid()
+        _sizes = (epoch, (g.G_data, g.G_intra_r, g.G_intra_c, g.G_intra_d))
+    return _sizes[1]
 
 
 @dataclass(frozen=True)
@@ -80,23 +101,49 @@ def _make_store(rank: int, world: int, timeout: float):
 def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1,
          G_inter: int = 1, backend: str | None = None, timeout: float | None = None,
          plan: str | None = None, model=None, overlap: bool = False,
-         fwd_chunks: int | None = None, **plan_kwargs) -> Grid:
+         fwd_chunks: int | None = None, prefetch: int = 1, prefetch_budget: int | None = None,
+         cache_weights: bool = False, bucket_size: int = 25 * 2**20, **plan_kwargs) -> Grid:
     """Creates the 4D grid and its communicators on every rank (call on all ranks).
 
     Ranks come from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);
     without it the process is a world of one. `backend`: None picks shm for CPU tensors on one
     node and nccl for CUDA tensors; "shm" or "nccl" force one. `timeout` (seconds; env
     AXONN_C_TIMEOUT) bounds every wait for a peer. `plan="auto"` lets the communication model
-    choose the grid (see axonn_c.plan). `overlap=True` overlaps each layer's collectives with its
-    GEMMs (the backward reductions; the expert forward's all-reduce in `fwd_chunks` row chunks,
-    default 2 with overlap).
+    choose the grid (see axonn_c.plan).
+
+    `overlap=True` turns on every overlap of communication with computation (DESIGN §6, each
+    also settable through optimize_communication() or per layer):
+    - the expert forward's all-reduce runs in `fwd_chunks` row chunks, each overlapping the next
+      chunk's GEMM (default: chosen by the output's size);
+    - backward: dX's reduction runs during the dW GEMM; dW's depth reduce-scatter and the
+      data-parallel gradient all-reduce (in buckets of `bucket_size` bytes) run during the rest
+      of backward and are complete when backward() returns;
+    - the depth all-gather of each weight is issued `prefetch` layers ahead in the execution
+      order learned on the first step, with at most `prefetch_budget` bytes of gathered weights
+      alive (None: no bound); `cache_weights=True` keeps a layer's forward gather for its
+      backward.
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")
     if fwd_chunks is not None and (not isinstance(fwd_chunks, int) or not 1 <= fwd_chunks <= 64):
         raise ValueError(f"fwd_chunks must be an int in [1, 64], got {fwd_chunks!r}")
+    if not isinstance(prefetch, int) or not 0 <= prefetch <= 64:
+        raise ValueError(f"prefetch must be an int in [0, 64] (layers ahead), got {prefetch!r}")
+    if prefetch_budget is not None and (not isinstance(prefetch_budget, int)
+                                        or prefetch_budget <= 0):
+        raise ValueError(f"prefetch_budget must be None or a positive number of bytes, got "
+                         f"{prefetch_budget!r}")
+    if not isinstance(bucket_size, int) or bucket_size < 1:
+        raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size!r}")
+    if not isinstance(cache_weights, bool):
+        raise TypeError(f"cache_weights must be a bool, got {cache_weights!r}")
     overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
-                            fwd_chunks=fwd_chunks or (2 if overlap else 1))
+                            overlap_all_gather=overlap, overlap_data=overlap,
+                            fwd_chunks=fwd_chunks or (0 if overlap else 1))
+    from . import grads
+
+    grads.bucket_bytes = bucket_size
+    sched_cfg = (prefetch, prefetch_budget or 0, cache_weights)
     global _generation
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
@@ -125,6 +172,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                 G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
                 G_inter=G_inter, backend=backend, job_id="", timeout=timeout, cuda_device=-1,
                 store_set=None, store_get=None)  # same sizes: no-op; different: raises
+        configure_scheduler(*sched_cfg)
         return grid()
     # check the sizes before touching the store, so a wrong grid fails fast on every rank
     product = G_data * G_intra_r * G_intra_c * G_intra_d * G_inter
@@ -155,13 +203,18 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             cuda_device=cuda_device, store_set=store.set, store_get=store_get)
     global epoch
     epoch += 1
+    grads.reset()
+    configure_scheduler(*sched_cfg)
     return grid()
 
 
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
+    from . import grads
+
     global epoch
     epoch += 1
+    grads.reset()
     _C.finalize()
 
 
@@ -192,3 +245,12 @@ def build_info() -> dict:
     info["torch"] = torch.__version__
     info["torch_cuda"] = torch.version.cuda
     return info
+
+
+def scheduler_stats(reset: bool = False) -> dict:
+    """The scheduler's counters on this rank: visits (layer calls with a depth all-gather),
+    hits / waits / misses (the gather was complete / in flight / not issued when the layer
+    started), prefetches, budget_skips, stale, relearned and off_order (the learned layer
+    order), deferred collectives, alive/peak gathered-weight bytes and buffers, order_len,
+    pending. `reset` zeroes the counters (peaks restart from what is alive)."""
+    return _C.sched_stats(reset)

@@ -12,3 +12,11 @@ pytestmark = pytest.mark.multiproc
 def test_linear_matches_serial_on_every_grid(world):
     out = torchrun(world, "linear_worker.py", "--dtypes", "float32,bfloat16")
     assert f"world {world}:" in out and "match nn.Linear" in out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 6, 8])
+def test_linear_matches_serial_with_every_overlap_on(world):
+    """The same matrix with init(overlap=True): chunked forward all-reduces, prefetched depth
+    all-gathers, deferred reduce-scatters and data-parallel buckets during backward."""
+    out = torchrun(world, "linear_worker.py", "--dtypes", "float32,bfloat16", "--overlap")
+    assert f"world {world}:" in out and "with every overlap on" in out

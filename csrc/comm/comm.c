@@ -403,3 +403,10 @@ void axc_comm_reset_counters(axc_comm *comm)
     for (int k = 0; k < AXC_GROUP_COUNT; k++)
         memset(&comm->groups[k].counters, 0, sizeof comm->groups[k].counters);
 }
+
+int axc_comm_in_order(const axc_comm *comm, int device)
+{
+    /* shm runs every group's works on one progress thread, first started first; nccl gives
+     * each group its own stream */
+    return !(device >= 0 && comm->nccl_preferred);
+}

@@ -55,6 +55,8 @@ AXC_PROTO_IS(cudaRuntimeGetVersion, cudaError_t (*)(int *));
 AXC_PROTO_IS(cudaMemcpy2DAsync, cudaError_t (*)(void *, size_t, const void *, size_t, size_t,
                                                 size_t, enum cudaMemcpyKind, cudaStream_t));
 AXC_PROTO_IS(cudaMemsetAsync, cudaError_t (*)(void *, int, size_t, cudaStream_t));
+AXC_PROTO_IS(cudaMallocAsync, cudaError_t (*)(void **, size_t, cudaStream_t));
+AXC_PROTO_IS(cudaFreeAsync, cudaError_t (*)(void *, cudaStream_t));
 
 _Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
 _Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
@@ -178,6 +180,10 @@ static void load_runtime(void)
         memcpy(&api.Memcpy2DAsync, &sym, sizeof sym);
     if ((sym = dlsym(h, "cudaMemsetAsync")) != NULL)
         memcpy(&api.MemsetAsync, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaMallocAsync")) != NULL)
+        memcpy(&api.MallocAsync, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaFreeAsync")) != NULL)
+        memcpy(&api.FreeAsync, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)

@@ -1,7 +1,8 @@
 /* Forward and backward of the 3D tensor-parallel linear layer (see axc/linear.h for layouts).
  * Every collective is issued on the group DESIGN §5 names; GEMMs go to axc_gemm (torch's BLAS on
- * CPU, cuBLASLt on CUDA). This version runs collectives one after another; the scheduler
- * (csrc/sched/) will overlap them. */
+ * CPU, cuBLASLt on CUDA). Overlap inside the layer: dX's reduction runs during the dW GEMM, the
+ * forward all-reduce in row chunks during the next chunk's GEMM. Across layers (csrc/sched/):
+ * the weight's depth all-gather is prefetched and dW's reduce-scatter deferred. */
 #include "axc/linear.h"
 
 #include <string.h>
@@ -73,7 +74,7 @@ static void layout_fwd(const axc_linear_desc *d, const axc_linear_shapes *s, int
                        fwd_bufs *f)
 {
     memset(f, 0, sizeof *f);
-    if (s->depth_size > 1)
+    if (s->depth_size > 1 && !d->scheduled)
         f->wfull = take(b, s->shard * s->depth_size);
     if (d->layout == AXC_LAYOUT_EASY) {
         int64_t P = (int64_t)s->gin_size * s->gout_size, K = d->in_features;
@@ -91,7 +92,8 @@ static void layout_bwd(const axc_linear_desc *d, const axc_linear_shapes *s, int
 {
     memset(w, 0, sizeof *w);
     if (s->depth_size > 1) {
-        w->wfull = take(b, s->shard * s->depth_size);
+        if (!d->scheduled)
+            w->wfull = take(b, s->shard * s->depth_size);
         w->dwpad = take(b, s->shard * s->depth_size);
     }
     if (d->layout == AXC_LAYOUT_EASY) {
@@ -198,9 +200,9 @@ static axc_status through(ctx *c, axc_group_kind g, axc_coll_kind kind, const vo
     return AXC_OK;
 }
 
-static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
-                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
-                       const void *bias)
+static axc_status gemm_beta(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                            const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
+                            int64_t ldc, const void *bias, float beta)
 {
     axc_gemm_args g = {0};
     g.device = c->io->device;
@@ -218,12 +220,19 @@ static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, 
     g.C = C;
     g.ldc = ldc;
     g.alpha = 1.0f;
-    g.beta = 0.0f;
+    g.beta = beta;
     g.bias = bias;
     int64_t t0 = axc_timeline_begin(); /* 0 when the timeline is off */
     axc_status st = axc_gemm(&g);
     axc_timeline_end(AXC_SPAN_COMPUTE, "gemm", -1, t0, 0);
     return st;
+}
+
+static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
+                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                       const void *bias)
+{
+    return gemm_beta(c, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, 0.0f);
 }
 
 static axc_status copy_rows(ctx *c, void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
@@ -240,34 +249,63 @@ static unsigned char *at(void *base, int64_t elems, size_t es)
     return (unsigned char *)base + (size_t)elems * es;
 }
 
-/* The [n_local x k_local] block of W: all-gathered over depth (unless Gd == 1). */
-static axc_status gather_weight(ctx *c, void *wfull, const void **w)
+/* The [n_local x k_local] block of W: all-gathered over depth (unless Gd == 1), by the
+ * scheduler (prefetched; *held = 1 and release_weight must follow) or into `wfull`. */
+static axc_status gather_weight(ctx *c, int phase, void *wfull, const void **w, int *held)
 {
+    const axc_linear_io *io = c->io;
+    *held = 0;
     if (c->s.depth_size == 1) {
-        *w = c->io->w;
+        *w = io->w;
         return AXC_OK;
     }
-    AXC_TRY(coll(c, AXC_GROUP_DEPTH, AXC_COLL_ALL_GATHER, c->io->w, wfull, c->s.shard));
+    if (c->d->scheduled) {
+        if (!io->sched)
+            return axc_fail(AXC_ERR_STATE, "Linear: scheduled gather without a scheduler");
+        axc_sched_weight sw = {io->layer, phase, io->w, c->s.shard, io->w_version, c->d->dtype,
+                               io->device, io->stream, io->prefetch_ok};
+        AXC_TRY(axc_sched_acquire(io->sched, &sw, w));
+        *held = 1;
+        return AXC_OK;
+    }
+    AXC_TRY(coll(c, AXC_GROUP_DEPTH, AXC_COLL_ALL_GATHER, io->w, wfull, c->s.shard));
     *w = wfull;
     return AXC_OK;
 }
 
+static axc_status release_weight(ctx *c, int held, axc_status st)
+{
+    if (!held)
+        return st;
+    axc_status rs = axc_sched_release(c->io->sched, c->io->layer, c->io->stream);
+    return st != AXC_OK ? st : rs;
+}
+
+/* Row chunks of the expert forward: 0 picks by the output's size (chunking pays off once the
+ * all-reduce is long enough to hide behind a GEMM). */
+static int64_t forward_chunks(const ctx *c, int64_t rows)
+{
+    int64_t n = c->d->fwd_chunks;
+    if (n == 0) {
+        size_t bytes = (size_t)rows * (size_t)c->s.n_local * c->es;
+        n = bytes < ((size_t)256 << 10) ? 1 : bytes < ((size_t)4 << 20) ? 2 : 4;
+    }
+    if (n > rows)
+        n = rows > 0 ? rows : 1;
+    return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
 /* ------------------------------------------------------------------ forward */
 
-axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
+/* The forward after the weight is gathered (`w`: the [n_local x k_local] block). */
+static axc_status forward_body(ctx *pc, fwd_bufs *pf, const void *w)
 {
-    ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
-    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
-    if (d->layout == AXC_LAYOUT_EASY && io->t_max < io->rows)
-        return axc_fail(AXC_ERR_INVALID, "t_max %lld < rows %lld", (long long)io->t_max,
-                        (long long)io->rows);
-    AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    ctx c = *pc;
+    fwd_bufs f = *pf;
+    const axc_linear_desc *d = c.d;
+    const axc_linear_io *io = c.io;
     const axc_linear_shapes *s = &c.s;
-    bump b = {io->workspace, 0, c.es};
-    fwd_bufs f;
-    layout_fwd(d, s, rows, &b, &f);
-    const void *w;
-    AXC_TRY(gather_weight(&c, f.wfull, &w));
+    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
     /* the bias joins the partial sums once: on gin rank 0 */
     const void *bias = (d->has_bias && s->gin_rank == 0) ? io->bias : NULL;
     int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
@@ -279,12 +317,8 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
         }
         /* over-decomposition: chunk i's all-reduce runs while chunk i+1's GEMM computes; the
          * first rows % n chunks get one extra row (as the communication model counts them) */
-        int64_t n = d->fwd_chunks < 1 ? 1 : d->fwd_chunks;
-        if (n > rows)
-            n = rows > 0 ? rows : 1;
+        int64_t n = forward_chunks(&c, rows);
         axc_work *works[64] = {0};
-        if (n > 64)
-            n = 64;
         axc_status st = AXC_OK;
         int64_t q = rows / n, r = rows % n, row0 = 0;
         for (int64_t i = 0; i < n && st == AXC_OK; i++) {
@@ -336,6 +370,23 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
     return AXC_OK;
 }
 
+axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
+{
+    ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
+    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
+    if (d->layout == AXC_LAYOUT_EASY && io->t_max < io->rows)
+        return axc_fail(AXC_ERR_INVALID, "t_max %lld < rows %lld", (long long)io->t_max,
+                        (long long)io->rows);
+    AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    bump b = {io->workspace, 0, c.es};
+    fwd_bufs f;
+    layout_fwd(d, &c.s, rows, &b, &f);
+    const void *w;
+    int held;
+    AXC_TRY(gather_weight(&c, AXC_PHASE_FWD, f.wfull, &w, &held));
+    return release_weight(&c, held, forward_body(&c, &f, w));
+}
+
 /* ------------------------------------------------------------------ backward */
 
 /* dW block = dY^T X into the buffer that is reduce-scattered over depth (or straight into the
@@ -346,8 +397,20 @@ static axc_status dw_gemm(ctx *c, bwd_bufs *w, const void *dy, const void *x, in
     const axc_linear_io *io = c->io;
     int64_t Kl = s->k_local, Nl = s->n_local, padded = s->shard * s->depth_size;
     void *dwfull = s->depth_size > 1 ? w->dwpad : io->dw;
-    AXC_TRY(gemm(c, 1, 0, Nl, Kl, rows, dy, Nl, x, Kl, dwfull, Kl, NULL));
-    if (padded > s->block)
+    float beta = 0.0f;
+    if (io->dw_prev) {
+        /* accumulate: the gradient so far joins this rank's own piece before the reduction
+         * (a reduce-scatter is linear, so my piece of the result gains exactly dw_prev) */
+        int64_t depth = axc_grid_coords(axc_comm_grid(c->comm), axc_comm_rank(c->comm)).depth;
+        if (s->depth_size > 1)
+            AXC_TRY(axc_zero(io->device, io->stream, dwfull, (size_t)padded * c->es));
+        void *mine = at(dwfull, s->depth_size > 1 ? depth * s->shard : 0, c->es);
+        if (mine != io->dw_prev)
+            AXC_TRY(copy_rows(c, mine, s->shard, io->dw_prev, s->shard, s->shard, 1));
+        beta = 1.0f;
+    }
+    AXC_TRY(gemm_beta(c, 1, 0, Nl, Kl, rows, dy, Nl, x, Kl, dwfull, Kl, NULL, beta));
+    if (padded > s->block && !io->dw_prev)
         AXC_TRY(axc_zero(io->device, io->stream, at(dwfull, s->block, c->es),
                          (size_t)(padded - s->block) * c->es));
     return AXC_OK;
@@ -365,8 +428,12 @@ static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, a
     if (s->depth_size > 1) {
         st = coll_start(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw, s->shard,
                         &rs);
-        if (!c->d->overlap_reduce_scatter)
+        if (st == AXC_OK && io->defer) { /* completed by axc_sched_finish */
+            st = axc_sched_defer(io->sched, rs);
+            rs = NULL;
+        } else if (!c->d->overlap_reduce_scatter) {
             st = coll_finish(&rs, st);
+        }
     }
     if (st == AXC_OK && c->d->has_bias && io->db)
         st = axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, s->n_local, s->n_local,
@@ -375,17 +442,15 @@ static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, a
     return coll_finish(&rs, st);
 }
 
-axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
+/* The backward after the weight is gathered (`wt`). */
+static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
 {
-    ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
-    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
-    AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    ctx c = *pc;
+    bwd_bufs w = *pw;
+    const axc_linear_desc *d = c.d;
+    const axc_linear_io *io = c.io;
     const axc_linear_shapes *s = &c.s;
-    bump b = {io->workspace, 0, c.es};
-    bwd_bufs w;
-    layout_bwd(d, s, rows, &b, &w);
-    const void *wt;
-    AXC_TRY(gather_weight(&c, w.wfull, &wt));
+    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
     int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
 
     if (d->layout == AXC_LAYOUT_EXPERT) {
@@ -454,6 +519,22 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
         st = copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
                        Kl, Kl, io->rows);
     return st;
+}
+
+axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io)
+{
+    ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
+    int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
+    AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    if (io->defer && !io->sched)
+        return axc_fail(AXC_ERR_STATE, "Linear: deferred backward without a scheduler");
+    bump b = {io->workspace, 0, c.es};
+    bwd_bufs w;
+    layout_bwd(d, &c.s, rows, &b, &w);
+    const void *wt;
+    int held;
+    AXC_TRY(gather_weight(&c, AXC_PHASE_BWD, w.wfull, &wt, &held));
+    return release_weight(&c, held, backward_body(&c, &w, wt));
 }
 
 /* ------------------------------------------------------------------ token counts */

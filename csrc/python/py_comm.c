@@ -12,6 +12,10 @@ static axc_comm *g_comm = NULL;
 
 axc_comm *axc_py_comm(void) { return g_comm; }
 
+/* py_sched.c: the scheduler lives and dies with the communicator */
+axc_status axc_py_sched_open(axc_comm *comm);
+void axc_py_sched_close(void);
+
 /* ------------------------------------------------------------------ bootstrap over the store */
 
 typedef struct py_store {
@@ -124,6 +128,11 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     axc_comm *comm = NULL;
     Py_BEGIN_ALLOW_THREADS st = axc_comm_create(&comm, &cfg);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    st = axc_py_sched_open(comm);
+    if (st != AXC_OK) {
+        Py_BEGIN_ALLOW_THREADS axc_comm_destroy(comm);
+        Py_END_ALLOW_THREADS return axc_py_raise(st);
+    }
     g_comm = comm;
     Py_RETURN_NONE;
 }
@@ -135,7 +144,8 @@ static PyObject *py_finalize(PyObject *self, PyObject *noargs)
     axc_comm *comm = g_comm;
     g_comm = NULL;
     if (comm) {
-        Py_BEGIN_ALLOW_THREADS axc_comm_destroy(comm);
+        Py_BEGIN_ALLOW_THREADS axc_py_sched_close();
+        axc_comm_destroy(comm);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;

@@ -9,19 +9,21 @@
 axc_comm *axc_py_comm(void); /* py_comm.c: the process's communicator or NULL */
 
 /* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
- *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks]) */
+ *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled]) */
 static int parse_desc(PyObject *t, axc_linear_desc *d)
 {
     long long in, out;
-    int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1;
+    int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1, scheduled = 0;
     const char *dtype;
-    if (!PyArg_ParseTuple(t, "LLppis|ppi", &in, &out, &transpose, &has_bias, &layout, &dtype,
-                          &ov_ar, &ov_rs, &chunks))
+    if (!PyArg_ParseTuple(t, "LLppis|ppip", &in, &out, &transpose, &has_bias, &layout, &dtype,
+                          &ov_ar, &ov_rs, &chunks, &scheduled))
         return -1;
-    if (chunks < 1 || chunks > 64) {
-        PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64], got %d", chunks);
+    if (chunks < 0 || chunks > 64) {
+        PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %d",
+                     chunks);
         return -1;
     }
+    d->scheduled = scheduled;
     d->overlap_all_reduce = ov_ar;
     d->overlap_reduce_scatter = ov_rs;
     d->fwd_chunks = chunks;
@@ -97,72 +99,88 @@ static void *ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
 
 typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
 
-/* Parses (desc, device, stream, rows, t_max, <n pointers>) into d/io and the pointer array, runs
- * `fn` with the GIL released, raises on failure. */
-static PyObject *call_layer(PyObject *args, const char *fmt, unsigned long long *p, int n,
-                            void (*place)(axc_linear_io *, const unsigned long long *),
-                            linear_fn fn)
+axc_sched *axc_py_sched(void); /* py_sched.c */
+
+/* The arguments both calls share: (desc, device, stream, rows, t_max, <pointers>, layer,
+ * version, prefetch_ok[, defer, dw_prev]) */
+typedef struct layer_args {
+    PyObject *desc;
+    int device, layer, prefetch_ok, defer;
+    unsigned long long stream, dw_prev, p[7];
+    long long rows, t_max, version;
+} layer_args;
+
+/* Fills io from `a`, runs `fn` with the GIL released, raises on failure. */
+static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
 {
-    PyObject *dt;
-    int device;
-    unsigned long long stream;
-    long long rows, t_max;
     axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, fmt, &PyTuple_Type, &dt, &device, &stream, &rows, &t_max, &p[0],
-                          &p[1], &p[2], &p[3], &p[4], &p[5], n > 6 ? &p[6] : NULL) ||
-        parse_desc(dt, &d) < 0)
+    if (parse_desc(a->desc, &d) < 0)
         return NULL;
     axc_comm *comm = comm_or_raise();
     if (!comm)
         return NULL;
-    axc_linear_io io = {0};
-    io.device = device;
-    io.stream = ptr(stream);
-    io.rows = rows;
-    io.t_max = t_max;
-    place(&io, p);
+    if ((d.scheduled || a->defer) && a->layer < 0) {
+        PyErr_SetString(PyExc_ValueError, "a scheduled Linear call needs its layer id");
+        return NULL;
+    }
+    io->device = a->device;
+    io->stream = ptr(a->stream);
+    io->rows = a->rows;
+    io->t_max = a->t_max;
+    io->sched = axc_py_sched();
+    io->layer = a->layer;
+    io->w_version = a->version;
+    io->prefetch_ok = a->prefetch_ok;
+    io->defer = a->defer;
+    io->dw_prev = ptr(a->dw_prev);
     axc_status st;
-    Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, &io);
+    Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, io);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
-static void place_forward(axc_linear_io *io, const unsigned long long *p)
-{
-    io->x = ptr(p[0]);
-    io->w = ptr(p[1]);
-    io->bias = ptr(p[2]);
-    io->y = ptr(p[3]);
-    io->saved = ptr(p[4]);
-    io->workspace = ptr(p[5]);
-}
-
-static void place_backward(axc_linear_io *io, const unsigned long long *p)
-{
-    io->x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */
-    io->saved = ptr(p[0]);
-    io->w = ptr(p[1]);
-    io->dy = ptr(p[2]);
-    io->dx = ptr(p[3]);
-    io->dw = ptr(p[4]);
-    io->db = ptr(p[5]);
-    io->workspace = ptr(p[6]);
-}
-
-/* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace) */
+/* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace
+ *                [, layer, version, prefetch_ok]) */
 static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 {
     (void)self;
-    unsigned long long p[6];
-    return call_layer(args, "O!iKLLKKKKKK", p, 6, place_forward, axc_linear_forward);
+    layer_args a = {.layer = -1};
+    unsigned long long *p = a.p;
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK|iLp", &PyTuple_Type, &a.desc, &a.device, &a.stream,
+                          &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &a.layer,
+                          &a.version, &a.prefetch_ok))
+        return NULL;
+    axc_linear_io io = {0};
+    io.x = ptr(p[0]);
+    io.w = ptr(p[1]);
+    io.bias = ptr(p[2]);
+    io.y = ptr(p[3]);
+    io.saved = ptr(p[4]);
+    io.workspace = ptr(p[5]);
+    return run_layer(&a, &io, axc_linear_forward);
 }
 
-/* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace) */
+/* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
+ *                 [, layer, version, prefetch_ok, defer, dw_prev]) */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
-    unsigned long long p[7];
-    return call_layer(args, "O!iKLLKKKKKKK", p, 7, place_backward, axc_linear_backward);
+    layer_args a = {.layer = -1};
+    unsigned long long *p = a.p;
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppK", &PyTuple_Type, &a.desc, &a.device,
+                          &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
+                          &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev))
+        return NULL;
+    axc_linear_io io = {0};
+    io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */
+    io.saved = ptr(p[0]);
+    io.w = ptr(p[1]);
+    io.dy = ptr(p[2]);
+    io.dx = ptr(p[3]);
+    io.dw = ptr(p[4]);
+    io.db = ptr(p[5]);
+    io.workspace = ptr(p[6]);
+    return run_layer(&a, &io, axc_linear_backward);
 }
 
 PyMethodDef axc_py_linear_methods[] = {

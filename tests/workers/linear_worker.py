@@ -36,8 +36,15 @@ def shard_of(full_grad, layer):
     return padded[d * s["shard"]:(d + 1) * s["shard"]]
 
 
+OVERLAP = False  # --overlap: init(overlap=True), gradients through sync_gradients
+
+
 def reduce_grads(layer):
-    """What sync_gradients does for these two parameters, spelled out."""
+    """What sync_gradients does for these two parameters, spelled out (with overlap on the
+    data-parallel sums run during backward: sync_gradients knows which are done)."""
+    if OVERLAP:
+        axonn_c.sync_gradients(torch.nn.ModuleList([layer]))
+        return
     for p in (layer.weight, layer.bias):
         if p is not None:
             for group in p._axonn_grad_groups:
@@ -198,14 +205,17 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="float32")
     p.add_argument("--tokens", type=int, default=6)
+    p.add_argument("--overlap", action="store_true")
     a = p.parse_args()
+    global OVERLAP
+    OVERLAP = a.overlap
     import os
 
     world = int(os.environ["WORLD_SIZE"])
     n = 0
     for sizes in grids(world):
         g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2],
-                         G_intra_d=sizes[3])
+                         G_intra_d=sizes[3], overlap=a.overlap)
         for (in_f, out_f), expert, transpose, bias, dname in itertools.product(
                 SHAPES_3 if world % 3 == 0 else SHAPES, (False, True), (False, True), (True, False), a.dtypes.split(",")):
             check(g, in_f, out_f, expert, transpose, bias, getattr(torch, dname), a.tokens,
@@ -217,7 +227,8 @@ def main():
         check_overlap_identical(g, seed=123 + n)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
-        print(f"world {world}: {n} layer cases match nn.Linear")
+        print(f"world {world}: {n} layer cases match nn.Linear"
+              f"{' with every overlap on' if a.overlap else ''}")
     return 0
 
 

@@ -99,6 +99,10 @@ const char *axc_comm_backends(const axc_comm *comm);
 axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                           axc_work **work);
 
+/* 1 when collectives on buffers of `device` (-1 host) execute in the order they were started,
+ * across all groups (a later start reads what an earlier one wrote without waiting for it). */
+int axc_comm_in_order(const axc_comm *comm, int device);
+
 /* Waits for completion. Host buffers: on return they hold the result. CUDA buffers: on return
  * the stream given at start is ordered after the collective (no host synchronisation). */
 axc_status axc_work_wait(axc_work *work);

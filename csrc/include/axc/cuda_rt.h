@@ -47,6 +47,9 @@ typedef struct axc_cuda_api {
     int (*Memcpy2DAsync)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t height, int kind, void *stream);
     int (*MemsetAsync)(void *dst, int value, size_t bytes, void *stream);
+    /* used by the scheduler for gathered weights (stream-ordered, no device synchronisation) */
+    int (*MallocAsync)(void **ptr, size_t bytes, void *stream);
+    int (*FreeAsync)(void *ptr, void *stream);
 } axc_cuda_api;
 
 /* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */

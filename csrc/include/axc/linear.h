@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "axc/comm.h"
+#include "axc/sched.h"
 
 typedef enum axc_layout { AXC_LAYOUT_EASY = 0, AXC_LAYOUT_EXPERT = 1 } axc_layout;
 
@@ -30,7 +31,9 @@ typedef struct axc_linear_desc {
     int overlap_all_reduce;     /* backward: dX's reduction runs while the dW GEMM computes */
     int overlap_reduce_scatter; /* backward: dW's depth reduce-scatter runs asynchronously */
     int fwd_chunks;             /* expert forward: row chunks whose all-reduce overlaps the next
-                                   chunk's GEMM (1 = off) */
+                                   chunk's GEMM (1 = off, 0 = chosen by the output's size) */
+    int scheduled;              /* the depth all-gather goes through io->sched (prefetched, no
+                                   gathered weight in the workspace) */
 } axc_linear_desc;
 
 /* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */
@@ -74,6 +77,17 @@ typedef struct axc_linear_io {
     void *dw;        /* [shard] */
     void *db;        /* [n_local] or NULL */
     void *workspace; /* workspace_elems elements */
+    /* the scheduler (desc->scheduled) */
+    axc_sched *sched;
+    int layer;           /* the layer's scheduler id */
+    int64_t w_version;   /* the shard's version (torch's _version of the weight) */
+    int prefetch_ok;     /* the shard pointer is the parameter's own (not a per-call copy) */
+    /* backward with deferred completion: dW's depth reduce-scatter is handed to io->sched (the
+     * caller keeps dw and the workspace alive until axc_sched_finish), and dw_prev (the
+     * gradient accumulated so far, [shard], or NULL) is added in first, so dw receives the
+     * new total */
+    int defer;
+    const void *dw_prev;
 } axc_linear_io;
 
 axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);

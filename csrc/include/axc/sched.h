@@ -1,0 +1,123 @@
+/* The cross-layer scheduler (DESIGN §6): depth all-gathers of layer weights prefetched in the
+ * learned execution order, and collectives deferred past the layer that started them.
+ *
+ * Order learning. Every layer call ("visit": layer id, forward or backward) is appended to the
+ * current step's trace. A step ends at axc_sched_step_end() (the end of a backward pass), or
+ * implicitly when a forward visit follows backward visits, or when a forward-only loop revisits
+ * its first visit. At the end of a step the trace becomes the learned order if it differs.
+ * While the running step's trace is a prefix of the learned order, each visit at position p
+ * issues the gathers of the visits at p+1 .. p+k (k = prefetch), within the memory budget. A
+ * visit off the order is served by a synchronous gather (correct, only slower) and prefetching
+ * stops until the next step.
+ *
+ * Gathered weights. A gathered buffer records the shard pointer and version it was gathered
+ * from; a visit whose shard pointer or version differs (the optimizer stepped, the parameter
+ * was replaced) discards it and gathers again, so a prefetch never serves stale weights. The
+ * caller must keep every shard it passed alive until the layer's next visit or
+ * axc_sched_forget(), since a prefetch reads the last shard seen. After its visit a buffer is
+ * freed unless the layer is among the next k visits or caching is on; nothing gathered outlives
+ * the step. A prefetch reads the values at issue time: a weight modified in place mid-step,
+ * between its prefetch and its use, is not detected.
+ *
+ * Deferred work: collectives whose results are needed only at the end of backward (dW's depth
+ * reduce-scatter, the data-parallel gradient buckets) are handed to the scheduler and completed
+ * together by axc_sched_finish().
+ *
+ * Thread-safe (one mutex); meant to be driven from one thread at a time. */
+#ifndef AXC_SCHED_H
+#define AXC_SCHED_H
+
+#include <stdint.h>
+
+#include "axc/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct axc_sched axc_sched;
+
+enum { AXC_PHASE_FWD = 0, AXC_PHASE_BWD = 1 };
+
+typedef struct axc_sched_config {
+    int prefetch;         /* k: visits ahead whose gathers are issued (0 = no prefetch) */
+    int64_t budget_bytes; /* bound on gathered-weight bytes alive at once for prefetches
+                             (0 = none; a visit's own gather is never refused) */
+    int cache;            /* 1: keep gathered weights until the step ends (forward to backward) */
+} axc_sched_config;
+
+typedef struct axc_sched_stats {
+    uint64_t visits;       /* acquires with a depth gather (G_d > 1) */
+    uint64_t hits;         /* the visit's gather was complete when it started */
+    uint64_t waits;        /* ... was in flight (prefetched, the visit waited) */
+    uint64_t misses;       /* ... had not been issued: gathered synchronously */
+    uint64_t prefetches;   /* gathers issued ahead */
+    uint64_t budget_skips; /* prefetches not issued because of the memory budget */
+    uint64_t stale;        /* gathered buffers dropped because the shard changed */
+    uint64_t relearned;    /* times the learned order was replaced */
+    uint64_t off_order;    /* visits that did not follow the learned order */
+    uint64_t deferred;     /* collectives handed over for later completion */
+    uint64_t alive_bytes, peak_bytes; /* gathered-weight bytes alive now / at most */
+    int alive_buffers, peak_buffers;
+    int64_t order_len;     /* visits in the learned order */
+    int64_t pending;       /* deferred collectives not yet finished */
+} axc_sched_stats;
+
+/* One visit's weight: the layer's depth shard as the layer sees it now. */
+typedef struct axc_sched_weight {
+    int layer;           /* from axc_sched_layer_new */
+    int phase;           /* AXC_PHASE_FWD / AXC_PHASE_BWD */
+    const void *shard;
+    int64_t shard_elems;
+    int64_t version;     /* changes whenever the shard's values change (torch's _version) */
+    axc_dtype dtype;
+    int device;          /* -1 host, >= 0 CUDA */
+    void *stream;        /* CUDA: the stream the layer computes on */
+    int prefetch_ok;     /* 0: this layer is never gathered ahead (e.g. a per-call cast copy) */
+} axc_sched_weight;
+
+axc_status axc_sched_create(axc_sched **out, axc_comm *comm);
+/* Finishes deferred work and frees every buffer (errors are dropped: call finish first). */
+void axc_sched_destroy(axc_sched *s);
+axc_status axc_sched_configure(axc_sched *s, const axc_sched_config *cfg);
+void axc_sched_get_config(const axc_sched *s, axc_sched_config *cfg);
+
+/* Layer ids: small integers, reused after forget. */
+axc_status axc_sched_layer_new(axc_sched *s, int *id);
+/* Drops the layer's buffers and any reference to its shard (waits for its gather). */
+void axc_sched_forget(axc_sched *s, int id);
+
+/* The gathered [shard_elems * G_d] weight for this visit in *full (waiting for its prefetch or
+ * gathering now), after issuing the gathers of the next visits. */
+axc_status axc_sched_acquire(axc_sched *s, const axc_sched_weight *w, const void **full);
+/* The visit is done with the gathered weight (`stream`: where its readers were queued). */
+axc_status axc_sched_release(axc_sched *s, int layer, void *stream);
+/* Ends the step: learns the order, frees buffers no longer wanted. */
+axc_status axc_sched_step_end(axc_sched *s);
+
+/* Takes ownership of a started collective; axc_sched_finish waits for it. */
+axc_status axc_sched_defer(axc_sched *s, axc_work *w);
+/* Starts `c` on `group` after every collective deferred so far (in their order) and defers it. */
+axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c);
+/* Waits for every deferred collective (in order); returns the first failure. */
+axc_status axc_sched_finish(axc_sched *s);
+
+void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out);
+/* Zeroes the event counters and the peaks (peaks restart from what is alive now). */
+void axc_sched_stats_reset(axc_sched *s);
+
+/* The event log (for tests and debugging): the last AXC_SCHED_LOG_CAP events. */
+enum { AXC_EV_HIT = 0, AXC_EV_WAIT = 1, AXC_EV_MISS = 2, AXC_EV_PREFETCH = 3 };
+#define AXC_SCHED_LOG_CAP 4096
+typedef struct axc_sched_event {
+    int kind, layer, phase;
+} axc_sched_event;
+/* Copies up to `cap` of the logged events (oldest first) and clears the log; returns the count. */
+size_t axc_sched_log_take(axc_sched *s, axc_sched_event *out, size_t cap);
+/* The learned order: up to `cap` visits; returns the order's length. */
+int64_t axc_sched_order(axc_sched *s, axc_sched_event *out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

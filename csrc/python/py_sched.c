@@ -1,0 +1,225 @@
+/* Bindings of the scheduler (csrc/sched/sched.c): one per communicator, created at init and
+ * destroyed at finalize by py_comm.c. Parsing only; the policy lives in the core. */
+#include <stdint.h>
+
+#include "axc/sched.h"
+#include "py_common.h"
+
+static axc_sched *g_sched = NULL;
+
+axc_sched *axc_py_sched(void) { return g_sched; }
+
+axc_status axc_py_sched_open(axc_comm *comm)
+{
+    return axc_sched_create(&g_sched, comm);
+}
+
+void axc_py_sched_close(void)
+{
+    axc_sched *s = g_sched;
+    g_sched = NULL;
+    axc_sched_destroy(s);
+}
+
+static axc_sched *sched_or_raise(void)
+{
+    if (!g_sched)
+        PyErr_SetString(PyExc_RuntimeError,
+                        "axonn_c is not initialised: call axonn_c.init(...) first");
+    return g_sched;
+}
+
+/* sched_configure(prefetch, budget_bytes, cache) */
+static PyObject *py_sched_configure(PyObject *self, PyObject *args)
+{
+    (void)self;
+    axc_sched_config cfg;
+    long long budget;
+    if (!PyArg_ParseTuple(args, "iLp", &cfg.prefetch, &budget, &cfg.cache))
+        return NULL;
+    cfg.budget_bytes = budget;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_status st = axc_sched_configure(s, &cfg);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sched_layer_new(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    int id;
+    axc_status st = axc_sched_layer_new(s, &id);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    return PyLong_FromLong(id);
+}
+
+/* sched_forget(id): no-op when not initialised (a layer outliving finalize) */
+static PyObject *py_sched_forget(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id))
+        return NULL;
+    if (g_sched) {
+        Py_BEGIN_ALLOW_THREADS axc_sched_forget(g_sched, id);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+typedef axc_status (*sched_fn)(axc_sched *);
+
+static PyObject *run_blocking(sched_fn fn)
+{
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = fn(s);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sched_finish(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return run_blocking(axc_sched_finish);
+}
+
+static PyObject *py_sched_step_end(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return run_blocking(axc_sched_step_end);
+}
+
+/* sched_reduce_after_deferred(group, ptr, count, dtype, device, stream): all-reduce (sum) in
+ * place on `group`, after everything deferred so far; completed by sched_finish */
+static PyObject *py_sched_reduce(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *group, *dtype;
+    unsigned long long p, stream;
+    long long count;
+    int device;
+    if (!PyArg_ParseTuple(args, "sKLsiK", &group, &p, &count, &dtype, &device, &stream))
+        return NULL;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_group_kind kind;
+    axc_coll c = {0};
+    axc_status st = axc_group_from_name(group, &kind);
+    if (st == AXC_OK)
+        st = axc_dtype_from_name(dtype, &c.dtype);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    c.kind = AXC_COLL_ALL_REDUCE;
+    c.send = c.recv = (void *)(uintptr_t)p;
+    c.count = (size_t)count;
+    c.op = AXC_RED_SUM;
+    c.device = device;
+    c.stream = (void *)(uintptr_t)stream;
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_start_after_deferred(s, kind, &c);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sched_stats(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p", &reset))
+        return NULL;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_sched_stats t;
+    axc_sched_stats_get(s, &t);
+    if (reset)
+        axc_sched_stats_reset(s);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:L,s:L}", "visits", t.visits,
+        "hits", t.hits, "waits", t.waits, "misses", t.misses, "prefetches", t.prefetches,
+        "budget_skips", t.budget_skips, "stale", t.stale, "relearned", t.relearned, "off_order",
+        t.off_order, "deferred", t.deferred, "alive_bytes", t.alive_bytes, "peak_bytes",
+        t.peak_bytes, "alive_buffers", t.alive_buffers, "peak_buffers", t.peak_buffers,
+        "order_len", (long long)t.order_len, "pending", (long long)t.pending);
+}
+
+static const char *const event_names[] = {"hit", "wait", "miss", "prefetch"};
+static const char *const phase_names[] = {"fwd", "bwd"};
+
+static PyObject *events_to_list(const axc_sched_event *ev, size_t n, int with_kind)
+{
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *t = with_kind ? Py_BuildValue("(sis)", event_names[ev[i].kind], ev[i].layer,
+                                                phase_names[ev[i].phase])
+                                : Py_BuildValue("(is)", ev[i].layer, phase_names[ev[i].phase]);
+        if (!t) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+    }
+    return out;
+}
+
+/* sched_log() -> [(event, layer, phase)] since the last call */
+static PyObject *py_sched_log(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_sched_event *ev = PyMem_Malloc(AXC_SCHED_LOG_CAP * sizeof *ev);
+    if (!ev)
+        return PyErr_NoMemory();
+    size_t n = axc_sched_log_take(s, ev, AXC_SCHED_LOG_CAP);
+    PyObject *out = events_to_list(ev, n, 1);
+    PyMem_Free(ev);
+    return out;
+}
+
+/* sched_order() -> [(layer, phase)]: the learned order */
+static PyObject *py_sched_order(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    int64_t n = axc_sched_order(s, NULL, 0);
+    axc_sched_event *ev = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *ev);
+    if (!ev)
+        return PyErr_NoMemory();
+    n = axc_sched_order(s, ev, (size_t)n);
+    PyObject *out = events_to_list(ev, (size_t)n, 0);
+    PyMem_Free(ev);
+    return out;
+}
+
+PyMethodDef axc_py_sched_methods[] = {
+    {"sched_configure", py_sched_configure, METH_VARARGS,
+     "Prefetch depth, memory budget (bytes, 0 = none) and weight caching."},
+    {"sched_layer_new", py_sched_layer_new, METH_NOARGS, "A new layer id."},
+    {"sched_forget", py_sched_forget, METH_VARARGS, "Drops a layer's gathered weight."},
+    {"sched_finish", py_sched_finish, METH_NOARGS, "Waits for every deferred collective."},
+    {"sched_step_end", py_sched_step_end, METH_NOARGS, "Ends the step (learns the order)."},
+    {"sched_reduce_after_deferred", py_sched_reduce, METH_VARARGS,
+     "Starts an in-place sum all-reduce after the deferred collectives; finished by sched_finish."},
+    {"sched_stats", py_sched_stats, METH_VARARGS, "Scheduler counters."},
+    {"sched_log", py_sched_log, METH_NOARGS, "Events since the last call."},
+    {"sched_order", py_sched_order, METH_NOARGS, "The learned layer order."},
+    {NULL, NULL, 0, NULL}};

@@ -1,0 +1,538 @@
+/* The cross-layer scheduler: learned-order prefetch of depth all-gathers, gathered-weight
+ * lifetimes and their memory accounting, and deferred collectives (see axc/sched.h). */
+#include "axc/sched.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "axc/cuda_rt.h"
+
+typedef struct visit {
+    int32_t layer, phase;
+} visit;
+
+typedef struct layer_slot {
+    int used;
+    /* the shard as last seen (what a prefetch reads) */
+    const void *shard;
+    int64_t shard_elems, version;
+    axc_dtype dtype;
+    int device;
+    int prefetch_ok;
+    /* the gathered weight, if any */
+    void *full;
+    size_t full_bytes;
+    const void *full_src;
+    int64_t full_version;
+    void *full_stream; /* CUDA: the stream it was allocated on */
+    axc_work *gather;  /* in flight, or NULL once waited */
+    int64_t pos;       /* position of its current visit in the learned order, -1 if none */
+} layer_slot;
+
+typedef struct visit_list {
+    visit *v;
+    size_t len, cap;
+} visit_list;
+
+struct axc_sched {
+    pthread_mutex_t mu;
+    axc_comm *comm;
+    axc_sched_config cfg;
+    layer_slot *layers;
+    int nlayers;
+    visit_list order, trace;
+    int trace_has_bwd;
+    int on_order; /* the running trace is still a prefix of the learned order */
+    axc_work **pending;
+    size_t npending, pending_cap;
+    axc_sched_stats st;
+    axc_sched_event log[AXC_SCHED_LOG_CAP];
+    size_t log_len, log_head;
+};
+
+/* ------------------------------------------------------------------ small helpers */
+
+static void log_event(axc_sched *s, int kind, visit v)
+{
+    size_t i = (s->log_head + s->log_len) % AXC_SCHED_LOG_CAP;
+    s->log[i] = (axc_sched_event){kind, v.layer, v.phase};
+    if (s->log_len < AXC_SCHED_LOG_CAP)
+        s->log_len++;
+    else
+        s->log_head = (s->log_head + 1) % AXC_SCHED_LOG_CAP;
+}
+
+static axc_status list_push(visit_list *l, visit v)
+{
+    if (l->len == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        visit *nv = realloc(l->v, cap * sizeof *nv);
+        if (!nv)
+            return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory recording the layer order");
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->len++] = v;
+    return AXC_OK;
+}
+
+static int same(visit a, visit b) { return a.layer == b.layer && a.phase == b.phase; }
+
+static layer_slot *slot(axc_sched *s, int id)
+{
+    return (id >= 0 && id < s->nlayers && s->layers[id].used) ? &s->layers[id] : NULL;
+}
+
+/* ------------------------------------------------------------------ gathered buffers */
+
+static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *stream)
+{
+    void *p = NULL;
+    if (L->device < 0) {
+        p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!p)
+            return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory for a %zu-byte gathered "
+                                           "weight", bytes);
+    } else {
+        const axc_cuda_api *cu;
+        int prev;
+        AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));
+        axc_status st = AXC_OK;
+        if (!cu->MallocAsync)
+            st = axc_fail(AXC_ERR_UNAVAILABLE,
+                          "scheduler: the CUDA runtime has no cudaMallocAsync (CUDA >= 11.2 "
+                          "needed for gathered weights)");
+        else
+            st = axc_cuda_check(cu->MallocAsync(&p, bytes, stream), "cudaMallocAsync");
+        AXC_TRY(axc_cuda_device_leave(cu, L->device, prev, st));
+    }
+    L->full = p;
+    L->full_bytes = bytes;
+    L->full_stream = stream;
+    s->st.alive_bytes += bytes;
+    s->st.alive_buffers++;
+    if (s->st.alive_bytes > s->st.peak_bytes)
+        s->st.peak_bytes = s->st.alive_bytes;
+    if (s->st.alive_buffers > s->st.peak_buffers)
+        s->st.peak_buffers = s->st.alive_buffers;
+    return AXC_OK;
+}
+
+/* Waits for the layer's gather (if any) and frees its buffer; `stream`: where the last readers
+ * were queued (CUDA frees are ordered on it). Keeps the first error. */
+static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status st)
+{
+    if (L->gather) {
+        axc_status ws = axc_work_wait(L->gather);
+        axc_work_free(L->gather);
+        L->gather = NULL;
+        if (st == AXC_OK)
+            st = ws;
+    }
+    if (!L->full)
+        return st;
+    if (L->device < 0) {
+        free(L->full);
+    } else {
+        const axc_cuda_api *cu;
+        int prev;
+        axc_status cs = axc_cuda_device_enter(L->device, &cu, &prev, "scheduler");
+        if (cs == AXC_OK) {
+            cs = axc_cuda_check(cu->FreeAsync(L->full, stream ? stream : L->full_stream),
+                                "cudaFreeAsync");
+            cs = axc_cuda_device_leave(cu, L->device, prev, cs);
+        }
+        if (st == AXC_OK)
+            st = cs;
+    }
+    s->st.alive_bytes -= L->full_bytes;
+    s->st.alive_buffers--;
+    L->full = NULL;
+    L->full_bytes = 0;
+    return st;
+}
+
+/* Starts the depth all-gather of L's last-seen shard into a new buffer. */
+static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
+{
+    const axc_grid *g = axc_comm_grid(s->comm);
+    size_t bytes = (size_t)L->shard_elems * (size_t)g->G_d * axc_dtype_size(L->dtype);
+    AXC_TRY(buf_alloc(s, L, bytes, stream));
+    axc_coll c = {0};
+    c.kind = AXC_COLL_ALL_GATHER;
+    c.send = L->shard;
+    c.recv = L->full;
+    c.count = (size_t)L->shard_elems;
+    c.dtype = L->dtype;
+    c.device = L->device;
+    c.stream = stream;
+    axc_status st = axc_comm_start(s->comm, AXC_GROUP_DEPTH, &c, &L->gather);
+    if (st != AXC_OK) {
+        L->gather = NULL;
+        return buf_drop(s, L, stream, st);
+    }
+    L->full_src = L->shard;
+    L->full_version = L->version;
+    return AXC_OK;
+}
+
+/* A prefetch reads the shard's values at issue time, whose version the core cannot see (torch
+ * bumps it in place); it is recorded as -1 and adopted at the visit. So a weight modified in
+ * place mid-step, between its prefetch and its use, is not detected; one modified between steps
+ * is (nothing gathered survives a step). */
+static int fresh(const layer_slot *L)
+{
+    return L->full && L->full_src == L->shard &&
+           (L->full_version == -1 || L->full_version == L->version);
+}
+
+/* ------------------------------------------------------------------ order learning */
+
+static axc_status step_boundary(axc_sched *s)
+{
+    axc_status st = AXC_OK;
+    if (s->trace.len > 0) {
+        int differs = s->trace.len != s->order.len ||
+                      memcmp(s->trace.v, s->order.v, s->trace.len * sizeof(visit)) != 0;
+        if (differs) {
+            visit_list t = s->order; /* swap: the trace's storage becomes the order's */
+            s->order = s->trace;
+            s->trace = t;
+            s->st.relearned++;
+        }
+    }
+    s->trace.len = 0;
+    s->trace_has_bwd = 0;
+    s->on_order = 1;
+    /* nothing gathered outlives a step (the optimizer changes every weight in between);
+     * caching keeps a layer's forward gather for its backward within the step */
+    for (int i = 0; i < s->nlayers; i++) {
+        layer_slot *L = &s->layers[i];
+        L->pos = -1;
+        if (L->used && L->full)
+            st = buf_drop(s, L, NULL, st);
+    }
+    return st;
+}
+
+/* Records visit v; returns its position in the learned order, or -1 when off the order. */
+static axc_status record(axc_sched *s, visit v, int64_t *pos)
+{
+    if (v.phase == AXC_PHASE_FWD && s->trace.len > 0 &&
+        (s->trace_has_bwd || (!s->trace_has_bwd && same(v, s->trace.v[0]))))
+        AXC_TRY(step_boundary(s));
+    size_t i = s->trace.len;
+    AXC_TRY(list_push(&s->trace, v));
+    if (v.phase == AXC_PHASE_BWD)
+        s->trace_has_bwd = 1;
+    if (s->on_order && (i >= s->order.len || !same(s->order.v[i], v))) {
+        s->on_order = 0;
+        if (s->order.len > 0)
+            s->st.off_order++;
+    }
+    *pos = s->on_order ? (int64_t)i : -1;
+    return AXC_OK;
+}
+
+/* ------------------------------------------------------------------ public API */
+
+axc_status axc_sched_create(axc_sched **out, axc_comm *comm)
+{
+    axc_sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return axc_fail(AXC_ERR_NOMEM, "out of memory creating the scheduler");
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return axc_fail(AXC_ERR_SYSTEM, "scheduler: pthread_mutex_init failed");
+    }
+    s->comm = comm;
+    s->cfg.prefetch = 1;
+    s->on_order = 1;
+    *out = s;
+    return AXC_OK;
+}
+
+void axc_sched_destroy(axc_sched *s)
+{
+    if (!s)
+        return;
+    (void)axc_sched_finish(s);
+    for (int i = 0; i < s->nlayers; i++)
+        if (s->layers[i].used)
+            (void)buf_drop(s, &s->layers[i], NULL, AXC_OK);
+    free(s->layers);
+    free(s->order.v);
+    free(s->trace.v);
+    free(s->pending);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+axc_status axc_sched_configure(axc_sched *s, const axc_sched_config *cfg)
+{
+    if (cfg->prefetch < 0 || cfg->prefetch > 64)
+        return axc_fail(AXC_ERR_INVALID, "prefetch must be in [0, 64] layers, got %d",
+                        cfg->prefetch);
+    if (cfg->budget_bytes < 0)
+        return axc_fail(AXC_ERR_INVALID, "prefetch budget must be >= 0 bytes, got %lld",
+                        (long long)cfg->budget_bytes);
+    pthread_mutex_lock(&s->mu);
+    s->cfg = *cfg;
+    pthread_mutex_unlock(&s->mu);
+    return AXC_OK;
+}
+
+void axc_sched_get_config(const axc_sched *s, axc_sched_config *cfg) { *cfg = s->cfg; }
+
+axc_status axc_sched_layer_new(axc_sched *s, int *id)
+{
+    pthread_mutex_lock(&s->mu);
+    int i = 0;
+    while (i < s->nlayers && s->layers[i].used)
+        i++;
+    if (i == s->nlayers) {
+        layer_slot *nl = realloc(s->layers, (size_t)(s->nlayers + 1) * sizeof *nl);
+        if (!nl) {
+            pthread_mutex_unlock(&s->mu);
+            return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory registering a layer");
+        }
+        s->layers = nl;
+        s->nlayers++;
+    }
+    memset(&s->layers[i], 0, sizeof s->layers[i]);
+    s->layers[i].used = 1;
+    s->layers[i].pos = -1;
+    *id = i;
+    pthread_mutex_unlock(&s->mu);
+    return AXC_OK;
+}
+
+void axc_sched_forget(axc_sched *s, int id)
+{
+    pthread_mutex_lock(&s->mu);
+    layer_slot *L = slot(s, id);
+    if (L) {
+        (void)buf_drop(s, L, NULL, AXC_OK);
+        memset(L, 0, sizeof *L);
+        /* an id reused by another layer must not inherit this one's place in the order */
+        s->order.len = 0;
+        s->on_order = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Issues the gathers of the visits after position `pos` (see the header). */
+static axc_status prefetch_after(axc_sched *s, int64_t pos, int self, void *stream)
+{
+    for (int j = 1; j <= s->cfg.prefetch && pos + j < (int64_t)s->order.len; j++) {
+        visit u = s->order.v[pos + j];
+        layer_slot *U = slot(s, u.layer);
+        if (!U || u.layer == self || !U->prefetch_ok || !U->shard || fresh(U))
+            continue;
+        size_t need = (size_t)U->shard_elems * (size_t)axc_comm_grid(s->comm)->G_d *
+                      axc_dtype_size(U->dtype);
+        if (s->cfg.budget_bytes > 0 && s->st.alive_bytes + need > (uint64_t)s->cfg.budget_bytes) {
+            s->st.budget_skips++;
+            break; /* later visits would overtake this one in memory order */
+        }
+        if (U->full)
+            AXC_TRY(buf_drop(s, U, stream, AXC_OK));
+        /* the prefetch is ordered on this visit's stream, after everything queued so far */
+        AXC_TRY(gather_start(s, U, U->device == -1 ? NULL : stream));
+        U->full_version = -1;
+        s->st.prefetches++;
+        log_event(s, AXC_EV_PREFETCH, u);
+    }
+    return AXC_OK;
+}
+
+static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const void **full)
+{
+    layer_slot *L = slot(s, w->layer);
+    if (!L)
+        return axc_fail(AXC_ERR_INVALID, "scheduler: unknown layer id %d", w->layer);
+    visit v = {w->layer, w->phase};
+    int64_t pos;
+    AXC_TRY(record(s, v, &pos));
+    L->pos = pos;
+    if (L->shard_elems != w->shard_elems || L->dtype != w->dtype || L->device != w->device)
+        AXC_TRY(buf_drop(s, L, w->stream, AXC_OK)); /* the layer changed shape/dtype/device */
+    L->shard = w->shard;
+    L->shard_elems = w->shard_elems;
+    L->version = w->version;
+    L->dtype = w->dtype;
+    L->device = w->device;
+    L->prefetch_ok = w->prefetch_ok;
+    s->st.visits++;
+    int kind;
+    if (L->full && !fresh(L)) {
+        s->st.stale++;
+        AXC_TRY(buf_drop(s, L, w->stream, AXC_OK));
+    }
+    if (!L->full) {
+        kind = AXC_EV_MISS;
+        AXC_TRY(gather_start(s, L, w->stream));
+    } else {
+        kind = (!L->gather || axc_work_done(L->gather)) ? AXC_EV_HIT : AXC_EV_WAIT;
+    }
+    L->full_version = L->version;
+    if (kind == AXC_EV_MISS)
+        s->st.misses++;
+    else if (kind == AXC_EV_HIT)
+        s->st.hits++;
+    else
+        s->st.waits++;
+    log_event(s, kind, v);
+    if (pos >= 0)
+        AXC_TRY(prefetch_after(s, pos, w->layer, w->stream));
+    if (L->gather) {
+        axc_status st = axc_work_wait(L->gather);
+        axc_work_free(L->gather);
+        L->gather = NULL;
+        if (st != AXC_OK)
+            return buf_drop(s, L, w->stream, st);
+    }
+    *full = L->full;
+    return AXC_OK;
+}
+
+axc_status axc_sched_acquire(axc_sched *s, const axc_sched_weight *w, const void **full)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = acquire_locked(s, w, full);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+axc_status axc_sched_release(axc_sched *s, int layer, void *stream)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = AXC_OK;
+    layer_slot *L = slot(s, layer);
+    if (L && L->full && !s->cfg.cache) {
+        int keep = 0; /* needed again within the prefetch window: do not gather it twice */
+        for (int j = 1; L->pos >= 0 && j <= s->cfg.prefetch &&
+                        L->pos + j < (int64_t)s->order.len && !keep;
+             j++)
+            keep = s->order.v[L->pos + j].layer == layer;
+        if (!keep)
+            st = buf_drop(s, L, stream, AXC_OK);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+axc_status axc_sched_step_end(axc_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = step_boundary(s);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+static axc_status defer_locked(axc_sched *s, axc_work *w)
+{
+    if (s->npending == s->pending_cap) {
+        size_t cap = s->pending_cap ? s->pending_cap * 2 : 64;
+        axc_work **np = realloc(s->pending, cap * sizeof *np);
+        if (!np) {
+            axc_status st = axc_work_wait(w);
+            axc_work_free(w);
+            return st != AXC_OK ? st
+                                : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring "
+                                                          "a collective (it was completed now)");
+        }
+        s->pending = np;
+        s->pending_cap = cap;
+    }
+    s->pending[s->npending++] = w;
+    s->st.deferred++;
+    return AXC_OK;
+}
+
+axc_status axc_sched_defer(axc_sched *s, axc_work *w)
+{
+    if (!w)
+        return AXC_OK;
+    pthread_mutex_lock(&s->mu);
+    axc_status st = defer_locked(s, w);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = AXC_OK;
+    /* where collectives do not run in start order (nccl: a stream per group), order this one
+     * after the deferred ones by making the caller's stream wait for them */
+    if (!axc_comm_in_order(s->comm, c->device))
+        for (size_t i = 0; i < s->npending && st == AXC_OK; i++)
+            if (!s->pending[i]->waited)
+                st = axc_work_wait(s->pending[i]);
+    axc_work *w = NULL;
+    if (st == AXC_OK)
+        st = axc_comm_start(s->comm, group, c, &w);
+    if (st == AXC_OK)
+        st = defer_locked(s, w);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+axc_status axc_sched_finish(axc_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = AXC_OK;
+    for (size_t i = 0; i < s->npending; i++) {
+        axc_status ws = axc_work_wait(s->pending[i]);
+        axc_work_free(s->pending[i]);
+        if (st == AXC_OK)
+            st = ws;
+    }
+    s->npending = 0;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->order_len = (int64_t)s->order.len;
+    out->pending = (int64_t)s->npending;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void axc_sched_stats_reset(axc_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t alive = s->st.alive_bytes;
+    int buffers = s->st.alive_buffers;
+    memset(&s->st, 0, sizeof s->st);
+    s->st.alive_bytes = s->st.peak_bytes = alive;
+    s->st.alive_buffers = s->st.peak_buffers = buffers;
+    pthread_mutex_unlock(&s->mu);
+}
+
+size_t axc_sched_log_take(axc_sched *s, axc_sched_event *out, size_t cap)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->log_len < cap ? s->log_len : cap;
+    for (size_t i = 0; i < n; i++)
+        out[i] = s->log[(s->log_head + i) % AXC_SCHED_LOG_CAP];
+    s->log_len = 0;
+    s->log_head = 0;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int64_t axc_sched_order(axc_sched *s, axc_sched_event *out, size_t cap)
+{
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->order.len && i < cap; i++)
+        out[i] = (axc_sched_event){0, s->order.v[i].layer, s->order.v[i].phase};
+    int64_t n = (int64_t)s->order.len;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}

@@ -1,0 +1,15 @@
+"""The cross-layer scheduler (DESIGN §6) on several ranks, against serial PyTorch: learned-order
+prefetch for a model whose execution order differs from its registration order, re-learning,
+at most two layers' gathered weights alive with prefetch k=1, the memory budget, and deferred
+reduce-scatters / data-parallel buckets complete when backward returns (with accumulation)."""
+import pytest
+
+from conftest import torchrun
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_scheduler_on_several_grids(world):
+    out = torchrun(world, "sched_worker.py")
+    assert f"world {world}: scheduler checks pass" in out

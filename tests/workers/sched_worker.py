@@ -1,0 +1,267 @@
+"""The cross-layer scheduler against serial PyTorch: prefetch in the learned order (a model whose
+execution order differs from its registration order), re-learning when the order changes, the
+gathered-weight memory bound, the prefetch budget, deferred reduce-scatters and data-parallel
+buckets completed by the end of backward, gradient accumulation with no_sync, shared weights."""
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+import axonn_c
+from linear_worker import close, shard_of
+
+H = 32
+NL = 4
+
+
+class Pause(torch.autograd.Function):
+    """Compute stand-in between layers (forward and backward): long enough for any prefetched
+    gather of these small weights to finish, so the hit counts are deterministic."""
+
+    @staticmethod
+    def forward(ctx, x):
+        time.sleep(0.02)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(0.02)
+        return g
+
+
+class Permuted(nn.Module):
+    """NL square layers registered 0..NL-1, run in `order` (G_r = G_c = 1: any order chains)."""
+
+    def __init__(self, order, shared=False):
+        super().__init__()
+        self.layers = nn.ModuleList(axonn_c.Linear(H, H, expert_mode=True) for _ in range(NL))
+        self.order = list(order)
+
+    def forward(self, x):
+        for i in self.order:
+            x = Pause.apply(torch.tanh(self.layers[i](x)))
+        return x
+
+
+def serial_copy(model):
+    refs = nn.ModuleList(nn.Linear(H, H) for _ in range(NL))
+    with torch.no_grad():
+        for ref, layer in zip(refs, model.layers):
+            ref.weight.copy_(layer.full_weight())
+            ref.bias.copy_(layer.full_bias())
+    return refs
+
+
+def serial_forward(refs, order, x):
+    for i in order:
+        x = torch.tanh(refs[i](x))
+    return x
+
+
+def tokens(g, T, gen):
+    X = torch.randn(T, H, generator=gen)
+    dY = torch.randn(T, H, generator=gen)
+    shards = g.G_data * g.G_intra_d
+    m = T // shards
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    return X, dY, slice(blk * m, (blk + 1) * m)
+
+
+def compare_grads(model, refs, what):
+    for layer, ref in zip(model.layers, refs):
+        close(layer.weight.grad, shard_of(ref.weight.grad, layer), torch.float32, what + " dW")
+        close(layer.bias.grad, ref.bias.grad, torch.float32, what + " db")
+
+
+def step(g, model, refs, opt, ref_opt, order, seed, what):
+    """One training step on both models; checks output, dX and every gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    X, dY, tok = tokens(g, 4 * g.G_data * g.G_intra_d, gen)
+    model.order = order
+    x = X[tok].clone().requires_grad_()
+    y = model(x)
+    y.backward(dY[tok])
+    axonn_c.sync_gradients(model)
+    Xr = X.clone().requires_grad_()
+    serial_forward(refs, order, Xr).backward(dY)
+    close(y, serial_forward(refs, order, X).detach()[tok], torch.float32, what + " output")
+    close(x.grad, Xr.grad[tok], torch.float32, what + " dX")
+    compare_grads(model, refs, what)
+    opt.step()
+    ref_opt.step()
+    opt.zero_grad()
+    ref_opt.zero_grad()
+
+
+def expected_prefetches(model, order):
+    """(layer id, phase) of every gather issued ahead with k=1: each visit's successor, except
+    the backward of the last forward layer (its forward gather is kept)."""
+    ids = [model.layers[i]._sched_id for i in order]
+    visits = [(i, "fwd") for i in ids] + [(i, "bwd") for i in reversed(ids)]
+    return [v for prev, v in zip(visits, visits[1:]) if v[0] != prev[0]]
+
+
+def check_prefetch_order(g):
+    what = f"grid {g.G_data}x1x1x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(5)
+    model = Permuted(order=[2, 0, 3, 1])
+    refs = serial_copy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(refs.parameters(), lr=0.05)
+    order = [2, 0, 3, 1]
+    assert order != sorted(order)
+    step(g, model, refs, opt, ref_opt, order, 1, what + " step 1 (learning)")
+    axonn_c.scheduler_stats(reset=True)
+    axonn_c._C.sched_log()
+    # step 2: the learned order; the optimizer changed every weight in between
+    step(g, model, refs, opt, ref_opt, order, 2, what + " step 2")
+    st = axonn_c.scheduler_stats(reset=True)
+    log = axonn_c._C.sched_log()
+    issued = [(layer, phase) for ev, layer, phase in log if ev == "prefetch"]
+    want = expected_prefetches(model, order)
+    assert issued == want, f"{what}: prefetches issued {issued}, learned order implies {want}"
+    visits = [(ev, layer, phase) for ev, layer, phase in log if ev != "prefetch"]
+    first = (model.layers[order[0]]._sched_id, "fwd")
+    assert [(v[1], v[2]) for v in visits if v[0] == "miss"] == [first], \
+        f"{what}: only the step's first gather may miss, got {visits}"
+    assert st["hits"] == 2 * NL - 1 and st["visits"] == 2 * NL, f"{what}: {st}"
+    assert st["order_len"] == 2 * NL and st["stale"] == 0, f"{what}: {st}"
+    assert st["peak_buffers"] <= 2, f"{what}: {st['peak_buffers']} gathered weights alive"
+    layer_bytes = H * H * 4
+    assert st["peak_bytes"] <= 2 * layer_bytes, f"{what}: peak {st['peak_bytes']} bytes"
+    assert st["alive_buffers"] == 0, f"{what}: gathered weights outlive the step: {st}"
+    # step 3: a different order is served correctly, then learned (step 4 prefetches it)
+    new = [1, 3, 0, 2]
+    step(g, model, refs, opt, ref_opt, new, 3, what + " step 3 (new order)")
+    st = axonn_c.scheduler_stats(reset=True)
+    assert st["off_order"] >= 1 and st["relearned"] == 1, f"{what}: {st}"
+    axonn_c._C.sched_log()
+    step(g, model, refs, opt, ref_opt, new, 4, what + " step 4")
+    st = axonn_c.scheduler_stats(reset=True)
+    issued = [(layer, phase) for ev, layer, phase in axonn_c._C.sched_log() if ev == "prefetch"]
+    assert issued == expected_prefetches(model, new), f"{what}: {issued}"
+    assert st["hits"] == 2 * NL - 1 and st["off_order"] == 0, f"{what}: {st}"
+    # caching keeps every forward gather for the backward: the counter sees all of them
+    with axonn_c.optimize_communication(overlap_all_reduce=True, overlap_reduce_scatter=True,
+                                        overlap_all_gather=True, cache_weights=True):
+        step(g, model, refs, opt, ref_opt, new, 5, what + " cached")
+        st = axonn_c.scheduler_stats(reset=True)
+    assert st["peak_buffers"] == NL, f"{what}: cache_weights kept {st['peak_buffers']}"
+    # a budget of one layer's gather: prefetches are refused, results unchanged
+    axonn_c.runtime.configure_scheduler(1, layer_bytes, False)
+    step(g, model, refs, opt, ref_opt, new, 6, what + " budget")
+    st = axonn_c.scheduler_stats(reset=True)
+    assert st["budget_skips"] > 0 and st["peak_buffers"] == 1, f"{what}: {st}"
+    axonn_c.runtime.configure_scheduler(1, 0, False)
+
+
+class MLP(nn.Module):
+    """Expert-layout MLP (the paper's pair: normal then transposed), optionally applied twice
+    (shared weights: each layer has two backward visits in one pass)."""
+
+    def __init__(self, twice=False):
+        super().__init__()
+        self.fc1 = axonn_c.Linear(H, 2 * H, expert_mode=True)
+        self.fc2 = axonn_c.Linear(2 * H, H, transpose=True, expert_mode=True)
+        self.twice = twice
+
+    def forward(self, x):
+        for _ in range(2 if self.twice else 1):
+            x = self.fc2(torch.tanh(self.fc1(x)))
+        return x
+
+
+def serial_mlp(model):
+    ref = nn.Sequential(nn.Linear(H, 2 * H), nn.Tanh(), nn.Linear(2 * H, H))
+    with torch.no_grad():
+        for r, layer in ((ref[0], model.fc1), (ref[2], model.fc2)):
+            r.weight.copy_(layer.full_weight())
+            r.bias.copy_(layer.full_bias())
+    return ref
+
+
+def check_accumulation(g, mode, twice=False):
+    """Two micro-batches accumulated (`mode`: "no_sync" around the first, or "plain": both
+    outside), then sync_gradients(mean=True): the serial mean gradient over all tokens."""
+    what = (f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} {mode} twice={twice} "
+            f"rank {g.rank}")
+    torch.manual_seed(11)
+    model = MLP(twice)
+    ref = serial_mlp(model)
+    shards = g.G_data * g.G_intra_d
+    s1 = model.fc1._shapes
+    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
+    gen = torch.Generator().manual_seed(3)
+    for micro in range(2):
+        X, dY, tok = tokens(g, 3 * shards, gen)
+        x = X[tok][:, kin].clone()
+        y = model(x)
+        if micro == 0 and mode == "no_sync":
+            with axonn_c.no_sync():
+                y.backward(dY[tok][:, kin])
+        else:
+            y.backward(dY[tok][:, kin])
+        r = ref if not twice else (lambda t: ref(ref(t)))
+        r(X).backward(dY)
+    st = axonn_c.scheduler_stats()
+    if g.G_data > 1 or g.G_intra_d > 1:
+        assert st["deferred"] > 0, f"{what}: nothing was deferred: {st}"
+    axonn_c.sync_gradients(model, mean=True)
+    for layer, r in ((model.fc1, ref[0]), (model.fc2, ref[2])):  # mean: / token shards
+        close(layer.weight.grad, shard_of(r.weight.grad, layer) / shards, torch.float32,
+              what + " dW")
+        rows, _ = layer._block_slices()
+        close(layer.bias.grad, r.bias.grad[rows] / shards, torch.float32, what + " db")
+
+
+def check_backward_completes(g):
+    """With overlap on, .grad is final when backward() returns: summed over data already (the
+    bucket all-reduce ran during backward) and sync_gradients does not sum it twice."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(13)
+    model = MLP()
+    ref = serial_mlp(model)
+    shards = g.G_data * g.G_intra_d
+    s1 = model.fc1._shapes
+    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
+    X, dY, tok = tokens(g, 2 * shards, torch.Generator().manual_seed(4))
+    model(X[tok][:, kin].clone()).backward(dY[tok][:, kin])
+    ref(X).backward(dY)
+    before = model.fc1.weight.grad.clone()
+    close(before, shard_of(ref[0].weight.grad, model.fc1), torch.float32,
+          what + " dW straight after backward")
+    axonn_c.sync_gradients(model)
+    assert torch.equal(model.fc1.weight.grad, before), f"{what}: sync_gradients changed dW"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.parse_args()
+    world = int(os.environ["WORLD_SIZE"])
+    grids = [(1, 1, 1, world)]
+    if world % 2 == 0 and world > 2:
+        grids.append((2, 1, 1, world // 2))
+    for sizes in grids:
+        g = axonn_c.init(*sizes, overlap=True)
+        check_prefetch_order(g)
+        axonn_c.finalize()
+    mlp_grids = [(world, 1, 1, 1), (1, 1, 1, world)]
+    if world % 2 == 0 and world > 2:
+        mlp_grids += [(2, 1, 1, world // 2), (2, 1, world // 2, 1), (1, 2, 1, world // 2)]
+    for sizes in mlp_grids:
+        g = axonn_c.init(*sizes, overlap=True, bucket_size=H * H * 4)  # several buckets
+        for mode in ("no_sync", "plain"):
+            check_accumulation(g, mode)
+        check_accumulation(g, "no_sync", twice=True)
+        check_backward_completes(g)
+        axonn_c.finalize()
+    if int(os.environ["RANK"]) == 0:
+        print(f"world {world}: scheduler checks pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
