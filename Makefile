@@ -4,6 +4,7 @@ CC ?= gcc
 CORE_SRC := $(filter-out csrc/python/% csrc/tests/%,$(wildcard csrc/*/*.c))
 TEST_SRC := $(wildcard csrc/tests/test_*.c)
 HEADERS := $(wildcard csrc/include/axc/*.h)
+TEST_HEADERS := $(wildcard csrc/tests/*.h)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers -Icsrc/include -g
 LIBS := -ldl -lpthread -lrt -lm
 BUILD := build/ctests
@@ -29,10 +30,10 @@ $(BUILD)/plain/libaxc.a: $(PLAIN_OBJS)
 $(BUILD)/san/libaxc.a: $(SAN_OBJS)
 	ar rcs $@ $^
 
-$(BUILD)/plain/%: csrc/tests/%.c $(BUILD)/plain/libaxc.a $(HEADERS) csrc/tests/ctest.h
+$(BUILD)/plain/%: csrc/tests/%.c $(BUILD)/plain/libaxc.a $(HEADERS) $(TEST_HEADERS)
 	$(CC) $(CFLAGS_BASE) -O1 -o $@ $< $(BUILD)/plain/libaxc.a $(LIBS)
 
-$(BUILD)/san/%: csrc/tests/%.c $(BUILD)/san/libaxc.a $(HEADERS) csrc/tests/ctest.h
+$(BUILD)/san/%: csrc/tests/%.c $(BUILD)/san/libaxc.a $(HEADERS) $(TEST_HEADERS)
 	$(CC) $(CFLAGS_BASE) -O1 $(SAN_FLAGS) -o $@ $< $(BUILD)/san/libaxc.a $(LIBS)
 
 PLAIN_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/plain/%,$(TEST_SRC))

@@ -219,8 +219,11 @@ static axc_status step_boundary(axc_sched *s)
 /* Records visit v; returns its position in the learned order, or -1 when off the order. */
 static axc_status record(axc_sched *s, visit v, int64_t *pos)
 {
-    if (v.phase == AXC_PHASE_FWD && s->trace.len > 0 &&
-        (s->trace_has_bwd || (!s->trace_has_bwd && same(v, s->trace.v[0]))))
+    /* a forward-only loop (evaluation) has no backward end: its step ends where it repeats.
+     * A forward after backward visits is not a boundary: activation checkpointing recomputes
+     * forwards inside backward */
+    if (v.phase == AXC_PHASE_FWD && s->trace.len > 0 && !s->trace_has_bwd &&
+        same(v, s->trace.v[0]))
         AXC_TRY(step_boundary(s));
     size_t i = s->trace.len;
     AXC_TRY(list_push(&s->trace, v));

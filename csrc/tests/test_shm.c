@@ -1,64 +1,15 @@
 /* shm backend across forked processes: every collective on every group of several grids, odd
  * lengths crossing the slot size, byte counters, and a dead peer failing the others in time. */
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "axc/comm.h"
 #include "axc/futex.h"
 #include "ctest.h"
-
-/* A one-key store in shared anonymous memory, enough to publish the segment name. */
-typedef struct kv {
-    _Atomic uint32_t ready;
-    char key[128], value[256];
-    size_t len;
-} kv;
-static kv *g_kv;
-
-static axc_status kv_set(void *ctx, const char *key, const void *value, size_t len)
-{
-    (void)ctx;
-    snprintf(g_kv->key, sizeof g_kv->key, "%s", key);
-    memcpy(g_kv->value, value, len);
-    g_kv->len = len;
-    atomic_store(&g_kv->ready, 1);
-    axc_futex_wake_all(&g_kv->ready, 1);
-    return AXC_OK;
-}
-
-static axc_status kv_get(void *ctx, const char *key, void *value, size_t cap, size_t *len,
-                         double timeout_s)
-{
-    (void)ctx;
-    int64_t deadline = axc_now_ns() + (int64_t)(timeout_s * 1e9);
-    while (!atomic_load(&g_kv->ready)) {
-        if (axc_now_ns() > deadline)
-            return axc_fail(AXC_ERR_TIMEOUT, "key %s never set", key);
-        axc_futex_wait(&g_kv->ready, 0, 10000000, 1);
-    }
-    if (strcmp(key, g_kv->key) != 0 || g_kv->len > cap)
-        return axc_fail(AXC_ERR_INVALID, "unexpected key %s", key);
-    memcpy(value, g_kv->value, g_kv->len);
-    *len = g_kv->len;
-    return AXC_OK;
-}
+#include "fork_ranks.h"
 
 static float val(int rank, size_t i) { return (float)((rank + 1) * 1000 + (int)(i % 997)); }
-
-static int fails;
-#define EXPECT(cond)                                                                        \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, #cond);       \
-            fails++;                                                                        \
-        }                                                                                   \
-    } while (0)
 
 static axc_status run(axc_comm *comm, axc_group_kind kind, axc_coll *c)
 {
@@ -72,18 +23,11 @@ static axc_status run(axc_comm *comm, axc_group_kind kind, axc_coll *c)
 /* All collectives of one grid, checked against values each rank can compute for its peers. */
 static void rank_main(int rank, int world, const int dims[4], double timeout)
 {
-    axc_comm_config cfg = {0};
-    if (axc_grid_make(&cfg.grid, world, dims[0], dims[1], dims[2], dims[3], 1) != AXC_OK) {
+    axc_comm_config cfg;
+    if (fork_ranks_config(&cfg, rank, world, dims, "test", timeout) != AXC_OK) {
         fails++;
         return;
     }
-    cfg.rank = rank;
-    cfg.local_world_size = world;
-    cfg.cuda_device = -1;
-    cfg.backend = "shm";
-    cfg.job_id = "test";
-    cfg.timeout_s = timeout;
-    cfg.bootstrap = (axc_bootstrap){NULL, kv_set, kv_get};
     axc_comm *comm;
     if (axc_comm_create(&comm, &cfg) != AXC_OK) {
         fprintf(stderr, "rank %d: create: %s\n", rank, axc_last_error());
@@ -182,41 +126,11 @@ static void rank_main(int rank, int world, const int dims[4], double timeout)
     axc_comm_destroy(comm);
 }
 
-/* Forks `world` ranks running `fn`; returns the number of ranks that failed. */
-static int spawn(int world, void (*fn)(int, int, const int *, double), const int dims[4],
-                 double timeout)
-{
-    atomic_store(&g_kv->ready, 0);
-    pid_t pids[16];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            fails = 0;
-            fn(r, world, dims, timeout);
-            _exit(fails ? 1 : 0);
-        }
-    }
-    int bad = 0;
-    for (int r = 0; r < world; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
-    return bad;
-}
-
 /* Rank world-1 dies before the collective; everyone else must fail with PEER, not hang. */
 static void dead_peer_main(int rank, int world, const int dims[4], double timeout)
 {
-    axc_comm_config cfg = {0};
-    axc_grid_make(&cfg.grid, world, dims[0], dims[1], dims[2], dims[3], 1);
-    cfg.rank = rank;
-    cfg.local_world_size = world;
-    cfg.cuda_device = -1;
-    cfg.backend = "shm";
-    cfg.job_id = "dead";
-    cfg.timeout_s = timeout;
-    cfg.bootstrap = (axc_bootstrap){NULL, kv_set, kv_get};
+    axc_comm_config cfg;
+    (void)fork_ranks_config(&cfg, rank, world, dims, "dead", timeout);
     axc_comm *comm;
     if (axc_comm_create(&comm, &cfg) != AXC_OK) {
         fails++;
@@ -239,21 +153,21 @@ static void dead_peer_main(int rank, int world, const int dims[4], double timeou
 
 int main(void)
 {
-    g_kv = mmap(NULL, sizeof *g_kv, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    fork_ranks_init();
     setenv("AXONN_C_SHM_SLOT_KB", "256", 1); /* small slots: many rounds per collective */
     static const int grids[][4] = {{1, 1, 1, 1}, {2, 1, 1, 1}, {1, 1, 3, 1}, {1, 2, 2, 1},
                                    {2, 1, 1, 2}, {1, 2, 1, 2}, {1, 1, 2, 2}};
     for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
         const int *d = grids[i];
         int world = d[0] * d[1] * d[2] * d[3];
-        int bad = spawn(world, rank_main, d, 30.0);
+        int bad = fork_ranks_spawn(world, rank_main, d, 30.0, 0);
         if (bad)
             fprintf(stderr, "grid %d,%d,%d,%d: %d ranks failed\n", d[0], d[1], d[2], d[3], bad);
         CHECK(bad == 0);
     }
     static const int dead_grid[4] = {1, 1, 3, 1};
     int64_t t0 = axc_now_ns();
-    CHECK(spawn(3, dead_peer_main, dead_grid, 5.0) == 0);
+    CHECK(fork_ranks_spawn(3, dead_peer_main, dead_grid, 5.0, 0) == 0);
     CHECK(axc_now_ns() - t0 < 6000000000LL);
     return ctest_summary("test_shm");
 }

@@ -3,8 +3,7 @@
  *
  * Order learning. Every layer call ("visit": layer id, forward or backward) is appended to the
  * current step's trace. A step ends at axc_sched_step_end() (the end of a backward pass), or
- * implicitly when a forward visit follows backward visits, or when a forward-only loop revisits
- * its first visit. At the end of a step the trace becomes the learned order if it differs.
+ * implicitly when a forward-only loop (no backward visit yet) revisits its first visit. At the end of a step the trace becomes the learned order if it differs.
  * While the running step's trace is a prefix of the learned order, each visit at position p
  * issues the gathers of the visits at p+1 .. p+k (k = prefetch), within the memory budget. A
  * visit off the order is served by a synchronous gather (correct, only slower) and prefetching
