@@ -57,11 +57,14 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--sample-chars", type=int, default=120, help="greedy sample at the end")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="overlap communication with computation (the scheduler, DESIGN §6)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     G_data, G_r, G_c, G_d = default_grid(world, args)
-    g = axonn_c.init(G_data=G_data, G_intra_r=G_r, G_intra_c=G_c, G_intra_d=G_d)
+    g = axonn_c.init(G_data=G_data, G_intra_r=G_r, G_intra_c=G_c, G_intra_d=G_d,
+                     overlap=args.overlap)
     rank, main_rank = g.rank, g.rank == 0
     if args.device == "cuda":
         if not torch.cuda.is_available():

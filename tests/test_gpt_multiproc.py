@@ -10,9 +10,11 @@ from conftest import ROOT, torchrun
 pytestmark = pytest.mark.multiproc
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("grid", ["1,2,2,1", "2,1,1,2", "1,1,2,2"])
-def test_gpt_losses_match_single_process(grid):
-    out = torchrun(4, "gpt_worker.py", "--grid", grid, "--steps", "20")
+def test_gpt_losses_match_single_process(grid, overlap):
+    out = torchrun(4, "gpt_worker.py", "--grid", grid, "--steps", "20",
+                   *(["--overlap"] if overlap else []))
     assert "LOSSES MATCH" in out, out
     assert len(re.findall(r"^step +\d+ parallel", out, re.M)) == 20
 

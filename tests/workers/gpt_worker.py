@@ -47,10 +47,11 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--clip", type=float, default=0.5)
+    ap.add_argument("--overlap", action="store_true")
     args = ap.parse_args()
     sizes = [int(v) for v in args.grid.split(",")]
     g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2],
-                     G_intra_d=sizes[3])
+                     G_intra_d=sizes[3], overlap=args.overlap)
     world, rank = g.world_size, g.rank
     data = CharData(make_corpus(8000), block_size=16)
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=16, n_layer=2, n_head=4, n_embd=32)
