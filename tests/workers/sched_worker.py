@@ -11,7 +11,18 @@ import torch
 from torch import nn
 
 import axonn_c
-from linear_worker import close, shard_of
+from linear_worker import shard_of
+
+
+def close(got, want, dtype, what):
+    """Several optimizer steps on 8 ranks drift by a few ulps from the serial run; a stale
+    prefetched weight (one learning-rate step old) would be off by ~1e-2."""
+    del dtype
+    got, want = got.double(), want.double()
+    scale = want.abs().max().clamp_min(1e-12)
+    if not torch.allclose(got / scale, want / scale, rtol=1e-4, atol=2e-5):
+        raise AssertionError(f"{what}: max |diff| {(got - want).abs().max().item():.3e}, "
+                             f"scale {scale.item():.3e}")
 
 H = 32
 NL = 4
