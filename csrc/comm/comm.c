@@ -2,6 +2,7 @@
  * and the life cycle of a work record. Backends only move bytes. */
 #include "axc/comm.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +267,40 @@ static axc_status validate(const axc_comm *comm, const group_slot *g, const axc_
     return AXC_OK;
 }
 
+/* ---------------------------------------------------------------- benchmark-only skip knob */
+
+/* Benchmark only: measures compute alone. With AXONN_C_BENCH_SKIP=comm every collective but a
+ * barrier returns a work that is already complete: no data moves, nothing reaches a backend, no
+ * timeline span is recorded; the byte counters still count. The results are garbage;
+ * benchmarks/bench_overlap.py uses it to time the compute of a training step without its
+ * communication. Barriers stay real (they move no data; launchers rely on them). The variable is
+ * looked up once: when it is unset (every real job) it is never read again; when it is set (a
+ * benchmark) its value is re-read at each collective, so a benchmark can switch modes between
+ * steps. */
+static int skip_env_set;
+static pthread_once_t skip_env_once = PTHREAD_ONCE_INIT;
+
+static void skip_env_read(void) { skip_env_set = getenv("AXONN_C_BENCH_SKIP") != NULL; }
+
+static int bench_skip_comm(void)
+{
+    pthread_once(&skip_env_once, skip_env_read);
+    if (!skip_env_set)
+        return 0;
+    const char *v = getenv("AXONN_C_BENCH_SKIP");
+    return v && strcmp(v, "comm") == 0;
+}
+
+static axc_status skipped_wait(axc_backend *be, axc_work *w)
+{
+    (void)be;
+    (void)w;
+    return AXC_OK;
+}
+
+/* The "backend" of skipped works: waits return at once, and the state is already DONE. */
+static axc_backend skipped_backend = {.name = "skipped", .wait = skipped_wait};
+
 axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                           axc_work **out)
 {
@@ -300,11 +335,18 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
     w->group = g->info;
     w->backend = be;
     w->backend_group = bg;
-    atomic_store(&w->state, AXC_WORK_PENDING);
-    axc_status st = be->start(be, bg, w);
-    if (st != AXC_OK) {
-        free(w);
-        return st;
+    if (c->kind != AXC_COLL_BARRIER && bench_skip_comm()) {
+        /* benchmark only: measures compute alone (see bench_skip_comm above) */
+        w->backend = &skipped_backend;
+        w->backend_group = NULL;
+        atomic_store(&w->state, AXC_WORK_DONE);
+    } else {
+        atomic_store(&w->state, AXC_WORK_PENDING);
+        axc_status st = be->start(be, bg, w);
+        if (st != AXC_OK) {
+            free(w);
+            return st;
+        }
     }
     uint64_t s, r;
     axc_coll_volume(c, g->info.size, g->info.rank, &s, &r);

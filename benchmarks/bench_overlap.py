@@ -1,0 +1,368 @@
+"""Overlap of communication with compute in a training step, on the shm backend with a simulated link.
+
+    python benchmarks/bench_overlap.py --json benchmarks/results/overlap.json \\
+        --trace benchmarks/results/overlap_trace.json
+
+launches itself with torchrun at 2 and 4 ranks (`--ranks 2,4`) and, for several grids per rank
+count, times a full training step of a stack of GPT-block-shaped layers in the expert layout
+(per block: qkv Linear(h, 3h), proj Linear(3h, h, transpose=True), fc1 Linear(h, 4h), fc2
+Linear(4h, h, transpose=True); bias=False; loss = sum of the output; each step is forward,
+backward and axonn_c.sync_gradients(model)). One thread per rank (torch.set_num_threads(1)).
+
+The link is simulated by the shm backend: every collective is padded to
+bytes_sent / AXONN_C_SIM_GBPS + AXONN_C_SIM_US (csrc/comm/shm.c, sim_link_sleep). Four modes:
+
+- t_compute_s: overlap=False with AXONN_C_BENCH_SKIP=comm, a benchmark-only knob of
+  csrc/comm/comm.c: every collective (barriers excepted) returns a work that is already
+  complete; nothing moves, no timeline span, the byte counters still count. Compute alone.
+- t_comm_s: overlap=False with AXONN_C_BENCH_SKIP=compute, a benchmark-only knob of
+  csrc/device/gemm.c: axc_gemm and axc_bias_grad return without computing. Communication alone
+  (plus the host work around it: autograd, allocation, Python).
+- t_no_overlap_s: overlap=False, nothing skipped (AXONN_C_BENCH_SKIP=none).
+- t_overlap_s: overlap=True, nothing skipped. The same steps are recorded with axonn_c.timeline
+  (started before and stopped after each timed step); exposed_comm_s is the timeline's exposed
+  communication of a step (communication while no GEMM runs).
+
+The C core looks AXONN_C_BENCH_SKIP up once; when it is unset (every real job) it never reads it
+again, when it is set (here: the launcher sets it to "none" before the ranks start) it re-reads
+the value at each call, so one process switches modes between steps. One torchrun launch per
+rank count; per grid: a calibration block (compute alone, 3 steps), then --rounds rounds of the
+four modes, each mode a block of init(overlap=...), model build, --warmup untimed steps, --steps
+timed steps, finalize; the order of the modes rotates every round so that all four see the
+same (shared, drifting) machine. The link is calibrated per grid unless --sim-gbps is given: the
+calibration block also counts the bytes this rank sends per step and the collectives (the
+counters still count), and the link is set so that n_collectives * sim_us + bytes / sim_gbps =
+--comm-ratio * t_compute (slowest rank).
+
+Timing: each timed step between two gloo barriers; a step's time is the maximum over ranks
+(all_reduce MAX); the reported time is the median over the rounds * steps steps of a mode.
+exposed_comm_s is the median over the overlap steps of the maximum over ranks. The target is
+t_overlap <= 1.15 * max(t_compute, t_comm), applicable when min(t_compute, t_comm) >= 0.2 *
+max(...); "exp~" says whether exposed_comm_s agrees with t_overlap - t_compute within 10%.
+
+Prints a table; --json writes a list of rows with keys ranks, G_data, G_intra_r, G_intra_c,
+G_intra_d, t_overlap_s, t_no_overlap_s, t_compute_s, t_comm_s, exposed_comm_s (plus grid,
+sim_gbps, sim_us, sizes and the timeline's compute/comm unions). --trace writes a Chrome trace
+(merged across ranks) of one overlap=True step of one grid (--trace-grid, default 1x1x2x2 when
+4 ranks run, else the first grid); render it with benchmarks/plot_trace.py. Grids are written
+G_data x G_intra_r x G_intra_c x G_intra_d. --quick: tiny sizes, one grid per rank count, two
+timed steps (a smoke test; its times mean nothing).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+GRIDS = {  # G_data, G_intra_r, G_intra_c, G_intra_d
+    2: [(1, 1, 2, 1), (1, 2, 1, 1), (1, 1, 1, 2), (2, 1, 1, 1)],
+    4: [(1, 2, 2, 1), (1, 1, 2, 2), (2, 1, 2, 1)],
+}
+QUICK_GRIDS = {2: [(1, 1, 2, 1)], 4: [(1, 2, 2, 1)]}
+GROUPS = ("col", "row", "depth", "data", "intra", "world")
+KEYS = ("ranks", "G_data", "G_intra_r", "G_intra_c", "G_intra_d", "t_overlap_s",
+        "t_no_overlap_s", "t_compute_s", "t_comm_s", "exposed_comm_s")
+
+
+def grid_name(g):
+    return "x".join(map(str, g))
+
+
+def parse_grid(s):
+    g = tuple(int(v) for v in s.split("x"))
+    if len(g) != 4:
+        raise argparse.ArgumentTypeError(f"grid {s!r}: expected G_data x G_intra_r x G_intra_c x "
+                                         "G_intra_d, e.g. 1x1x2x2")
+    return g
+
+
+# ----------------------------------------------------------------------------- worker (per rank)
+
+def build_model(h, blocks):
+    import torch
+    import axonn_c
+
+    layers = []
+    for _ in range(blocks):
+        layers += [axonn_c.Linear(h, 3 * h, bias=False, expert_mode=True),                  # qkv
+                   axonn_c.Linear(3 * h, h, bias=False, transpose=True, expert_mode=True),   # proj
+                   axonn_c.Linear(h, 4 * h, bias=False, expert_mode=True),                  # fc1
+                   axonn_c.Linear(4 * h, h, bias=False, transpose=True, expert_mode=True)]  # fc2
+    return torch.nn.Sequential(*layers)
+
+
+MODES = (("compute", "comm", False), ("comm", "compute", False), ("no_overlap", "none", False),
+         ("overlap", "none", True))  # name, AXONN_C_BENCH_SKIP, init(overlap=)
+
+
+def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False):
+    """init with this mode, build the model, warm up, time `steps` steps, finalize. Returns per-step
+    lists (max over ranks): times, exposed comm, timeline unions; and one step's bytes/calls."""
+    import torch
+    import torch.distributed as dist
+
+    import axonn_c
+    from axonn_c import timeline
+
+    os.environ["AXONN_C_BENCH_SKIP"] = skip  # read by the C core at each call (benchmark only)
+    os.environ["AXONN_C_SIM_GBPS"] = repr(gbps)  # read at init by the shm backend
+    os.environ["AXONN_C_SIM_US"] = repr(sim_us)
+    g = axonn_c.init(G_data=G[0], G_intra_r=G[1], G_intra_c=G[2], G_intra_d=G[3],
+                     backend="shm", overlap=overlap)
+    torch.manual_seed(0)
+    model = build_model(spec["hidden"], spec["blocks"])
+    torch.manual_seed(1000 + g.rank)
+    x = torch.randn(spec["tokens"] // (g.G_data * g.G_intra_d), spec["hidden"] // g.G_intra_c,
+                    requires_grad=True)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        model(x).sum().backward()
+        axonn_c.sync_gradients(model)
+
+    sizes = {"col": g.G_intra_c, "row": g.G_intra_r, "depth": g.G_intra_d, "data": g.G_data,
+             "intra": g.G_intra, "world": g.world_size}
+    for _ in range(spec["warmup"]):
+        step()
+    axonn_c.reset_comm_stats()
+    cols = [[] for _ in range(4)]
+    for i in range(steps):
+        dist.barrier()
+        if record:
+            timeline.start()
+        t0 = time.perf_counter()
+        step()
+        cols[0].append(time.perf_counter() - t0)
+        if record:
+            timeline.stop()
+            s = timeline.summary()
+            cols[1].append(s["exposed_comm_s"])
+            cols[2].append(s["compute_s"])
+            cols[3].append(s["comm_s"])
+        if i == 0:
+            stats = axonn_c.comm_stats()
+            nbytes = sum(stats[k]["bytes_sent"] for k in GROUPS if sizes[k] > 1)
+            calls = sum(stats[k]["calls"] for k in GROUPS if sizes[k] > 1)
+    vec = torch.tensor(sum(cols, []) + [float(nbytes), float(calls)], dtype=torch.float64)
+    dist.all_reduce(vec, op=dist.ReduceOp.MAX)  # the slowest rank defines each step
+    v = vec.tolist()
+    out = {"t": v[:steps], "bytes": int(v[-2]), "calls": int(v[-1])}
+    if record:
+        out.update(exposed=v[steps:2 * steps], tl_compute=v[2 * steps:3 * steps],
+                   tl_comm=v[3 * steps:4 * steps])
+    return g, model, out
+
+
+def worker(spec_path):
+    import torch
+    import torch.distributed as dist
+
+    import axonn_c
+    from axonn_c import timeline
+
+    torch.set_num_threads(1)
+    with open(spec_path) as f:
+        spec = json.load(f)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = []
+    for row in spec["rows"]:
+        G, name = row["grid"], grid_name(row["grid"])
+        res = {"grid": G, "sim_us": spec["sim_us"]}
+        # calibration: compute alone, and the bytes and collectives of one step
+        _, _, cal = run_block(spec, G, 0.0, 0.0, "comm", False, spec["cal_steps"])
+        axonn_c.finalize()
+        res["step_bytes"], res["step_calls"] = cal["bytes"], cal["calls"]
+        gbps = spec["sim_gbps"] or calibrate(statistics.median(cal["t"]), cal["bytes"],
+                                             cal["calls"], spec["comm_ratio"], spec["sim_us"])
+        res["sim_gbps"] = gbps
+        acc = {m[0]: {} for m in MODES}
+        for rnd in range(spec["rounds"]):
+            # the four modes in blocks of steps, interleaved, the order rotated every round, so
+            # that they all see the same machine (a shared machine drifts over seconds)
+            order = MODES[rnd % 4:] + MODES[:rnd % 4]
+            for mode, skip, overlap in order:
+                record = mode == "overlap"
+                _, _, out = run_block(spec, G, gbps, spec["sim_us"], skip, overlap,
+                                      spec["steps"], record)
+                for k, v in out.items():
+                    if isinstance(v, list):
+                        acc[mode].setdefault(k, []).extend(v)
+                if record and row.get("trace") and rnd == spec["rounds"] - 1:
+                    # the spans of the last timed step are still there: one file per rank
+                    pattern = os.path.join(spec["tmpdir"], "trace.{rank}.json")
+                    timeline.export(pattern)
+                    dist.barrier()
+                    if rank == 0:
+                        timeline.merge([pattern.replace("{rank}", str(r))
+                                        for r in range(dist.get_world_size())], row["trace"])
+                axonn_c.finalize()
+        for mode, _, _ in MODES:
+            res[mode] = {k: statistics.median(v) for k, v in acc[mode].items()}
+        if rank == 0:
+            print(f"  [{spec['ranks']} ranks, {name}, link {gbps:.3g} GB/s] " + "  ".join(
+                f"{m} {res[m]['t'] * 1e3:.1f}" for m, _, _ in MODES) + " ms/step", flush=True)
+        results.append(res)
+    os.environ.pop("AXONN_C_BENCH_SKIP", None)
+    if rank == 0:
+        with open(spec["out"], "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+    return 0
+
+
+# ----------------------------------------------------------------------------- launcher
+
+def launch(n, spec):
+    with tempfile.TemporaryDirectory(prefix="bench_overlap.") as tmp:
+        spec = dict(spec, ranks=n, tmpdir=tmp, out=os.path.join(tmp, "out.json"))
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                   TORCH_CPP_LOG_LEVEL="ERROR")
+        # set before the ranks start, so the C core keeps reading it (benchmark only)
+        env["AXONN_C_BENCH_SKIP"] = "none"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(n), os.path.abspath(__file__), "--worker", spec_path]
+        subprocess.run(cmd, check=True, env=env)
+        with open(spec["out"]) as f:
+            return json.load(f)
+
+
+def calibrate(t_compute, step_bytes, step_calls, ratio, sim_us):
+    """The link speed at which the padded collectives of one step add up to ratio * t_compute."""
+    budget = ratio * t_compute - step_calls * sim_us * 1e-6
+    budget = max(budget, 0.25 * ratio * t_compute)  # latency alone would exceed it: keep sane
+    if step_bytes <= 0:
+        return 0.0
+    gbps = step_bytes / budget / 1e9
+    return float(f"{gbps:.3g}")
+
+
+def check(r):
+    hi, lo = max(r["t_compute_s"], r["t_comm_s"]), min(r["t_compute_s"], r["t_comm_s"])
+    applicable = lo >= 0.2 * hi
+    ok = r["t_overlap_s"] <= 1.15 * hi
+    diff = r["t_overlap_s"] - r["t_compute_s"]
+    agree = abs(r["exposed_comm_s"] - diff) <= 0.1 * abs(diff) if diff > 0 else \
+        r["exposed_comm_s"] <= 0.1 * r["t_overlap_s"]
+    return applicable, ok, agree
+
+
+def print_table(rows):
+    hdr = (f"{'ranks':>5} {'grid':>8} {'GB/s':>6} {'no_ovl':>8} {'overlap':>8} {'compute':>8} "
+           f"{'comm':>8} {'exposed':>8} {'ovl/no':>7} {'ovl/max':>8} {'target':>7} {'exp~':>5}")
+    print("\ntimes in ms per step (median of steps, slowest rank); grid = "
+          "G_data x G_intra_r x G_intra_c x G_intra_d")
+    print(hdr)
+    for r in rows:
+        applicable, ok, agree = check(r)
+        hi = max(r["t_compute_s"], r["t_comm_s"])
+        target = ("ok" if ok else "MISS") if applicable else "n/a"
+        print(f"{r['ranks']:>5} {r['grid']:>8} {r['sim_gbps']:>6.3g} "
+              f"{r['t_no_overlap_s'] * 1e3:>8.1f} {r['t_overlap_s'] * 1e3:>8.1f} "
+              f"{r['t_compute_s'] * 1e3:>8.1f} {r['t_comm_s'] * 1e3:>8.1f} "
+              f"{r['exposed_comm_s'] * 1e3:>8.1f} {r['t_overlap_s'] / r['t_no_overlap_s']:>7.2f} "
+              f"{r['t_overlap_s'] / hi:>8.2f} {target:>7} {'yes' if agree else 'no':>5}")
+    print("target: t_overlap <= 1.15 * max(t_compute, t_comm) (n/a when min < 0.2 * max); "
+          "exp~: exposed_comm within 10% of t_overlap - t_compute")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--trace", help="write a merged Chrome trace of one overlap=True step here")
+    p.add_argument("--trace-grid", type=parse_grid, help="grid of the traced row, e.g. 1x1x2x2")
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--grids", help="comma-separated grids instead of the defaults, e.g. "
+                   "1x1x2x1,1x2x1x1 (each must match one of --ranks)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one grid per rank count")
+    p.add_argument("--hidden", type=int, help="h (default 512; quick 64)")
+    p.add_argument("--tokens", type=int, help="global tokens per step (default 256; quick 32)")
+    p.add_argument("--blocks", type=int, help="GPT blocks of 4 layers (default 2; quick 1)")
+    p.add_argument("--rounds", type=int, help="rounds over the four modes (default 3; quick 1)")
+    p.add_argument("--steps", type=int, help="timed steps per mode and round (default 3; quick 2)")
+    p.add_argument("--warmup", type=int, help="untimed steps after each init (default 2; quick 1)")
+    p.add_argument("--sim-gbps", type=float, help="fixed simulated link (GB/s per rank) instead "
+                   "of calibrating it per grid")
+    p.add_argument("--sim-us", type=float, default=20.0, help="simulated latency per collective")
+    p.add_argument("--comm-ratio", type=float, default=1.0,
+                   help="calibrate the link so that communication alone ~ this * compute alone")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a.worker)
+
+    t_start = time.perf_counter()
+    q = a.quick
+    spec = {"hidden": a.hidden or (64 if q else 512), "tokens": a.tokens or (32 if q else 256),
+            "blocks": a.blocks or (1 if q else 2), "rounds": a.rounds or (1 if q else 3),
+            "steps": a.steps or (2 if q else 3), "warmup": a.warmup if a.warmup is not None
+            else (1 if q else 2), "cal_steps": 2 if q else 3, "sim_gbps": a.sim_gbps or 0.0,
+            "sim_us": a.sim_us, "comm_ratio": a.comm_ratio}
+    ranks = [int(v) for v in a.ranks.split(",")]
+    grids = {n: list((QUICK_GRIDS if q else GRIDS).get(n, [])) for n in ranks}
+    if a.grids:
+        grids = {n: [] for n in ranks}
+        for s in a.grids.split(","):
+            g = parse_grid(s)
+            n = g[0] * g[1] * g[2] * g[3]
+            if n not in grids:
+                p.error(f"grid {s} has {n} ranks, not one of --ranks {a.ranks}")
+            grids[n].append(g)
+    for n in ranks:
+        if not grids[n]:
+            p.error(f"no grids for {n} ranks: pass --grids")
+        for g in grids[n]:
+            if spec["hidden"] % (g[1] * g[2]) or spec["tokens"] % (g[0] * g[3]):
+                p.error(f"grid {grid_name(g)}: hidden={spec['hidden']} must divide by "
+                        f"G_intra_r * G_intra_c and tokens={spec['tokens']} by G_data * G_intra_d")
+    trace_grid = a.trace_grid or ((1, 1, 2, 2) if 4 in ranks and not q else grids[ranks[0]][0])
+    if a.trace and not any(trace_grid in grids[n] for n in ranks):
+        p.error(f"--trace-grid {grid_name(trace_grid)} is not among the grids run")
+    load = os.getloadavg()[0]
+    print(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores"
+          + (" -- something else is running: timings will be noisy" if load > 0.5 else ""))
+    print(f"bench_overlap: h={spec['hidden']} tokens={spec['tokens']} blocks={spec['blocks']} "
+          f"({4 * spec['blocks']} layers); per mode {spec['rounds']} rounds x {spec['steps']} "
+          f"steps (each after {spec['warmup']} warm-up steps); sim_us={a.sim_us}", flush=True)
+
+    rows = []
+    for n in ranks:
+        spec_rows = [{"grid": list(g), **({"trace": os.path.abspath(a.trace)}
+                                          if a.trace and g == trace_grid else {})}
+                     for g in grids[n]]
+        for g, r in zip(grids[n], launch(n, dict(spec, rows=spec_rows))):
+            ov = r["overlap"]
+            rows.append({
+                "ranks": n, "G_data": g[0], "G_intra_r": g[1], "G_intra_c": g[2],
+                "G_intra_d": g[3], "t_overlap_s": ov["t"], "t_no_overlap_s": r["no_overlap"]["t"],
+                "t_compute_s": r["compute"]["t"], "t_comm_s": r["comm"]["t"],
+                "exposed_comm_s": ov["exposed"], "grid": grid_name(g),
+                "sim_gbps": r["sim_gbps"], "sim_us": r["sim_us"],
+                "comm_bytes_per_step": r["step_bytes"], "collectives_per_step": r["step_calls"],
+                "timeline_compute_s": ov["tl_compute"], "timeline_comm_s": ov["tl_comm"],
+                "steps_per_mode": spec["rounds"] * spec["steps"],
+                **{k: spec[k] for k in ("hidden", "tokens", "blocks", "rounds", "steps",
+                                        "warmup")}})
+    print_table(rows)
+    elapsed = time.perf_counter() - t_start
+    print(f"total {elapsed:.0f} s")
+    if a.json:
+        d = os.path.dirname(os.path.abspath(a.json))
+        os.makedirs(d, exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    if a.trace:
+        print(f"trace of one overlap=True step of {grid_name(trace_grid)}: {a.trace}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
