@@ -25,7 +25,7 @@ from torch import Tensor
 from . import _C, runtime
 
 # data-parallel gradient bucket size (bytes); init(bucket_size=...) sets it
-bucket_bytes = 25 * 1024 * 1024
+bucket_bytes = 4 * 1024 * 1024
 
 
 class _Record:

@@ -102,7 +102,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
          G_inter: int = 1, backend: str | None = None, timeout: float | None = None,
          plan: str | None = None, model=None, overlap: bool = False,
          fwd_chunks: int | None = None, prefetch: int = 1, prefetch_budget: int | None = None,
-         cache_weights: bool = False, bucket_size: int = 25 * 2**20, **plan_kwargs) -> Grid:
+         cache_weights: bool = False, bucket_size: int = 4 * 2**20, **plan_kwargs) -> Grid:
     """Creates the 4D grid and its communicators on every rank (call on all ranks).
 
     Ranks come from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);

@@ -7,8 +7,10 @@
     axonn_c.timeline.export("trace.json")   # Chrome-trace / Perfetto JSON, one file per rank
 
 The spans are recorded in C (csrc/sched/timeline.c): every collective executed by the shm backend
-(from the moment its progress thread starts it to its completion) and the layer's GEMMs. "Exposed"
-communication is the communication time during which no compute span was running.
+(from the moment its progress thread starts it to its completion), the layer's GEMMs, and every
+wait of the computing thread on a collective that had not finished. "Exposed" communication is
+the communication time during which the computing thread was waiting for it (when no waits are
+recorded, e.g. spans added by hand: the communication time no compute span covers).
 
 `python -m axonn_c.timeline merge rank0.json rank1.json -o trace.json` combines per-rank files.
 """
@@ -24,7 +26,8 @@ from . import _C
 __all__ = ["start", "stop", "clear", "enabled", "summary", "spans", "export", "merge", "compute",
            "now_ns", "record_compute"]
 
-COMPUTE, COMM = 0, 1
+COMPUTE, COMM, WAIT = 0, 1, 2
+_CATS = {COMPUTE: "compute", COMM: "comm", WAIT: "wait"}
 
 
 def start() -> None:
@@ -104,7 +107,9 @@ def _rank_path(path: str, rank: int, world: int) -> str:
 
 
 def _tid(kind: int, group: Optional[str]) -> str:
-    return "compute" if kind == COMPUTE else f"comm:{group or 'none'}"
+    if kind == COMPUTE:
+        return "compute"
+    return f"{'wait' if kind == WAIT else 'comm'}:{group or 'none'}"
 
 
 def _trace(span_list, rank: int) -> dict:
@@ -120,7 +125,7 @@ def _trace(span_list, rank: int) -> dict:
         events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
                        "args": {"sort_index": i}})
     for kind, name, group, t0, t1, nbytes in span_list:
-        events.append({"ph": "X", "name": name, "cat": "compute" if kind == COMPUTE else "comm",
+        events.append({"ph": "X", "name": name, "cat": _CATS.get(kind, "comm"),
                        "pid": rank, "tid": _tid(kind, group), "ts": (t0 - base) / 1e3,
                        "dur": max(t1 - t0, 0) / 1e3, "args": {"bytes": nbytes}})
     return {"traceEvents": events, "displayTimeUnit": "ms",

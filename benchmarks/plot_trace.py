@@ -5,8 +5,9 @@
 TRACE.json is what axonn_c.timeline.export writes (one rank) or axonn_c.timeline.merge writes
 (several ranks; benchmarks/bench_overlap.py --trace gives a merged one). One lane per rank and
 thread: `compute` (the layer's GEMMs), then one `comm:<group>` lane per communication group, then
-an `exposed` lane: the communication time of that rank during which no compute span ran
-(what axonn_c.timeline.summary() calls exposed_comm_s). Bars are coloured by span name.
+an `exposed` lane: the communication time of that rank during which it waited for a collective
+(without wait spans: during which no compute span ran), what axonn_c.timeline.summary() calls
+exposed_comm_s. Bars are coloured by span name.
 """
 import argparse
 import json
@@ -81,10 +82,15 @@ def main(argv=None):
     for r in ranks:
         tids = sorted((t for rr, t in spans if rr == r), key=lambda t: (t != "compute", t))
         comp = union([(s[0], s[1]) for s in spans.get((r, "compute"), [])])
-        comm = union([(s[0], s[1]) for t in tids if t != "compute" for s in spans[(r, t)]])
+        comm = union([(s[0], s[1]) for t in tids if t.startswith("comm") for s in spans[(r, t)]])
+        wait = union([(s[0], s[1]) for t in tids if t.startswith("wait") for s in spans[(r, t)]])
         for t in tids:
             lanes.append((f"rank {r} {t}", spans[(r, t)]))
-        lanes.append((f"rank {r} exposed", [(x, y, "exposed") for x, y in subtract(comm, comp)]))
+        # exposed as timeline.summary() counts it: comm while the rank waited for it (without
+        # wait spans: comm while no compute span ran)
+        hidden = subtract(comm, wait) if wait else comp
+        lanes.append((f"rank {r} exposed",
+                      [(x, y, "exposed") for x, y in subtract(comm, union(hidden))]))
 
     fig, ax = plt.subplots(figsize=(a.width, 0.32 * len(lanes) + 1.2))
     used = set()

@@ -402,7 +402,14 @@ axc_status axc_work_wait(axc_work *w)
             return axc_fail(w->status, "%s", w->message);
         return AXC_OK;
     }
+    /* timeline: a host wait on a collective still running is exposed communication (CUDA
+     * works are excluded: their wait only orders a stream) */
+    int64_t t0 = (w->coll.device < 0 && w->group.size > 1 &&
+                  atomic_load_explicit(&w->state, memory_order_acquire) == AXC_WORK_PENDING)
+                     ? axc_timeline_begin()
+                     : 0;
     axc_status st = w->backend->wait(w->backend, w);
+    axc_timeline_end(AXC_SPAN_WAIT, axc_coll_name(w->coll.kind), (int)w->group.kind, t0, 0);
     if (st == AXC_ERR_TIMEOUT && atomic_load(&w->state) == AXC_WORK_PENDING)
         return st; /* still owned by the backend: not marked waited, must not be freed */
     w->waited = 1;

@@ -105,7 +105,7 @@ static PyObject *py_timeline_spans(PyObject *self, PyObject *noargs)
         axc_span s;
         if (axc_timeline_get(i, &s) != AXC_OK)
             continue; /* being written or cleared concurrently */
-        PyObject *g = group_name_or_none(s.kind == AXC_SPAN_COMM ? s.group : -1);
+        PyObject *g = group_name_or_none(s.kind != AXC_SPAN_COMPUTE ? s.group : -1);
         if (!g)
             goto fail;
         PyObject *t = Py_BuildValue("(isNLLK)", s.kind, s.name, g, (long long)s.t_begin,
@@ -151,11 +151,12 @@ static PyObject *py_timeline_summary(PyObject *self, PyObject *noargs)
         }
         Py_DECREF(d);
     }
-    return Py_BuildValue("{s:d,s:d,s:d,s:N,s:n,s:n,s:n,s:K,s:d}", "compute_s",
+    return Py_BuildValue("{s:d,s:d,s:d,s:d,s:N,s:n,s:n,s:n,s:n,s:K,s:d}", "compute_s",
                          st.compute_ns * 1e-9, "comm_s", st.comm_ns * 1e-9, "exposed_comm_s",
-                         st.exposed_comm_ns * 1e-9, "per_group", per, "spans",
-                         (Py_ssize_t)st.spans, "compute_spans", (Py_ssize_t)st.compute_spans,
-                         "comm_spans", (Py_ssize_t)st.comm_spans,
+                         st.exposed_comm_ns * 1e-9, "wait_s", st.wait_ns * 1e-9, "per_group",
+                         per, "spans", (Py_ssize_t)st.spans, "compute_spans",
+                         (Py_ssize_t)st.compute_spans, "comm_spans", (Py_ssize_t)st.comm_spans,
+                         "wait_spans", (Py_ssize_t)st.wait_spans,
                          "dropped", (unsigned long long)st.dropped, "wall_s",
                          (st.t_last - st.t_first) * 1e-9);
 }
@@ -185,7 +186,7 @@ PyMethodDef axc_py_timeline_methods[] = {
      "Buffer capacity in spans (before the first enable)."},
     {"timeline_now", py_timeline_now, METH_NOARGS, "The timeline's clock (monotonic ns)."},
     {"timeline_spans", py_timeline_spans, METH_NOARGS,
-     "[(kind, name, group or None, t_begin_ns, t_end_ns, bytes)]; kind 0 compute, 1 comm."},
+     "[(kind, name, group or None, t_begin_ns, t_end_ns, bytes)]; kind 0 compute, 1 comm, 2 wait."},
     {"timeline_summary", py_timeline_summary, METH_NOARGS,
      "{compute_s, comm_s, exposed_comm_s, per_group, spans, dropped, ...}"},
     {"timeline_record_compute", py_timeline_record_compute, METH_VARARGS,

@@ -230,10 +230,10 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
     out->spans = n;
     if (n == 0)
         return AXC_OK;
-    iv *cu = malloc(2 * n * sizeof *cu);
+    iv *cu = malloc(3 * n * sizeof *cu);
     if (!cu)
         return axc_fail(AXC_ERR_NOMEM, "out of memory summarising %zu timeline spans", n);
-    iv *tmp = cu + n;
+    iv *tmp = cu + n, *wt = cu + 2 * n;
 
     for (size_t i = 0; i < n; i++) {
         const axc_span *s = &spans[i];
@@ -243,6 +243,8 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
             out->t_last = s->t_end;
         if (s->kind == AXC_SPAN_COMPUTE) {
             out->compute_spans++;
+        } else if (s->kind == AXC_SPAN_WAIT) {
+            out->wait_spans++;
         } else {
             out->comm_spans++;
             if (s->group >= 0 && s->group < AXC_GROUP_COUNT) {
@@ -254,10 +256,14 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
 
     size_t ncu = iv_union(cu, collect(spans, n, AXC_SPAN_COMPUTE, -1, cu));
     out->compute_ns = iv_length(cu, ncu);
+    size_t nwt = iv_union(wt, collect(spans, n, AXC_SPAN_WAIT, -1, wt));
+    out->wait_ns = iv_length(wt, nwt);
+    int waits = out->wait_spans > 0;
 
     size_t nm = iv_union(tmp, collect(spans, n, AXC_SPAN_COMM, -1, tmp));
     out->comm_ns = iv_length(tmp, nm);
-    out->exposed_comm_ns = out->comm_ns - iv_overlap(tmp, nm, cu, ncu);
+    out->exposed_comm_ns = waits ? iv_overlap(tmp, nm, wt, nwt)
+                                 : out->comm_ns - iv_overlap(tmp, nm, cu, ncu);
 
     for (int g = 0; g < AXC_GROUP_COUNT; g++) {
         axc_timeline_group_stats *gs = &out->group[g];
@@ -265,7 +271,8 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
             continue;
         size_t ng = iv_union(tmp, collect(spans, n, AXC_SPAN_COMM, g, tmp));
         gs->comm_ns = iv_length(tmp, ng);
-        gs->exposed_ns = gs->comm_ns - iv_overlap(tmp, ng, cu, ncu);
+        gs->exposed_ns = waits ? iv_overlap(tmp, ng, wt, nwt)
+                               : gs->comm_ns - iv_overlap(tmp, ng, cu, ncu);
     }
     free(cu);
     return AXC_OK;

@@ -186,9 +186,27 @@ static void test_overflow(void)
     CHECK(axc_timeline_set_capacity(0) == AXC_ERR_INVALID);
 }
 
+/* With wait spans, exposed communication is the communication they overlap, whatever else ran. */
+static void test_waits_define_exposure(void)
+{
+    axc_timeline_stats st;
+    axc_span w1 = {AXC_SPAN_WAIT, AXC_GROUP_COL, "all_reduce", 25, 40, 0};
+    axc_span w2 = {AXC_SPAN_WAIT, AXC_GROUP_DEPTH, "all_gather", 70, 80, 0}; /* no comm then */
+    /* comm [10,40) col and [50,60) depth; compute only [0,12): without waits 38 would be exposed */
+    axc_span v[] = {cs(0, 12), ms(AXC_GROUP_COL, 10, 40, 8), ms(AXC_GROUP_DEPTH, 50, 60, 8), w1,
+                    w2};
+    CHECK_OK(axc_timeline_summarize(v, 5, &st));
+    CHECK(st.comm_ns == 40 && st.wait_ns == 25 && st.wait_spans == 2 && st.comm_spans == 2);
+    CHECK(st.exposed_comm_ns == 15); /* [25,40): the only waited-for communication */
+    CHECK(st.group[AXC_GROUP_COL].exposed_ns == 15 && st.group[AXC_GROUP_DEPTH].exposed_ns == 0);
+    CHECK_OK(axc_timeline_summarize(v, 3, &st)); /* the same spans without waits */
+    CHECK(st.exposed_comm_ns == 38 && st.wait_ns == 0);
+}
+
 int main(void)
 {
     test_empty();
+    test_waits_define_exposure();
     test_union_intersection();
     test_per_group();
     test_record_get_clear();

@@ -24,14 +24,18 @@
 extern "C" {
 #endif
 
-enum { AXC_SPAN_COMPUTE = 0, AXC_SPAN_COMM = 1 };
+/* WAIT: a thread that computes was blocked on a collective (axc_work_wait on a pending work).
+ * When waits are recorded, exposed communication is the communication they overlap: the time
+ * the computing thread spent waiting while bytes moved. Without waits (spans recorded by hand)
+ * it is the communication no compute span covers. */
+enum { AXC_SPAN_COMPUTE = 0, AXC_SPAN_COMM = 1, AXC_SPAN_WAIT = 2 };
 
 /* Default capacity (spans) of the buffer allocated on the first enable. */
 #define AXC_TIMELINE_DEFAULT_CAPACITY ((size_t)1 << 20)
 
 typedef struct axc_span {
-    int kind;         /* AXC_SPAN_COMPUTE or AXC_SPAN_COMM */
-    int group;        /* axc_group_kind of a comm span; -1 for compute */
+    int kind;         /* AXC_SPAN_COMPUTE, AXC_SPAN_COMM or AXC_SPAN_WAIT */
+    int group;        /* axc_group_kind of a comm or wait span; -1 for compute */
     const char *name; /* static string */
     int64_t t_begin, t_end; /* monotonic ns */
     uint64_t bytes;   /* comm: closed-form bytes sent by this rank; compute: caller's figure */
@@ -39,7 +43,7 @@ typedef struct axc_span {
 
 typedef struct axc_timeline_group_stats {
     int64_t comm_ns;    /* length of the union of this group's comm spans */
-    int64_t exposed_ns; /* of which not covered by any compute span */
+    int64_t exposed_ns; /* of which exposed (see AXC_SPAN_WAIT) */
     uint64_t bytes;     /* sum of the spans' bytes */
     uint64_t spans;     /* number of spans */
 } axc_timeline_group_stats;
@@ -47,10 +51,11 @@ typedef struct axc_timeline_group_stats {
 typedef struct axc_timeline_stats {
     int64_t compute_ns;      /* length of the union of compute spans */
     int64_t comm_ns;         /* length of the union of all comm spans */
-    int64_t exposed_comm_ns; /* comm_ns minus its intersection with the compute union */
+    int64_t exposed_comm_ns; /* the part of comm_ns that was exposed (see AXC_SPAN_WAIT) */
     int64_t t_first, t_last; /* earliest begin, latest end over all spans (0 when none) */
     size_t spans;            /* spans summarised */
-    size_t compute_spans, comm_spans;
+    size_t compute_spans, comm_spans, wait_spans;
+    int64_t wait_ns;         /* length of the union of wait spans */
     uint64_t dropped;        /* spans lost because the buffer was full */
     axc_timeline_group_stats group[AXC_GROUP_COUNT];
 } axc_timeline_stats;
