@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _C, runtime
+from .comm import _stream
 
 # data-parallel gradient bucket size (bytes); init(bucket_size=...) sets it
 bucket_bytes = 4 * 1024 * 1024
@@ -46,11 +47,7 @@ class _Bucket:
 _records: List[_Record] = []
 _params_pending: set = set()
 _open: Dict[Tuple[torch.dtype, torch.device], _Bucket] = {}
-_callback_queued = False
-
-
-def _stream(t: Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+_queued_task = None  # graph task whose end runs _end_of_backward
 
 
 def _close(bucket: _Bucket) -> None:
@@ -111,16 +108,18 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
 
 
 def queue_finish() -> None:
-    """Runs finish() when the current backward pass ends (once per pass)."""
-    global _callback_queued
-    if not _callback_queued:
+    """Runs finish() when the current backward pass ends (once per pass). Keyed by the pass's
+    graph-task id, so a pass that raised (its callbacks dropped) does not block later ones."""
+    global _queued_task
+    task = torch._C._current_graph_task_id()
+    if task != _queued_task:
         torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
-        _callback_queued = True
+        _queued_task = task
 
 
 def _end_of_backward() -> None:
-    global _callback_queued
-    _callback_queued = False
+    global _queued_task
+    _queued_task = None
     finish()
     _C.sched_step_end()
 
@@ -155,7 +154,8 @@ def finish() -> None:
 
 def reset() -> None:
     """Forgets everything pending (at init/finalize)."""
-    global _callback_queued
+    global _queued_task
+    _queued_task = None
     _records.clear()
     _params_pending.clear()
     _open.clear()

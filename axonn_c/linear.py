@@ -13,13 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from . import _C, grads, runtime
+from .comm import _stream
 from .runtime import grid
 
 _EASY, _EXPERT = 0, 1
-
-
-def _stream(t: Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
 def _dev(t: Tensor) -> int:
