@@ -7,7 +7,7 @@
     axonn_c.timeline.export("trace.json")   # Chrome-trace / Perfetto JSON, one file per rank
 
 The spans are recorded in C (csrc/sched/timeline.c): every collective executed by the shm backend
-(from the moment its progress thread starts it to its completion), the layer's GEMMs, and every
+(from the moment its group's progress thread starts it to its completion), the layer's GEMMs, and every
 wait of the computing thread on a collective that had not finished. "Exposed" communication is
 the communication time during which the computing thread was waiting for it (when no waits are
 recorded, e.g. spans added by hand: the communication time no compute span covers).

@@ -301,8 +301,27 @@ static axc_status skipped_wait(axc_backend *be, axc_work *w)
 /* The "backend" of skipped works: waits return at once, and the state is already DONE. */
 static axc_backend skipped_backend = {.name = "skipped", .wait = skipped_wait};
 
+/* Whether `be` can be handed `after` to wait for on its own: all of them are its works (or
+ * already complete). */
+static int backend_follows(const axc_backend *be, axc_work *const *after, size_t n)
+{
+    if (!be->follows_after)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (after[i] && after[i]->backend != be &&
+            atomic_load_explicit(&after[i]->state, memory_order_acquire) == AXC_WORK_PENDING)
+            return 0;
+    return 1;
+}
+
 axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                           axc_work **out)
+{
+    return axc_comm_start_after(comm, kind, c, NULL, 0, out);
+}
+
+axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
+                                axc_work *const *after, size_t n_after, axc_work **out)
 {
     *out = NULL;
     if (!comm)
@@ -328,14 +347,30 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
                         "(ranks on several nodes or backend='nccl'); use CUDA tensors");
     }
 
+    int skip = c->kind != AXC_COLL_BARRIER && bench_skip_comm();
+    int follows = !skip && backend_follows(be, after, n_after);
+    if (!skip && !follows) /* order it here: a stream wait (CUDA) or a host wait */
+        for (size_t i = 0; i < n_after; i++)
+            if (after[i] && !after[i]->waited)
+                AXC_TRY(axc_work_wait(after[i]));
     axc_work *w = calloc(1, sizeof *w);
     if (!w)
         return axc_fail(AXC_ERR_NOMEM, "out of memory starting %s", axc_coll_name(c->kind));
+    if (follows && n_after) {
+        w->after = malloc(n_after * sizeof *w->after);
+        if (!w->after) {
+            free(w);
+            return axc_fail(AXC_ERR_NOMEM, "out of memory starting %s", axc_coll_name(c->kind));
+        }
+        for (size_t i = 0; i < n_after; i++)
+            if (after[i])
+                w->after[w->n_after++] = after[i];
+    }
     w->coll = *c;
     w->group = g->info;
     w->backend = be;
     w->backend_group = bg;
-    if (c->kind != AXC_COLL_BARRIER && bench_skip_comm()) {
+    if (skip) {
         /* benchmark only: measures compute alone (see bench_skip_comm above) */
         w->backend = &skipped_backend;
         w->backend_group = NULL;
@@ -344,6 +379,7 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
         atomic_store(&w->state, AXC_WORK_PENDING);
         axc_status st = be->start(be, bg, w);
         if (st != AXC_OK) {
+            free(w->after);
             free(w);
             return st;
         }
@@ -439,6 +475,7 @@ void axc_work_free(axc_work *w)
         if (st == AXC_ERR_TIMEOUT && !w->waited)
             return; /* the backend may still touch it: leak rather than corrupt */
     }
+    free(w->after);
     free(w);
 }
 
@@ -451,11 +488,4 @@ void axc_comm_reset_counters(axc_comm *comm)
 {
     for (int k = 0; k < AXC_GROUP_COUNT; k++)
         memset(&comm->groups[k].counters, 0, sizeof comm->groups[k].counters);
-}
-
-int axc_comm_in_order(const axc_comm *comm, int device)
-{
-    /* shm runs every group's works on one progress thread, first started first; nccl gives
-     * each group its own stream */
-    return !(device >= 0 && comm->nccl_preferred);
 }

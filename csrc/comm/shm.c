@@ -1,8 +1,11 @@
 /* The shm backend: collectives between the ranks of one node through a POSIX shared-memory
- * segment. Each rank owns a data slot; a collective moves data in rounds through the slots,
- * separated by futex barriers, so waiting ranks sleep instead of spinning. One progress thread per
- * process executes works in issue order (NCCL's ordering). CUDA buffers are staged through
- * pinned host memory. A dead or late peer fails the op on every rank within the timeout. */
+ * segment. Each rank owns a data slot per group kind; a collective moves data in rounds through
+ * the slots, separated by futex barriers, so waiting ranks sleep instead of spinning. Each group
+ * kind has its own progress thread (a "lane") that executes that group's works in issue order,
+ * so groups progress independently, as NCCL communicators on their own streams do; a work
+ * started "after" others (axc_comm_start_after) waits for them on its lane. CUDA buffers are
+ * staged through pinned host memory. A dead or late peer fails the op on every rank within the
+ * timeout. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -49,7 +52,26 @@ typedef struct shm_group {
     shm_barrier *barrier;
 } shm_group;
 
-typedef struct shm_backend {
+typedef struct shm_backend shm_backend;
+
+/* One group kind's progress thread, its FIFO and its staging state. */
+typedef struct shm_lane {
+    shm_backend *b;
+    unsigned char *slots; /* this kind's slots, [world][slot_bytes]; NULL for size-1 groups */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    axc_work *head, *tail;
+    int stop;
+    /* CUDA staging (this lane's thread only) */
+    void *stage_stream;
+    int stage_device;
+    void *host_buf;
+    size_t host_bytes;
+} shm_lane;
+
+struct shm_backend {
     axc_backend base;
     int rank, world;
     double timeout_s;
@@ -60,25 +82,14 @@ typedef struct shm_backend {
     shm_header *hdr;
     _Atomic int32_t *pids;
     shm_barrier *barriers; /* [AXC_GROUP_COUNT][world], indexed by group colour */
-    unsigned char *slots;
     size_t slot_bytes;
-    /* progress thread and its FIFO */
-    pthread_t thread;
-    int thread_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    axc_work *head, *tail;
-    int stop;
-    /* sticky failure: once a collective failed every later one fails the same way */
+    shm_lane lanes[AXC_GROUP_COUNT];
+    /* sticky failure: once a collective failed every later one (of any lane) fails the same way */
+    pthread_mutex_t fail_mu;
     axc_status failed;
     char failed_msg[512];
-    /* CUDA staging (progress thread only) */
     const axc_cuda_api *cuda;
-    void *stage_stream;
-    int stage_device;
-    void *host_buf;
-    size_t host_bytes;
-} shm_backend;
+};
 
 /* Per-work CUDA state: the event the user stream recorded at start. */
 typedef struct shm_cuda_work {
@@ -87,10 +98,6 @@ typedef struct shm_cuda_work {
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-static unsigned char *slot_of(shm_backend *b, int global_rank)
-{
-    return b->slots + (size_t)global_rank * b->slot_bytes;
-}
 
 /* ------------------------------------------------------------------ failure handling */
 
@@ -187,6 +194,7 @@ static axc_status group_barrier(shm_backend *b, const shm_group *g, int64_t dead
 typedef struct run_ctx {
     shm_backend *b;
     const shm_group *g;
+    unsigned char *slots; /* the group kind's slots */
     int64_t deadline;
     const char *what;
 } run_ctx;
@@ -196,7 +204,8 @@ static axc_status bar(run_ctx *c) { return group_barrier(c->b, c->g, c->deadline
 /* The half of member k's slot used in round `round` (double buffering: 1 barrier per round). */
 static unsigned char *half(run_ctx *c, int k, size_t round)
 {
-    return slot_of(c->b, c->g->members[k]) + (round & 1) * (c->b->slot_bytes / 2);
+    return c->slots + (size_t)c->g->members[k] * c->b->slot_bytes +
+           (round & 1) * (c->b->slot_bytes / 2);
 }
 
 static void even_split(size_t n, int G, int k, size_t *lo, size_t *hi)
@@ -312,7 +321,8 @@ static size_t recv_elems(const axc_coll *a, int G)
 static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a,
                            const void *send, void *recv)
 {
-    run_ctx c = {b, g, axc_now_ns() + (int64_t)(b->timeout_s * 1e9), axc_coll_name(a->kind)};
+    run_ctx c = {b, g, b->lanes[g->info.kind].slots, axc_now_ns() + (int64_t)(b->timeout_s * 1e9),
+                 axc_coll_name(a->kind)};
     int G = g->info.size;
     axc_status st = AXC_OK;
     if (G == 1) { /* nothing to exchange: a local copy, and the avg of one value is itself */
@@ -331,7 +341,7 @@ static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a
     case AXC_COLL_BARRIER:
     case AXC_COLL_COUNT: break;
     }
-    /* closing barrier: slots may be reused by the next collective of any group */
+    /* closing barrier: the slots may be reused by the group's next collective */
     if (st == AXC_OK)
         st = bar(&c);
     return st;
@@ -339,51 +349,52 @@ static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a
 
 /* ------------------------------------------------------------------ CUDA staging */
 
-static axc_status ensure_host_buf(shm_backend *b, size_t bytes)
+static axc_status ensure_host_buf(shm_lane *l, const axc_cuda_api *cu, size_t bytes)
 {
-    if (b->host_bytes >= bytes)
+    if (l->host_bytes >= bytes)
         return AXC_OK;
-    if (b->host_buf)
-        b->cuda->FreeHost(b->host_buf);
-    b->host_buf = NULL;
-    b->host_bytes = 0;
-    AXC_TRY(axc_cuda_check(b->cuda->MallocHost(&b->host_buf, bytes), "cudaMallocHost"));
-    b->host_bytes = bytes;
+    if (l->host_buf)
+        cu->FreeHost(l->host_buf);
+    l->host_buf = NULL;
+    l->host_bytes = 0;
+    AXC_TRY(axc_cuda_check(cu->MallocHost(&l->host_buf, bytes), "cudaMallocHost"));
+    l->host_bytes = bytes;
     return AXC_OK;
 }
 
-static axc_status run_cuda(shm_backend *b, const shm_group *g, axc_work *w)
+static axc_status run_cuda(shm_lane *l, const shm_group *g, axc_work *w)
 {
+    shm_backend *b = l->b;
     const axc_cuda_api *cu = b->cuda;
     const axc_coll *a = &w->coll;
     shm_cuda_work *cw = w->backend_data;
     int G = g->info.size;
     size_t es = axc_dtype_size(a->dtype), sb = send_elems(a, G) * es, rb = recv_elems(a, G) * es;
-    if (b->stage_stream == NULL || b->stage_device != a->device) {
+    if (l->stage_stream == NULL || l->stage_device != a->device) {
         AXC_TRY(axc_cuda_check(cu->SetDevice(a->device), "cudaSetDevice"));
-        if (b->stage_stream)
-            cu->StreamDestroy(b->stage_stream);
-        b->stage_stream = NULL;
-        AXC_TRY(axc_cuda_check(cu->StreamCreateWithFlags(&b->stage_stream, 1), "cudaStreamCreate"));
-        b->stage_device = a->device;
+        if (l->stage_stream)
+            cu->StreamDestroy(l->stage_stream);
+        l->stage_stream = NULL;
+        AXC_TRY(axc_cuda_check(cu->StreamCreateWithFlags(&l->stage_stream, 1), "cudaStreamCreate"));
+        l->stage_device = a->device;
     }
-    AXC_TRY(ensure_host_buf(b, align_up(sb, 64) + rb + 64));
-    unsigned char *hsend = b->host_buf, *hrecv = hsend + align_up(sb, 64);
+    AXC_TRY(ensure_host_buf(l, cu, align_up(sb, 64) + rb + 64));
+    unsigned char *hsend = l->host_buf, *hrecv = hsend + align_up(sb, 64);
     int in_place = a->send == a->recv || a->kind == AXC_COLL_BARRIER;
-    AXC_TRY(axc_cuda_check(cu->StreamWaitEvent(b->stage_stream, cw->ready, 0), "cudaStreamWaitEvent"));
+    AXC_TRY(axc_cuda_check(cu->StreamWaitEvent(l->stage_stream, cw->ready, 0), "cudaStreamWaitEvent"));
     if (sb && a->send)
         AXC_TRY(axc_cuda_check(cu->MemcpyAsync(hsend, a->send, sb, AXC_CUDA_MEMCPY_D2H,
-                                               b->stage_stream), "cudaMemcpyAsync D2H"));
-    AXC_TRY(axc_cuda_check(cu->StreamSynchronize(b->stage_stream), "cudaStreamSynchronize"));
+                                               l->stage_stream), "cudaMemcpyAsync D2H"));
+    AXC_TRY(axc_cuda_check(cu->StreamSynchronize(l->stage_stream), "cudaStreamSynchronize"));
     AXC_TRY(run_host(b, g, a, a->send ? hsend : NULL, in_place ? hsend : hrecv));
     if (rb)
         AXC_TRY(axc_cuda_check(cu->MemcpyAsync(a->recv, in_place ? hsend : hrecv, rb,
-                                               AXC_CUDA_MEMCPY_H2D, b->stage_stream),
+                                               AXC_CUDA_MEMCPY_H2D, l->stage_stream),
                                "cudaMemcpyAsync H2D"));
-    return axc_cuda_check(cu->StreamSynchronize(b->stage_stream), "cudaStreamSynchronize");
+    return axc_cuda_check(cu->StreamSynchronize(l->stage_stream), "cudaStreamSynchronize");
 }
 
-/* ------------------------------------------------------------------ progress thread */
+/* ------------------------------------------------------------------ lanes (progress threads) */
 
 static void sim_link_sleep(shm_backend *b, const axc_work *w, int64_t t0)
 {
@@ -400,44 +411,85 @@ static void sim_link_sleep(shm_backend *b, const axc_work *w, int64_t t0)
     }
 }
 
-static void execute(shm_backend *b, axc_work *w)
+static axc_status sticky_failure(shm_backend *b, char *msg, size_t cap)
 {
-    const shm_group *g = w->backend_group;
-    if (b->failed != AXC_OK) {
-        axc_work_complete(w, b->failed, b->failed_msg);
-        return;
-    }
-    int64_t t0 = axc_now_ns();
-    w->t_exec_begin = axc_timeline_enabled() ? axc_timeline_now() : 0;
-    axc_status st = w->coll.device >= 0 ? run_cuda(b, g, w)
-                                         : run_host(b, g, &w->coll, w->coll.send, w->coll.recv);
-    if (st == AXC_OK)
-        sim_link_sleep(b, w, t0);
-    else {
-        b->failed = st;
-        snprintf(b->failed_msg, sizeof b->failed_msg, "%s", axc_last_error());
-    }
-    axc_work_complete(w, st, st == AXC_OK ? NULL : b->failed_msg);
+    pthread_mutex_lock(&b->fail_mu);
+    axc_status st = b->failed;
+    if (st != AXC_OK)
+        snprintf(msg, cap, "%s", b->failed_msg);
+    pthread_mutex_unlock(&b->fail_mu);
+    return st;
 }
 
-static void *progress_main(void *arg)
+static void set_failure(shm_backend *b, axc_status st, const char *msg)
 {
-    shm_backend *b = arg;
-    pthread_mutex_lock(&b->mu);
-    for (;;) {
-        while (!b->head && !b->stop)
-            pthread_cond_wait(&b->cv, &b->mu);
-        if (!b->head && b->stop)
-            break;
-        axc_work *w = b->head;
-        b->head = w->next;
-        if (!b->head)
-            b->tail = NULL;
-        pthread_mutex_unlock(&b->mu);
-        execute(b, w);
-        pthread_mutex_lock(&b->mu);
+    pthread_mutex_lock(&b->fail_mu);
+    if (b->failed == AXC_OK) {
+        b->failed = st;
+        snprintf(b->failed_msg, sizeof b->failed_msg, "%s", msg);
     }
-    pthread_mutex_unlock(&b->mu);
+    pthread_mutex_unlock(&b->fail_mu);
+}
+
+/* Waits for the works `w` must follow (other lanes' works, started earlier on this rank). */
+static axc_status wait_after(shm_backend *b, axc_work *w)
+{
+    for (size_t i = 0; i < w->n_after; i++) {
+        axc_work *d = w->after[i];
+        if (axc_work_host_wait(d, 2 * b->timeout_s + 30.0) != AXC_OK)
+            return axc_fail(AXC_ERR_PEER, "%s on the %s group did not run: the %s on the %s "
+                                          "group it follows failed: %s",
+                            axc_coll_name(w->coll.kind), axc_group_name(w->group.kind),
+                            axc_coll_name(d->coll.kind), axc_group_name(d->group.kind),
+                            axc_last_error());
+    }
+    return AXC_OK;
+}
+
+static void execute(shm_lane *l, axc_work *w)
+{
+    shm_backend *b = l->b;
+    const shm_group *g = w->backend_group;
+    char msg[512];
+    axc_status st = sticky_failure(b, msg, sizeof msg);
+    if (st != AXC_OK) {
+        axc_work_complete(w, st, msg);
+        return;
+    }
+    st = wait_after(b, w);
+    int64_t t0 = axc_now_ns();
+    w->t_exec_begin = axc_timeline_enabled() ? axc_timeline_now() : 0;
+    if (st == AXC_OK)
+        st = w->coll.device >= 0 ? run_cuda(l, g, w)
+                                 : run_host(b, g, &w->coll, w->coll.send, w->coll.recv);
+    if (st == AXC_OK) {
+        sim_link_sleep(b, w, t0);
+        axc_work_complete(w, st, NULL);
+        return;
+    }
+    snprintf(msg, sizeof msg, "%s", axc_last_error());
+    set_failure(b, st, msg);
+    axc_work_complete(w, st, msg);
+}
+
+static void *lane_main(void *arg)
+{
+    shm_lane *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->head && !l->stop)
+            pthread_cond_wait(&l->cv, &l->mu);
+        if (!l->head && l->stop)
+            break;
+        axc_work *w = l->head;
+        l->head = w->next;
+        if (!l->head)
+            l->tail = NULL;
+        pthread_mutex_unlock(&l->mu);
+        execute(l, w);
+        pthread_mutex_lock(&l->mu);
+    }
+    pthread_mutex_unlock(&l->mu);
     return NULL;
 }
 
@@ -446,7 +498,8 @@ static void *progress_main(void *arg)
 static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
 {
     shm_backend *b = (shm_backend *)be;
-    (void)group;
+    const shm_group *g = group;
+    shm_lane *l = &b->lanes[g->info.kind];
     if (w->coll.device >= 0) {
         axc_status st = axc_cuda_load(&b->cuda);
         if (st != AXC_OK)
@@ -455,7 +508,7 @@ static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
         shm_cuda_work *cw = calloc(1, sizeof *cw);
         if (!cw)
             return axc_fail(AXC_ERR_NOMEM, "out of memory");
-        /* the progress thread starts copying only after the user's stream reached this point */
+        /* the lane starts copying only after the user's stream reached this point */
         st = axc_cuda_check(b->cuda->EventCreateWithFlags(&cw->ready, 2 /* disable timing */),
                             "cudaEventCreate");
         if (st == AXC_OK)
@@ -469,21 +522,35 @@ static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
         w->backend_data = cw;
     }
     w->next = NULL;
-    pthread_mutex_lock(&b->mu);
-    if (b->tail)
-        b->tail->next = w;
+    pthread_mutex_lock(&l->mu);
+    /* the lane's thread starts with its first work: kinds never used cost nothing */
+    if (!l->thread_started) {
+        if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
+            pthread_mutex_unlock(&l->mu);
+            if (w->backend_data) {
+                b->cuda->EventDestroy(((shm_cuda_work *)w->backend_data)->ready);
+                free(w->backend_data);
+                w->backend_data = NULL;
+            }
+            return axc_fail(AXC_ERR_SYSTEM, "cannot start the shm progress thread of the %s group",
+                            axc_group_name(g->info.kind));
+        }
+        l->thread_started = 1;
+    }
+    if (l->tail)
+        l->tail->next = w;
     else
-        b->head = w;
-    b->tail = w;
-    pthread_cond_signal(&b->cv);
-    pthread_mutex_unlock(&b->mu);
+        l->head = w;
+    l->tail = w;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
     return AXC_OK;
 }
 
 static axc_status shm_wait(axc_backend *be, axc_work *w)
 {
     shm_backend *b = (shm_backend *)be;
-    /* the progress thread bounds every peer wait by the timeout; the margin covers the copy */
+    /* the lane bounds every peer wait by the timeout; the margin covers the copy */
     axc_status st = axc_work_host_wait(w, 2 * b->timeout_s + 30.0);
     if (atomic_load(&w->state) != AXC_WORK_PENDING && w->backend_data) {
         shm_cuda_work *cw = w->backend_data;
@@ -524,21 +591,25 @@ static void shm_group_close(axc_backend *be, void *group)
 static void shm_destroy(axc_backend *be)
 {
     shm_backend *b = (shm_backend *)be;
-    if (b->thread_started) {
-        pthread_mutex_lock(&b->mu);
-        b->stop = 1;
-        pthread_cond_signal(&b->cv);
-        pthread_mutex_unlock(&b->mu);
-        pthread_join(b->thread, NULL);
+    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+        shm_lane *l = &b->lanes[k];
+        if (l->thread_started) {
+            pthread_mutex_lock(&l->mu);
+            l->stop = 1;
+            pthread_cond_signal(&l->cv);
+            pthread_mutex_unlock(&l->mu);
+            pthread_join(l->thread, NULL);
+        }
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        if (b->cuda) {
+            if (l->stage_stream)
+                b->cuda->StreamDestroy(l->stage_stream);
+            if (l->host_buf)
+                b->cuda->FreeHost(l->host_buf);
+        }
     }
-    pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv);
-    if (b->cuda) {
-        if (b->stage_stream)
-            b->cuda->StreamDestroy(b->stage_stream);
-        if (b->host_buf)
-            b->cuda->FreeHost(b->host_buf);
-    }
+    pthread_mutex_destroy(&b->fail_mu);
     if (b->map)
         munmap(b->map, b->map_bytes);
     if (b->name[0])
@@ -560,13 +631,19 @@ static double env_double(const char *name, double dflt)
 
 static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
 {
-    size_t slot_kb = (size_t)env_double("AXONN_C_SHM_SLOT_KB", 4096);
+    /* a slot per rank for every group kind of more than one rank: the kinds' lanes run at once */
+    size_t slot_kb = (size_t)env_double("AXONN_C_SHM_SLOT_KB", 2048);
     if (slot_kb < 64)
         slot_kb = 64;
     size_t slot = align_up(slot_kb * 1024, 4096);
     size_t hdr = align_up(sizeof(shm_header) + sizeof(int32_t) * (size_t)b->world, 4096);
     size_t bars = align_up(sizeof(shm_barrier) * AXC_GROUP_COUNT * (size_t)b->world, 4096);
-    size_t total = hdr + bars + slot * (size_t)b->world;
+    size_t kind_off[AXC_GROUP_COUNT], total = hdr + bars;
+    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+        kind_off[k] = total;
+        if (axc_grid_group_size(&cfg->grid, (axc_group_kind)k) > 1)
+            total += slot * (size_t)b->world;
+    }
     char key[256];
     snprintf(key, sizeof key, "%s/shm/name", cfg->job_id);
     int fd = -1;
@@ -612,7 +689,9 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     b->hdr = map;
     b->pids = (_Atomic int32_t *)((unsigned char *)map + sizeof(shm_header));
     b->barriers = (shm_barrier *)((unsigned char *)map + hdr);
-    b->slots = (unsigned char *)map + hdr + bars;
+    for (int k = 0; k < AXC_GROUP_COUNT; k++)
+        if (axc_grid_group_size(&cfg->grid, (axc_group_kind)k) > 1)
+            b->lanes[k].slots = (unsigned char *)map + kind_off[k];
     b->slot_bytes = slot;
     if (b->rank == 0) {
         b->hdr->world = (uint32_t)b->world;
@@ -670,6 +749,7 @@ axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
     b->base.group_open = shm_group_open;
     b->base.group_close = shm_group_close;
     b->base.start = shm_start;
+    b->base.follows_after = 1;
     b->base.wait = shm_wait;
     b->base.query = NULL;
     b->base.destroy = shm_destroy;
@@ -678,16 +758,15 @@ axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
     b->timeout_s = cfg->timeout_s;
     b->sim_gbps = env_double("AXONN_C_SIM_GBPS", 0);
     b->sim_us = env_double("AXONN_C_SIM_US", 0);
-    b->stage_device = -1;
-    pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->cv, NULL);
-    axc_status st = attach_segment(b, cfg);
-    if (st == AXC_OK) {
-        if (pthread_create(&b->thread, NULL, progress_main, b) != 0)
-            st = axc_fail(AXC_ERR_SYSTEM, "cannot start the shm progress thread");
-        else
-            b->thread_started = 1;
+    pthread_mutex_init(&b->fail_mu, NULL);
+    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+        shm_lane *l = &b->lanes[k];
+        l->b = b;
+        l->stage_device = -1;
+        pthread_mutex_init(&l->mu, NULL);
+        pthread_cond_init(&l->cv, NULL);
     }
+    axc_status st = attach_segment(b, cfg);
     if (st != AXC_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", axc_last_error());

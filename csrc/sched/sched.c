@@ -467,16 +467,9 @@ axc_status axc_sched_defer(axc_sched *s, axc_work *w)
 axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c)
 {
     pthread_mutex_lock(&s->mu);
-    axc_status st = AXC_OK;
-    /* where collectives do not run in start order (nccl: a stream per group), order this one
-     * after the deferred ones by making the caller's stream wait for them */
-    if (!axc_comm_in_order(s->comm, c->device))
-        for (size_t i = 0; i < s->npending && st == AXC_OK; i++)
-            if (!s->pending[i]->waited)
-                st = axc_work_wait(s->pending[i]);
+    /* groups progress independently: this one reads what the deferred ones write */
     axc_work *w = NULL;
-    if (st == AXC_OK)
-        st = axc_comm_start(s->comm, group, c, &w);
+    axc_status st = axc_comm_start_after(s->comm, group, c, s->pending, s->npending, &w);
     if (st == AXC_OK)
         st = defer_locked(s, w);
     pthread_mutex_unlock(&s->mu);
@@ -487,12 +480,14 @@ axc_status axc_sched_finish(axc_sched *s)
 {
     pthread_mutex_lock(&s->mu);
     axc_status st = AXC_OK;
+    /* all waited before any is freed: a pending work may be another's `after` */
     for (size_t i = 0; i < s->npending; i++) {
         axc_status ws = axc_work_wait(s->pending[i]);
-        axc_work_free(s->pending[i]);
         if (st == AXC_OK)
             st = ws;
     }
+    for (size_t i = 0; i < s->npending; i++)
+        axc_work_free(s->pending[i]);
     s->npending = 0;
     pthread_mutex_unlock(&s->mu);
     return st;

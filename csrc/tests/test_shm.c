@@ -1,5 +1,6 @@
 /* shm backend across forked processes: every collective on every group of several grids, odd
- * lengths crossing the slot size, byte counters, and a dead peer failing the others in time. */
+ * lengths crossing the slot size, byte counters, groups progressing independently, works started
+ * after other groups' works, and a dead peer failing the others in time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,88 @@ static void rank_main(int rank, int world, const int dims[4], double timeout)
     axc_comm_destroy(comm);
 }
 
+static axc_comm *open_comm(int rank, int world, const int dims[4], const char *job, double timeout)
+{
+    axc_comm_config cfg;
+    axc_comm *comm = NULL;
+    if (fork_ranks_config(&cfg, rank, world, dims, job, timeout) != AXC_OK ||
+        axc_comm_create(&comm, &cfg) != AXC_OK) {
+        fprintf(stderr, "rank %d: create: %s\n", rank, axc_last_error());
+        fails++;
+        return NULL;
+    }
+    return comm;
+}
+
+/* Two ranks, grid 1x1x2x1: the col and world groups are both {0, 1}. Rank 0 starts col then
+ * world, rank 1 world then col, each waiting for its second collective first. This completes
+ * only when each group kind progresses on its own (one in-order queue per process would wait
+ * for the peer's first collective forever, i.e. time out). */
+static void independent_main(int rank, int world, const int dims[4], double timeout)
+{
+    axc_comm *comm = open_comm(rank, world, dims, "indep", timeout);
+    if (!comm)
+        return;
+    float a[3] = {1, 2, 3}, b[3] = {10, 20, 30};
+    axc_coll ca = {.kind = AXC_COLL_ALL_REDUCE, .send = a, .recv = a, .count = 3, .device = -1};
+    axc_coll cb = {.kind = AXC_COLL_ALL_REDUCE, .send = b, .recv = b, .count = 3, .device = -1};
+    axc_group_kind first = rank == 0 ? AXC_GROUP_COL : AXC_GROUP_WORLD;
+    axc_group_kind second = rank == 0 ? AXC_GROUP_WORLD : AXC_GROUP_COL;
+    axc_work *w1 = NULL, *w2 = NULL;
+    EXPECT(axc_comm_start(comm, first, rank == 0 ? &ca : &cb, &w1) == AXC_OK);
+    EXPECT(axc_comm_start(comm, second, rank == 0 ? &cb : &ca, &w2) == AXC_OK);
+    EXPECT(axc_work_wait(w2) == AXC_OK);
+    EXPECT(axc_work_wait(w1) == AXC_OK);
+    axc_work_free(w1);
+    axc_work_free(w2);
+    for (int i = 0; i < 3; i++) {
+        EXPECT(a[i] == 2.0f * (float)(i + 1));
+        EXPECT(b[i] == 20.0f * (float)(i + 1));
+    }
+    axc_comm_destroy(comm);
+}
+
+/* Four ranks, grid 2x1x1x2 (data 2, depth 2). The depth reduce-scatter's output feeds a data
+ * all-reduce started with axc_comm_start_after; one depth peer joins late, so the all-reduce
+ * would read the not-yet-written output if it did not follow. */
+static void after_main(int rank, int world, const int dims[4], double timeout)
+{
+    axc_comm *comm = open_comm(rank, world, dims, "after", timeout);
+    if (!comm)
+        return;
+    const axc_grid *grid = axc_comm_grid(comm);
+    enum { N = 5000 };
+    float *send = malloc(2 * N * sizeof(float)), *mid = calloc(N, sizeof(float));
+    for (size_t i = 0; i < 2 * N; i++)
+        send[i] = val(rank, i);
+    if (axc_grid_coords(grid, rank).depth == 1)
+        usleep(200000);
+    axc_coll rs = {.kind = AXC_COLL_REDUCE_SCATTER, .send = send, .recv = mid, .count = N,
+                   .device = -1};
+    axc_coll ar = {.kind = AXC_COLL_ALL_REDUCE, .send = mid, .recv = mid, .count = N,
+                   .device = -1};
+    axc_work *w1 = NULL, *w2 = NULL;
+    EXPECT(axc_comm_start(comm, AXC_GROUP_DEPTH, &rs, &w1) == AXC_OK);
+    EXPECT(axc_comm_start_after(comm, AXC_GROUP_DATA, &ar, &w1, 1, &w2) == AXC_OK);
+    EXPECT(axc_work_wait(w2) == AXC_OK);
+    EXPECT(axc_work_wait(w1) == AXC_OK);
+    axc_work_free(w2);
+    axc_work_free(w1);
+    /* every rank ends with the sum over all 4 ranks of the depth piece of its depth index */
+    size_t off = (size_t)axc_grid_coords(grid, rank).depth * N;
+    int bad = 0;
+    for (size_t i = 0; i < N; i++) {
+        float want = 0;
+        for (int r = 0; r < world; r++)
+            want += val(r, off + i);
+        bad += mid[i] != want;
+    }
+    EXPECT(bad == 0);
+    axc_comm_destroy(comm);
+    free(send);
+    free(mid);
+}
+
 /* Rank world-1 dies before the collective; everyone else must fail with PEER, not hang. */
 static void dead_peer_main(int rank, int world, const int dims[4], double timeout)
 {
@@ -165,6 +248,9 @@ int main(void)
             fprintf(stderr, "grid %d,%d,%d,%d: %d ranks failed\n", d[0], d[1], d[2], d[3], bad);
         CHECK(bad == 0);
     }
+    static const int indep_grid[4] = {1, 1, 2, 1}, after_grid[4] = {2, 1, 1, 2};
+    CHECK(fork_ranks_spawn(2, independent_main, indep_grid, 10.0, 0) == 0);
+    CHECK(fork_ranks_spawn(4, after_main, after_grid, 10.0, 0) == 0);
     static const int dead_grid[4] = {1, 1, 3, 1};
     int64_t t0 = axc_now_ns();
     CHECK(fork_ranks_spawn(3, dead_peer_main, dead_grid, 5.0, 0) == 0);

@@ -99,9 +99,15 @@ const char *axc_comm_backends(const axc_comm *comm);
 axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                           axc_work **work);
 
-/* 1 when collectives on buffers of `device` (-1 host) execute in the order they were started,
- * across all groups (a later start reads what an earlier one wrote without waiting for it). */
-int axc_comm_in_order(const axc_comm *comm, int device);
+/* Like axc_comm_start, but the collective begins only after the works `after` (started earlier
+ * on this rank, typically on other groups) have finished, e.g. a sum over data-parallel ranks of
+ * what depth reduce-scatters produce. Groups progress independently (NCCL: a stream per group;
+ * shm: a thread per group kind), so without this a collective may run before another group's
+ * earlier one. The shm backend waits for them on the group's thread (the caller never blocks);
+ * elsewhere the caller's stream is made to wait for them (CUDA) or the caller waits (host). The
+ * works in `after` must stay alive until this one has finished. */
+axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
+                                axc_work *const *after, size_t n_after, axc_work **work);
 
 /* Waits for completion. Host buffers: on return they hold the result. CUDA buffers: on return
  * the stream given at start is ordered after the collective (no host synchronisation). */
@@ -138,6 +144,8 @@ struct axc_backend {
     void (*group_close)(axc_backend *be, void *group);
     /* Starts the collective; completion is reported by axc_work_complete(). */
     axc_status (*start)(axc_backend *be, void *group, axc_work *work);
+    /* 1: start() honours work->after (the backend waits for those works before executing) */
+    int follows_after;
     /* Waits for `work` (host or stream wait, see axc_work_wait). */
     axc_status (*wait)(axc_backend *be, axc_work *work);
     /* Optional: 1 when the work has finished (e.g. its CUDA event fired). NULL: use work->state. */
@@ -165,6 +173,8 @@ struct axc_work {
     int waited;              /* axc_work_wait ran; its result is `status` */
     char message[512];
     axc_work *next;          /* backend queue link */
+    axc_work **after;        /* run only after these finished (owned; see axc_comm_start_after) */
+    size_t n_after;
     int64_t t_exec_begin;    /* timeline: when the backend began executing it (0: not timed) */
 };
 
