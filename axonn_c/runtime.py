@@ -113,8 +113,8 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
 
     `overlap=True` turns on every overlap of communication with computation (DESIGN §6, each
     also settable through optimize_communication() or per layer):
-    - the expert forward's all-reduce runs in `fwd_chunks` row chunks, each overlapping the next
-      chunk's GEMM (default: chosen by the output's size);
+    - the expert forward's all-reduce (and backward's dX all-reduce) runs in `fwd_chunks` row
+      chunks, each overlapping the next chunk's GEMM (default: chosen by the tensor's size);
     - backward: dX's reduction runs during the dW GEMM; dW's depth reduce-scatter and the
       data-parallel gradient all-reduce (in buckets of `bucket_size` bytes) run during the rest
       of backward and are complete when backward() returns;

@@ -220,9 +220,11 @@ axc_status axc_model_layer_colls(const axc_grid *grid, const axc_layer_desc *l,
                  N * passes * r, "fwd all-reduce Y"));
     AXC_TRY(push(out, cap, n, g.fwd_group, AXC_COLL_ALL_REDUCE, q * g.out_loc, s->dtype,
                  N * passes * (s->fwd_chunks - r), "fwd all-reduce Y"));
-    /* backward all-reduce of dX [rows, in_loc] */
-    AXC_TRY(push(out, cap, n, g.bwd_group, AXC_COLL_ALL_REDUCE, g.rows * g.in_loc, s->dtype, N,
-                 "bwd all-reduce dX"));
+    /* backward all-reduce of dX [rows, in_loc], in the same row chunks */
+    AXC_TRY(push(out, cap, n, g.bwd_group, AXC_COLL_ALL_REDUCE, (q + 1) * g.in_loc, s->dtype,
+                 N * r, "bwd all-reduce dX"));
+    AXC_TRY(push(out, cap, n, g.bwd_group, AXC_COLL_ALL_REDUCE, q * g.in_loc, s->dtype,
+                 N * (s->fwd_chunks - r), "bwd all-reduce dX"));
     return push_grad_reductions(out, cap, n, l, s, &g);
 }
 

@@ -281,18 +281,49 @@ static axc_status release_weight(ctx *c, int held, axc_status st)
     return st != AXC_OK ? st : rs;
 }
 
-/* Row chunks of the expert forward: 0 picks by the output's size (chunking pays off once the
- * all-reduce is long enough to hide behind a GEMM). */
-static int64_t forward_chunks(const ctx *c, int64_t rows)
+/* Row chunks of the expert layout's all-reduces (forward Y, backward dX) over a [rows x cols]
+ * block: 0 picks by its size (chunking pays off once the all-reduce is long enough to hide
+ * behind a GEMM). */
+static int64_t reduce_chunks(const ctx *c, int64_t rows, int64_t cols)
 {
     int64_t n = c->d->fwd_chunks;
     if (n == 0) {
-        size_t bytes = (size_t)rows * (size_t)c->s.n_local * c->es;
+        size_t bytes = (size_t)rows * (size_t)cols * c->es;
         n = bytes < ((size_t)256 << 10) ? 1 : bytes < ((size_t)4 << 20) ? 2 : 4;
     }
     if (n > rows)
         n = rows > 0 ? rows : 1;
     return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
+/* C[rows x N] = A[rows x K] * op(B) in row chunks, each chunk's all-reduce over `g` started as
+ * soon as its GEMM is done, so that it runs while the next chunk computes (over-decomposition,
+ * Tensor3D); the first rows % n chunks get one extra row (as the communication model counts
+ * them). The works are left in works[0..n) for the caller to finish. */
+static axc_status gemm_reduce_chunks(ctx *c, int64_t n, int64_t rows, int tb, int64_t N, int64_t K,
+                                     const void *A, const void *B, void *C, const void *bias,
+                                     axc_group_kind g, axc_work **works)
+{
+    int64_t q = rows / n, r = rows % n, row0 = 0;
+    axc_status st = AXC_OK;
+    for (int64_t i = 0; i < n && st == AXC_OK; i++) {
+        int64_t len = q + (i < r ? 1 : 0);
+        void *ci = at(C, row0 * N, c->es);
+        st = gemm(c, 0, tb, len, N, K, at((void *)A, row0 * K, c->es), K, B, tb ? K : N, ci, N,
+                  bias);
+        if (st == AXC_OK)
+            st = coll_start(c, g, AXC_COLL_ALL_REDUCE, ci, ci, len * N, &works[i]);
+        row0 += len;
+    }
+    return st;
+}
+
+/* Finishes works[0..n); keeps the first error. */
+static axc_status finish_all(axc_work **works, int64_t n, axc_status st)
+{
+    for (int64_t i = 0; i < n; i++)
+        st = coll_finish(&works[i], st);
+    return st;
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -315,24 +346,12 @@ static axc_status forward_body(ctx *pc, fwd_bufs *pf, const void *w)
             AXC_TRY(gemm(&c, 0, 1, rows, Nl, Kl, io->x, Kl, w, Kl, io->y, Nl, bias));
             return AXC_OK;
         }
-        /* over-decomposition: chunk i's all-reduce runs while chunk i+1's GEMM computes; the
-         * first rows % n chunks get one extra row (as the communication model counts them) */
-        int64_t n = forward_chunks(&c, rows);
+        /* over-decomposition: chunk i's all-reduce runs while chunk i+1's GEMM computes */
+        int64_t n = reduce_chunks(&c, rows, Nl);
         axc_work *works[64] = {0};
-        axc_status st = AXC_OK;
-        int64_t q = rows / n, r = rows % n, row0 = 0;
-        for (int64_t i = 0; i < n && st == AXC_OK; i++) {
-            int64_t len = q + (i < r ? 1 : 0);
-            const unsigned char *xi = at((void *)io->x, row0 * Kl, c.es);
-            unsigned char *yi = at(io->y, row0 * Nl, c.es);
-            st = gemm(&c, 0, 1, len, Nl, Kl, xi, Kl, w, Kl, yi, Nl, bias);
-            if (st == AXC_OK)
-                st = coll_start(&c, s->gin, AXC_COLL_ALL_REDUCE, yi, yi, len * Nl, &works[i]);
-            row0 += len;
-        }
-        for (int64_t i = 0; i < n; i++)
-            st = coll_finish(&works[i], st);
-        return st;
+        axc_status st = gemm_reduce_chunks(&c, n, rows, 1, Nl, Kl, io->x, w, io->y, bias, s->gin,
+                                           works);
+        return finish_all(works, n, st);
     }
 
     /* easy: gather the gout peers' tokens, trade feature blocks within gin */
@@ -418,8 +437,9 @@ static axc_status dw_gemm(ctx *c, bwd_bufs *w, const void *dy, const void *x, in
 
 /* The depth reduce-scatter of dW (asynchronous with overlap_reduce_scatter, so it runs while the
  * bias gradient computes), db = column sums of dY, then every collective still in flight
- * (`pending`, e.g. dX's reduction) completes. */
-static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, axc_work **pending)
+ * (pending[0..npending), e.g. dX's reductions) completes. */
+static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, axc_work **pending,
+                           int64_t npending)
 {
     const axc_linear_shapes *s = &c->s;
     const axc_linear_io *io = c->io;
@@ -438,7 +458,7 @@ static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, a
     if (st == AXC_OK && c->d->has_bias && io->db)
         st = axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, s->n_local, s->n_local,
                            io->db, 0);
-    st = coll_finish(pending, st);
+    st = finish_all(pending, npending, st);
     return coll_finish(&rs, st);
 }
 
@@ -454,18 +474,24 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
     int64_t Kl = s->k_local, Nl = s->n_local, K = d->in_features, N = d->out_features;
 
     if (d->layout == AXC_LAYOUT_EXPERT) {
-        /* dX = dY W, summed over the gout group: with overlap, while dW computes */
-        axc_work *ar = NULL;
-        AXC_TRY(gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL));
-        if (s->gout_size > 1) {
-            AXC_TRY(coll_start(&c, s->gout, AXC_COLL_ALL_REDUCE, io->dx, io->dx, rows * Kl, &ar));
+        /* dX = dY W, summed over the gout group: with overlap, in row chunks whose all-reduces
+         * run while the next chunk and then dW compute */
+        axc_work *ar[64] = {0};
+        int64_t n = 1;
+        axc_status st;
+        if (s->gout_size == 1) {
+            st = gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL);
+        } else {
+            n = reduce_chunks(&c, rows, Kl);
+            st = gemm_reduce_chunks(&c, n, rows, 0, Kl, Nl, io->dy, wt, io->dx, NULL, s->gout, ar);
             if (!d->overlap_all_reduce)
-                AXC_TRY(coll_finish(&ar, AXC_OK));
+                st = finish_all(ar, n, st);
         }
-        axc_status st = dw_gemm(&c, &w, io->dy, io->x, rows);
+        if (st == AXC_OK)
+            st = dw_gemm(&c, &w, io->dy, io->x, rows);
         if (st != AXC_OK)
-            return coll_finish(&ar, st);
-        return dw_finish(&c, &w, io->dy, rows, &ar);
+            return finish_all(ar, n, st);
+        return dw_finish(&c, &w, io->dy, rows, ar, n);
     }
 
     int G_in = s->gin_size, G_out = s->gout_size;
@@ -514,7 +540,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         if (!d->overlap_all_reduce)
             st = coll_finish(&a2a, st);
     }
-    st = st == AXC_OK ? dw_finish(&c, &w, dye, P_rows, &a2a) : coll_finish(&a2a, st);
+    st = st == AXC_OK ? dw_finish(&c, &w, dye, P_rows, &a2a, 1) : coll_finish(&a2a, st);
     for (int i = 0; i < G_in && st == AXC_OK; i++)
         st = copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
                        Kl, Kl, io->rows);

@@ -152,7 +152,7 @@ static void test_data_term(void)
     CHECK(b3.sent[AXC_GROUP_DATA] == 144 + 40);
 }
 
-/* Forward over-decomposition: rows 8 in 3 chunks of 3,3,2 rows; out_loc 6 over a col group
+/* Over-decomposition: rows 8 in 3 chunks of 3,3,2 rows; out_loc 6 over a col group
  * of 4: chunks of 18 elems (pieces 5,5,4,4) and 12 elems (pieces 3,3,3,3).
  * col rank 0: 2*2*(18-5)*2 + 2*(12-3)*2 = 104 + 36 = 140 B (unchunked 48: 2*(48-12)*2 = 144). */
 static void test_fwd_chunks(void)
@@ -165,6 +165,16 @@ static void test_fwd_chunks(void)
     axc_volume v = volume(&g, 0, l, s);
     CHECK(v.sent[AXC_GROUP_COL] == 140);
     CHECK(v.calls[AXC_GROUP_COL] == 3);
+    /* backward's dX all-reduce (over row) is cut the same way */
+    axc_grid gr = grid_of(1, 2, 1, 1);
+    s.fwd_chunks = 1;
+    axc_volume whole = volume(&gr, 0, l, s);
+    s.fwd_chunks = 3;
+    axc_volume cut = volume(&gr, 0, l, s);
+    CHECK(whole.calls[AXC_GROUP_ROW] == 1);
+    CHECK(cut.calls[AXC_GROUP_ROW] == 3);
+    CHECK(cut.sent[AXC_GROUP_ROW] <= whole.sent[AXC_GROUP_ROW]);
+    CHECK(cut.sent[AXC_GROUP_ROW] > 0);
     s.fwd_chunks = 9;
     axc_volume tmp;
     memset(&tmp, 0, sizeof tmp);
