@@ -12,11 +12,19 @@ Accumulation: the gradient accumulated so far is folded into the new one before 
 (so the bucket all-reduce sums the total). Inside `no_grad_sync()` no data-parallel reduction
 runs; the first backward after it reduces the whole accumulated gradient.
 
+Other parameters (biases, norms, embeddings: everything that is not a deferred Linear weight)
+join the same kind of buckets through a gradient hook (`hook`), which fires in backward as soon
+as the parameter's gradient for the pass is known; their buckets are summed over the
+parameter's groups ("depth" then "data", or "world") while backward goes on. A Linear registers
+its bias when it is built; sync_gradients(model) registers the rest of the model on its first
+call (so they overlap from the second step on).
+
 What is here is bookkeeping (which tensor goes where, keeping buffers alive until the C side
 is done); every collective is started and waited for by csrc/sched/sched.c.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -38,40 +46,50 @@ class _Record:
 
 
 class _Bucket:
-    __slots__ = ("flat", "used")
+    __slots__ = ("flat", "used", "groups")
 
-    def __init__(self, flat: Tensor):
-        self.flat, self.used = flat, 0
+    def __init__(self, flat: Tensor, groups: Tuple[str, ...]):
+        self.flat, self.used, self.groups = flat, 0, groups
 
 
 _records: List[_Record] = []
 _params_pending: set = set()
-_open: Dict[Tuple[torch.dtype, torch.device], _Bucket] = {}
+_open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
 _queued_task = None  # graph task whose end runs _end_of_backward
 
 
 def _close(bucket: _Bucket) -> None:
-    """Starts the bucket's data-parallel sum (after every reduce-scatter deferred so far)."""
+    """Starts the bucket's sums over its groups, one after the other, each after every
+    collective deferred so far (the reduce-scatters that wrote it, the previous group's sum)."""
     if bucket.used:
         f = bucket.flat
-        _C.sched_reduce_after_deferred("data", f.data_ptr(), bucket.used, str(f.dtype)[6:],
-                                       f.device.index if f.is_cuda else -1, _stream(f))
+        for group in bucket.groups:
+            _C.sched_reduce_after_deferred(group, f.data_ptr(), bucket.used, str(f.dtype)[6:],
+                                           f.device.index if f.is_cuda else -1, _stream(f))
         bucket.used = 0
 
 
-def _bucket_view(n: int, like: Tensor) -> Tensor:
-    """n elements in the open bucket of like's dtype/device (a new bucket when it is full)."""
-    key = (like.dtype, like.device)
+def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)) -> Tensor:
+    """n elements in the open bucket of like's dtype/device summed over `groups` (a new bucket
+    when it is full)."""
+    key = (like.dtype, like.device, groups)
     b = _open.get(key)
     if b is not None and b.used + n > b.flat.numel():
         _close(b)
         b = None
     if b is None:
         elems = max(n, bucket_bytes // like.element_size())
-        b = _open[key] = _Bucket(like.new_empty((elems,)))
+        b = _open[key] = _Bucket(like.new_empty((elems,)), groups)
     view = b.flat[b.used:b.used + n]
     b.used += n
     return view
+
+
+def _close_if_full(key) -> None:
+    b = _open.get(key)
+    if b is not None and b.used == b.flat.numel():  # full: its sum can start
+        _close(b)
+        del _open[key]
 
 
 def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor], bool,
@@ -99,11 +117,71 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
     """Records a deferred gradient; `keep`: tensors the C side reads until finish()."""
     _records.append(_Record(param, dw, keep, replace, reduced))
     _params_pending.add(param)
-    key = (dw.dtype, dw.device)
-    b = _open.get(key)
-    if reduced and b is not None and b.used == b.flat.numel():  # full: its sum can start
-        _close(b)
-        del _open[key]
+    if reduced:
+        _close_if_full((dw.dtype, dw.device, ("data",)))
+    queue_finish()
+
+
+# ----------------------------------------------------------------- parameters with a grad hook
+
+_SIZE_INDEX = {"data": 0, "row": 1, "col": 2, "depth": 3}
+
+
+def _group_size(name: str) -> int:
+    sizes = runtime.grid_sizes()
+    if name in _SIZE_INDEX:
+        return sizes[_SIZE_INDEX[name]]
+    intra = sizes[1] * sizes[2] * sizes[3]
+    return intra if name == "intra" else intra * sizes[0]
+
+
+def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
+    """Sums param's gradient over `groups` during backward (when the data overlap is on):
+    registered once per parameter; `groups` can be changed later (param._axonn_hook_groups)."""
+    param._axonn_hook_groups = tuple(groups)
+    if getattr(param, "_axonn_hooked", False):
+        return
+    ref = weakref.ref(param)
+    param.register_hook(lambda g: _on_grad(ref, g))
+    param._axonn_hooked = True
+
+
+def _data_overlap_on() -> bool:
+    return bool(runtime.overlap_overrides.get("overlap_data",
+                                              runtime.overlap_defaults["overlap_data"]))
+
+
+@torch.no_grad()
+def _on_grad(ref, g: Tensor) -> None:
+    """The gradient of this backward pass (all its uses summed, before it is accumulated into
+    .grad) goes into a bucket, with the gradient accumulated so far folded in: the bucket's sum
+    is the reduced total, which replaces .grad when backward ends. A .grad already reduced in an
+    earlier pass (no sync_gradients since) is identical on all ranks of the groups, so it enters
+    divided by their rank count."""
+    p = ref()
+    if (p is None or not runtime.grad_sync_enabled or not _data_overlap_on()
+            or not runtime.is_initialized()):
+        return
+    groups = tuple(n for n in p._axonn_hook_groups if _group_size(n) > 1)
+    if not groups or g.dtype != p.dtype or g.layout != torch.strided:
+        return  # nothing to sum / an unusual gradient: sync_gradients sums it
+    if p in _params_pending:  # a second gradient in one pass (e.g. reentrant checkpointing)
+        finish()
+    prev = p.grad
+    done = getattr(p, "_axonn_reduced_groups", ())
+    view = _bucket_view(p.numel(), p, groups)
+    view.copy_(g.reshape(-1))
+    if prev is not None:
+        if done:
+            copies = 1
+            for n in done:
+                copies *= _group_size(n)
+            view.add_(prev.reshape(-1), alpha=1.0 / copies)
+        else:
+            view.add_(prev.reshape(-1))
+    _records.append(_Record(p, view, None, True, groups))
+    _params_pending.add(p)
+    _close_if_full((p.dtype, p.device, groups))
     queue_finish()
 
 
@@ -149,7 +227,10 @@ def finish() -> None:
             p.grad = r.dw.view_as(p)
         else:
             p.grad.add_(r.dw.view_as(p))
-        p._axonn_data_reduced = r.reduced
+        if isinstance(r.reduced, tuple):  # a hooked parameter: summed over these groups
+            p._axonn_reduced_groups = r.reduced
+        else:
+            p._axonn_data_reduced = r.reduced
 
 
 def reset() -> None:

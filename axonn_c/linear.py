@@ -254,11 +254,13 @@ class Linear(nn.Module):
             nn.init.uniform_(full_b, -bound, bound)
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
         self.weight._axonn_grad_groups = ("data",)
+        self.weight._axonn_deferred = True  # its gradient goes through grads.prepare/add
         self.weight._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
         if bias:
             self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
             self.bias._axonn_grad_groups = ("depth", "data")
             self.bias._axonn_norm_groups = (s["gout"],)
+            grads.hook(self.bias, self.bias._axonn_grad_groups)  # summed during backward
         else:
             self.register_parameter("bias", None)
         self.load_full(full_w, full_b)

@@ -154,6 +154,10 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     Parameters whose gradient is None are skipped; every rank must have gradients for the same
     parameters. Small gradients are packed into one flat buffer per set of groups (`vectorize`;
     False reduces each gradient on its own). Does nothing inside `no_grad_sync()`.
+
+    With the data overlap on (init(overlap=True)), the sums are done during backward and this
+    call only scales: Linear weights and biases from the first step, the model's other
+    parameters from the second (this call registers their gradient hooks, axonn_c/grads.py).
     """
     if not runtime.grad_sync_enabled:
         return
@@ -167,12 +171,19 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         scale = None
     by_groups: Dict[Tuple[str, ...], List[nn.Parameter]] = OrderedDict()
     for p in model.parameters():  # deduplicated, the same order on every rank
+        if gradient_attr_name == "grad" and not getattr(p, "_axonn_deferred", False):
+            # later backward passes sum this gradient while they run (axonn_c/grads.py)
+            grads.hook(p, getattr(p, "_axonn_grad_groups", replicated))
         if getattr(p, gradient_attr_name, None) is None:
             continue
         groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
         if getattr(p, "_axonn_data_reduced", False):  # summed over data during backward
             groups = tuple(g for g in groups if g != "data")
             p._axonn_data_reduced = False
+        done = getattr(p, "_axonn_reduced_groups", ())
+        if done:  # summed over these during backward
+            groups = tuple(g for g in groups if g not in done)
+            p._axonn_reduced_groups = ()
         by_groups.setdefault(groups, []).append(p)
     for groups, params in by_groups.items():
         if not groups and scale is None:

@@ -8,6 +8,7 @@ import sys
 import time
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 import axonn_c
@@ -244,8 +245,63 @@ def check_backward_completes(g):
     before = model.fc1.weight.grad.clone()
     close(before, shard_of(ref[0].weight.grad, model.fc1), torch.float32,
           what + " dW straight after backward")
+    # the biases (a gradient hook's bucket, summed over depth and data during backward) too
+    rows, _ = model.fc2._block_slices()
+    db = model.fc2.bias.grad.clone()
+    close(db, ref[2].bias.grad[rows], torch.float32, what + " db straight after backward")
     axonn_c.sync_gradients(model)
     assert torch.equal(model.fc1.weight.grad, before), f"{what}: sync_gradients changed dW"
+    assert torch.equal(model.fc2.bias.grad, db), f"{what}: sync_gradients changed db"
+
+
+class Scaled(nn.Module):
+    """Easy layout with a replicated parameter of its own (summed over "world")."""
+
+    def __init__(self, twice=False):
+        super().__init__()
+        self.twice = twice
+        self.alpha = nn.Parameter(torch.tensor([0.7]))
+        self.fc1 = axonn_c.Linear(H, 2 * H)
+        self.fc2 = axonn_c.Linear(2 * H, H, transpose=True)
+
+    def forward(self, x):
+        if self.twice:  # alpha also inside a reentrant checkpoint: two gradients in one pass
+            x = torch.utils.checkpoint.checkpoint(lambda t: self.alpha * t,
+                                                  x.requires_grad_(), use_reentrant=True)
+        return self.fc2(torch.tanh(self.fc1(self.alpha * x)))
+
+
+def check_replicated_hooks(g, twice=False):
+    """A model's other parameters are summed during backward from the second step on (the first
+    sync_gradients registers them): .grad of the replicated `alpha` is final straight after
+    backward, and each step equals serial PyTorch with or without accumulation (`twice`: alpha
+    gets two gradients per pass, one from a reentrant checkpoint's inner backward)."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} twice={twice} rank {g.rank}"
+    torch.manual_seed(17)
+    model = Scaled(twice)
+    ref_fc = serial_mlp(model)
+    alpha_ref = nn.Parameter(torch.tensor([0.7]))
+    gen = torch.Generator().manual_seed(5)
+    per = 2
+    sl = slice(g.rank * per, (g.rank + 1) * per)
+    for it, micro in enumerate((1, 1, 2)):  # the last step accumulates two micro-batches
+        for p in list(model.parameters()) + list(ref_fc.parameters()) + [alpha_ref]:
+            p.grad = None
+        for m in range(micro):
+            X = torch.randn(g.world_size * per, H, generator=gen)
+            dY = torch.randn(g.world_size * per, H, generator=gen)
+            if m + 1 < micro:
+                with axonn_c.no_sync():
+                    model(X[sl]).backward(dY[sl])
+            else:
+                model(X[sl]).backward(dY[sl])
+            ref_fc(alpha_ref * (alpha_ref * X if twice else X)).backward(dY)
+        if it > 0 and g.world_size > 1:
+            close(model.alpha.grad, alpha_ref.grad, torch.float32,
+                  f"{what} step {it}: alpha straight after backward")
+        axonn_c.sync_gradients(model)
+        close(model.alpha.grad, alpha_ref.grad, torch.float32, f"{what} step {it}: alpha")
+        close(model.fc1.bias.grad, ref_fc[0].bias.grad, torch.float32, f"{what} step {it}: db")
 
 
 def main():
@@ -268,6 +324,11 @@ def main():
             check_accumulation(g, mode)
         check_accumulation(g, "no_sync", twice=True)
         check_backward_completes(g)
+        axonn_c.finalize()
+    for sizes in [(world, 1, 1, 1), (1, 1, world, 1)]:  # easy layout, summed over "world"
+        g = axonn_c.init(*sizes, overlap=True)
+        check_replicated_hooks(g)
+        check_replicated_hooks(g, twice=True)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: scheduler checks pass")
