@@ -4,7 +4,8 @@
 #   2. build_info() (what was compiled in, which CUDA runtime / NCCL it bound to)
 #   3. the C test of the CUDA loader + a one-rank nccl communicator, built with the CUDA/NCCL headers
 #   4. pytest -m gpu -v tests/test_gpu.py   (nccl at world size 1; shm with CUDA tensors, 2 and 4 ranks)
-#   5. the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU, shm backend)
+#   5. the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU, shm backend),
+#      and init(overlap=True) training steps with CUDA tensors at 2 and 4 ranks; bench_overlap
 #   6. a host-overhead micro-benchmark of one-rank nccl collectives
 # Every step's output goes to $OUT (default ./gpu_out); $OUT/summary.txt lists PASS/FAIL per step.
 # Exits non-zero when any step failed. Usage: bash benchmarks/gpu_suite.sh
@@ -129,6 +130,16 @@ if [ "$BUILD_RC" -eq 0 ]; then
             --nproc_per_node "$n" "$REPO/tests/workers/gpu_shm_worker.py" --backend shm \
             --sizes 1,7,1000,65539
     done
+
+    # 5b. init(overlap=True) with CUDA tensors, 2 and 4 ranks sharing the GPU: prefetch buffers
+    #     from cudaMallocAsync, deferred reduce-scatters, buckets, hooks, against serial PyTorch
+    for n in 2 4; do
+        step "overlap_cuda_shm_np$n" 900 "$PY" -m torch.distributed.run --standalone \
+            --nproc_per_node "$n" "$REPO/tests/workers/gpu_overlap_worker.py"
+    done
+    # 5c. the overlap benchmark (shm, simulated link) with the whole package built for CUDA
+    step bench_overlap 900 "$PY" "$REPO/benchmarks/bench_overlap.py" \
+        --json "$OUT/overlap_cpu.json" --trace "$OUT/overlap_trace.json"
 
     # 6. host overhead of one-rank nccl collectives (start+wait, no host sync), and device time
     step bench_nccl_world1 300 "$PY" - <<'EOF'
