@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import get_gradient_edge
 
 from . import _C, runtime
 from .comm import _stream
@@ -122,6 +123,16 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
     queue_finish()
 
 
+def accumulates(param: Tensor) -> bool:
+    """Whether the running backward pass accumulates into param.grad (loss.backward(), also with
+    inputs=...) rather than handing its gradient back (torch.autograd.grad): only then may its
+    gradient be deferred or summed into .grad. True outside a backward pass."""
+    try:
+        return bool(torch._C._will_engine_execute_node(get_gradient_edge(param).node))
+    except RuntimeError as e:  # torch refuses the question for leaves inside autograd.grad
+        return "autograd.grad" not in str(e)
+
+
 # ----------------------------------------------------------------- parameters with a grad hook
 
 _SIZE_INDEX = {"data": 0, "row": 1, "col": 2, "depth": 3}
@@ -160,7 +171,7 @@ def _on_grad(ref, g: Tensor) -> None:
     divided by their rank count."""
     p = ref()
     if (p is None or not runtime.grad_sync_enabled or not _data_overlap_on()
-            or not runtime.is_initialized()):
+            or not runtime.is_initialized() or not accumulates(p)):
         return
     groups = tuple(n for n in p._axonn_hook_groups if _group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:

@@ -134,11 +134,13 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
 
 def _defers(w: Tensor, cfg) -> bool:
     """Whether this backward hands dW to the scheduler: eager mode, the weight is the parameter
-    itself (not a per-call cast), and there is a deferred reduction to run."""
+    itself (not a per-call cast), there is a deferred reduction to run, and the pass accumulates
+    into .grad (not torch.autograd.grad)."""
     if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
         return False
     g_data, _, _, g_d = runtime.grid_sizes()
-    return (bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1)
+    return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1))
+            and grads.accumulates(w))  # torch.autograd.grad wants dW handed back
 
 
 # ---- torch.library custom ops: what torch.compile sees (opaque nodes, no graph break)

@@ -254,6 +254,32 @@ def check_backward_completes(g):
     assert torch.equal(model.fc2.bias.grad, db), f"{what}: sync_gradients changed db"
 
 
+def check_autograd_grad(g):
+    """torch.autograd.grad on parameters with overlap on hands their gradients back (the same as
+    with the gradient overlap off) and leaves .grad alone; a later backward is still complete."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(19)
+    model = MLP()
+    ref = serial_mlp(model)
+    shards = g.G_data * g.G_intra_d
+    s1 = model.fc1._shapes
+    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
+    X, dY, tok = tokens(g, 2 * shards, torch.Generator().manual_seed(6))
+    x, dy = X[tok][:, kin].clone(), dY[tok][:, kin]
+    params = [model.fc1.weight, model.fc2.bias]
+    got = torch.autograd.grad(model(x), params, grad_outputs=dy)
+    with axonn_c.optimize_communication(overlap_reduce_scatter=False, overlap_data=False):
+        want = torch.autograd.grad(model(x), params, grad_outputs=dy)
+    for a, b, name in zip(got, want, ("dW", "db")):
+        assert a is not None, f"{what}: autograd.grad returned no {name}"
+        assert torch.equal(a, b), f"{what}: autograd.grad {name} differs with overlap on"
+    assert all(p.grad is None for p in params), f"{what}: autograd.grad set .grad"
+    model(x).backward(dy)
+    ref(X).backward(dY)
+    close(model.fc1.weight.grad, shard_of(ref[0].weight.grad, model.fc1), torch.float32,
+          what + " dW after autograd.grad")
+
+
 class Scaled(nn.Module):
     """Easy layout with a replicated parameter of its own (summed over "world")."""
 
@@ -324,6 +350,7 @@ def main():
             check_accumulation(g, mode)
         check_accumulation(g, "no_sync", twice=True)
         check_backward_completes(g)
+        check_autograd_grad(g)
         axonn_c.finalize()
     for sizes in [(world, 1, 1, 1), (1, 1, world, 1)]:  # easy layout, summed over "world"
         g = axonn_c.init(*sizes, overlap=True)
