@@ -229,18 +229,23 @@ def check_accumulation(g, mode, twice=False):
         close(layer.bias.grad, r.bias.grad[rows] / shards, torch.float32, what + " db")
 
 
+def mlp_case(g, seed, data_seed):
+    """An MLP, its serial copy, the global X/dY (2 tokens per shard) and this rank's x/dy."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(seed)
+    model = MLP()
+    ref = serial_mlp(model)
+    s1 = model.fc1._shapes
+    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
+    X, dY, tok = tokens(g, 2 * g.G_data * g.G_intra_d, torch.Generator().manual_seed(data_seed))
+    return what, model, ref, X, dY, X[tok][:, kin].clone(), dY[tok][:, kin]
+
+
 def check_backward_completes(g):
     """With overlap on, .grad is final when backward() returns: summed over data already (the
     bucket all-reduce ran during backward) and sync_gradients does not sum it twice."""
-    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
-    torch.manual_seed(13)
-    model = MLP()
-    ref = serial_mlp(model)
-    shards = g.G_data * g.G_intra_d
-    s1 = model.fc1._shapes
-    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
-    X, dY, tok = tokens(g, 2 * shards, torch.Generator().manual_seed(4))
-    model(X[tok][:, kin].clone()).backward(dY[tok][:, kin])
+    what, model, ref, X, dY, x, dy = mlp_case(g, 13, 4)
+    model(x).backward(dy)
     ref(X).backward(dY)
     before = model.fc1.weight.grad.clone()
     close(before, shard_of(ref[0].weight.grad, model.fc1), torch.float32,
@@ -257,15 +262,7 @@ def check_backward_completes(g):
 def check_autograd_grad(g):
     """torch.autograd.grad on parameters with overlap on hands their gradients back (the same as
     with the gradient overlap off) and leaves .grad alone; a later backward is still complete."""
-    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
-    torch.manual_seed(19)
-    model = MLP()
-    ref = serial_mlp(model)
-    shards = g.G_data * g.G_intra_d
-    s1 = model.fc1._shapes
-    kin = slice(s1["gin_rank"] * s1["k_local"], (s1["gin_rank"] + 1) * s1["k_local"])
-    X, dY, tok = tokens(g, 2 * shards, torch.Generator().manual_seed(6))
-    x, dy = X[tok][:, kin].clone(), dY[tok][:, kin]
+    what, model, ref, X, dY, x, dy = mlp_case(g, 19, 6)
     params = [model.fc1.weight, model.fc2.bias]
     got = torch.autograd.grad(model(x), params, grad_outputs=dy)
     with axonn_c.optimize_communication(overlap_reduce_scatter=False, overlap_data=False):
