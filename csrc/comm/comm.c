@@ -2,12 +2,12 @@
  * and the life cycle of a work record. Backends only move bytes. */
 #include "axc/comm.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "axc/bench_skip.h"
 #include "axc/futex.h"
 #include "axc/timeline.h"
 
@@ -269,28 +269,10 @@ static axc_status validate(const axc_comm *comm, const group_slot *g, const axc_
 
 /* ---------------------------------------------------------------- benchmark-only skip knob */
 
-/* Benchmark only: measures compute alone. With AXONN_C_BENCH_SKIP=comm every collective but a
+/* Benchmark only (axc/bench_skip.h): with AXONN_C_BENCH_SKIP=comm every collective but a
  * barrier returns a work that is already complete: no data moves, nothing reaches a backend, no
- * timeline span is recorded; the byte counters still count. The results are garbage;
- * benchmarks/bench_overlap.py uses it to time the compute of a training step without its
- * communication. Barriers stay real (they move no data; launchers rely on them). The variable is
- * looked up once: when it is unset (every real job) it is never read again; when it is set (a
- * benchmark) its value is re-read at each collective, so a benchmark can switch modes between
- * steps. */
-static int skip_env_set;
-static pthread_once_t skip_env_once = PTHREAD_ONCE_INIT;
-
-static void skip_env_read(void) { skip_env_set = getenv("AXONN_C_BENCH_SKIP") != NULL; }
-
-static int bench_skip_comm(void)
-{
-    pthread_once(&skip_env_once, skip_env_read);
-    if (!skip_env_set)
-        return 0;
-    const char *v = getenv("AXONN_C_BENCH_SKIP");
-    return v && strcmp(v, "comm") == 0;
-}
-
+ * timeline span is recorded; the byte counters still count. Barriers stay real (they move no
+ * data; launchers rely on them). */
 static axc_status skipped_wait(axc_backend *be, axc_work *w)
 {
     (void)be;
@@ -347,7 +329,7 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
                         "(ranks on several nodes or backend='nccl'); use CUDA tensors");
     }
 
-    int skip = c->kind != AXC_COLL_BARRIER && bench_skip_comm();
+    int skip = c->kind != AXC_COLL_BARRIER && axc_bench_skips("comm");
     int follows = !skip && backend_follows(be, after, n_after);
     if (!skip && !follows) /* order it here: a stream wait (CUDA) or a host wait */
         for (size_t i = 0; i < n_after; i++)
@@ -371,7 +353,7 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
     w->backend = be;
     w->backend_group = bg;
     if (skip) {
-        /* benchmark only: measures compute alone (see bench_skip_comm above) */
+        /* benchmark only: measures compute alone (see above) */
         w->backend = &skipped_backend;
         w->backend_group = NULL;
         atomic_store(&w->state, AXC_WORK_DONE);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "axc/bench_skip.h"
 #include "axc/cuda_rt.h"
 #include "axc/torch_shim.h"
 
@@ -264,30 +265,12 @@ static axc_status gemm_cpu(const axc_gemm_args *g)
     return blob_release(&bs, st);
 }
 
-/* Benchmark only: measures communication alone. With AXONN_C_BENCH_SKIP=compute axc_gemm and
- * axc_bias_grad check their arguments and return AXC_OK without computing, leaving C / db as they
- * were. benchmarks/bench_overlap.py uses it to time the communication of a training step without
- * its GEMMs. The variable is looked up once: when it is unset (every real job) it is never read
- * again; when it is set (a benchmark) its value is re-read at each call, so a benchmark can
- * switch modes between steps. */
-static int skip_env_set;
-static pthread_once_t skip_env_once = PTHREAD_ONCE_INIT;
-
-static void skip_env_read(void) { skip_env_set = getenv("AXONN_C_BENCH_SKIP") != NULL; }
-
-static int bench_skip_compute(void)
-{
-    pthread_once(&skip_env_once, skip_env_read);
-    if (!skip_env_set)
-        return 0;
-    const char *v = getenv("AXONN_C_BENCH_SKIP");
-    return v && strcmp(v, "compute") == 0;
-}
-
+/* Benchmark only (axc/bench_skip.h): with AXONN_C_BENCH_SKIP=compute axc_gemm and axc_bias_grad
+ * check their arguments and return AXC_OK without computing, leaving C / db as they were. */
 axc_status axc_gemm(const axc_gemm_args *g)
 {
     AXC_TRY(check_gemm(g));
-    if (g->M == 0 || g->N == 0 || bench_skip_compute())
+    if (g->M == 0 || g->N == 0 || axc_bench_skips("compute"))
         return AXC_OK;
     if (g->device < 0)
         return gemm_cpu(g);
@@ -405,7 +388,7 @@ axc_status axc_bias_grad(int device, void *stream, axc_dtype dt, const void *dY,
         return AXC_OK;
     if (!db || (M > 0 && !dY))
         return axc_fail(AXC_ERR_INVALID, "axc_bias_grad: %s is NULL", db ? "dY" : "db");
-    if (bench_skip_compute()) /* benchmark only: measures communication alone */
+    if (axc_bench_skips("compute")) /* benchmark only: measures communication alone */
         return AXC_OK;
     if (device >= 0)
         return axc_cublaslt_bias_grad(device, stream, dt, dY, M, N, ld, db, accumulate);

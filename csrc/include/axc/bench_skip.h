@@ -1,0 +1,19 @@
+/* Benchmark-only knob AXONN_C_BENCH_SKIP: lets benchmarks/bench_overlap.py time a training step's
+ * compute alone ("comm": collectives complete at once, csrc/comm/comm.c) or its communication
+ * alone ("compute": GEMMs return at once, csrc/device/gemm.c). Results are garbage then. */
+#ifndef AXC_BENCH_SKIP_H
+#define AXC_BENCH_SKIP_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when AXONN_C_BENCH_SKIP equals `what`. The variable is looked up once: when it is unset
+ * (every real job) it is never read again; when it is set (a benchmark) its value is re-read at
+ * each call, so a benchmark can switch modes between steps. */
+int axc_bench_skips(const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
