@@ -135,17 +135,6 @@ def accumulates(param: Tensor) -> bool:
 
 # ----------------------------------------------------------------- parameters with a grad hook
 
-_SIZE_INDEX = {"data": 0, "row": 1, "col": 2, "depth": 3}
-
-
-def _group_size(name: str) -> int:
-    sizes = runtime.grid_sizes()
-    if name in _SIZE_INDEX:
-        return sizes[_SIZE_INDEX[name]]
-    intra = sizes[1] * sizes[2] * sizes[3]
-    return intra if name == "intra" else intra * sizes[0]
-
-
 def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     """Sums param's gradient over `groups` during backward (when the data overlap is on):
     registered once per parameter; `groups` can be changed later (param._axonn_hook_groups)."""
@@ -174,7 +163,7 @@ def _on_grad(ref, g: Tensor) -> None:
     if (p is None or not runtime.grad_sync_enabled or not _data_overlap_on()
             or not runtime.is_initialized() or not accumulates(p)):
         return
-    groups = tuple(n for n in p._axonn_hook_groups if _group_size(n) > 1)
+    groups = tuple(n for n in p._axonn_hook_groups if runtime.group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:
         return  # nothing to sum / an unusual gradient: sync_gradients sums it
     if p in _params_pending:  # a second gradient in one pass (e.g. reentrant checkpointing)
@@ -187,7 +176,7 @@ def _on_grad(ref, g: Tensor) -> None:
         if done:
             copies = 1
             for n in done:
-                copies *= _group_size(n)
+                copies *= runtime.group_size(n)
             view.add_(prev.reshape(-1), alpha=1.0 / copies)
         else:
             view.add_(prev.reshape(-1))

@@ -65,14 +65,8 @@ def _token_shards(expert: bool) -> int:
     return g.G_data * g.G_intra_d if expert else g.world_size
 
 
-def _group_size(name: str) -> int:
-    g = grid()
-    return {"col": g.G_intra_c, "row": g.G_intra_r, "depth": g.G_intra_d, "data": g.G_data,
-            "intra": g.G_intra, "world": g.world_size}[name]
-
-
 def _nontrivial(groups: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(name for name in groups if _group_size(name) > 1)
+    return tuple(name for name in groups if runtime.group_size(name) > 1)
 
 
 # ------------------------------------------------------------------------- sync_gradients

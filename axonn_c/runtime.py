@@ -42,6 +42,18 @@ def grid_sizes() -> tuple:
     return _sizes[1]
 
 
+_SIZE_INDEX = {"data": 0, "row": 1, "col": 2, "depth": 3}
+
+
+def group_size(name: str) -> int:
+    """Ranks in this rank's group `name` (col, row, depth, data, intra, world), from the cache."""
+    sizes = grid_sizes()
+    if name in _SIZE_INDEX:
+        return sizes[_SIZE_INDEX[name]]
+    intra = sizes[1] * sizes[2] * sizes[3]
+    return intra if name == "intra" else intra * sizes[0]
+
+
 @dataclass(frozen=True)
 class Grid:
     """Sizes of the 4D grid and this rank's coordinates in it."""
