@@ -7,6 +7,7 @@ import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core bind
 from . import _C, comm
 from . import timeline
 from ._C import CommError, CommTimeoutError, Work
+from .concurrent import run_concurrent
 from .linear import Linear
 from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
                        no_grad_sync, no_sync, optimize_communication, sync_gradients)
@@ -17,6 +18,6 @@ __all__ = [
     "Linear", "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
-    "optimize_communication", "timeline", "scheduler_stats",
+    "optimize_communication", "timeline", "scheduler_stats", "run_concurrent",
 ]
 __version__ = "0.1.0"

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.autograd.graph import get_gradient_edge
 
-from . import _C, runtime
+from . import _C, concurrent, runtime
 from .comm import _stream
 
 # data-parallel gradient bucket size (bytes); init(bucket_size=...) sets it
@@ -160,6 +160,9 @@ def _on_grad(ref, g: Tensor) -> None:
     earlier pass (no sync_gradients since) is identical on all ranks of the groups, so it enters
     divided by their rank count."""
     p = ref()
+    if p is not None and concurrent.active():  # autograd accumulates it; sync_gradients sums
+        concurrent.check_unsynced(p)
+        return
     if (p is None or not runtime.grad_sync_enabled or not _data_overlap_on()
             or not runtime.is_initialized() or not accumulates(p)):
         return

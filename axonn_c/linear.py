@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C, grads, runtime
+from . import _C, concurrent, grads, runtime
 from .comm import _stream
 from .runtime import grid
 
@@ -137,6 +137,9 @@ def _defers(w: Tensor, cfg) -> bool:
     itself (not a per-call cast), there is a deferred reduction to run, and the pass accumulates
     into .grad (not torch.autograd.grad)."""
     if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
+        return False
+    if concurrent.active():  # autograd accumulates each micro-batch's dW (axonn_c/concurrent.py)
+        concurrent.check_unsynced(w)
         return False
     g_data, _, _, g_d = runtime.grid_sizes()
     return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1))
@@ -360,6 +363,8 @@ class Linear(nn.Module):
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
         ov_ar, ov_rs, chunks, ov_ag, ov_data = self._overlap_knobs()
+        if concurrent.active():  # micro-batch threads leave the scheduler's shared state alone
+            ov_ag = ov_data = 0
         if (x.is_cuda and (ov_ag or ov_rs or ov_data)
                 and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(

@@ -25,6 +25,7 @@ overlap_overrides: dict = {}
 # autograd may run backward on another thread)
 grad_sync_enabled = True
 _sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
+channels = 1  # concurrent_microbatches of the current init: its comm channels (concurrent.py)
 sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
@@ -114,7 +115,8 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
          G_inter: int = 1, backend: str | None = None, timeout: float | None = None,
          plan: str | None = None, model=None, overlap: bool = False,
          fwd_chunks: int | None = None, prefetch: int = 1, prefetch_budget: int | None = None,
-         cache_weights: bool = False, bucket_size: int = 4 * 2**20, **plan_kwargs) -> Grid:
+         cache_weights: bool = False, bucket_size: int = 4 * 2**20,
+         concurrent_microbatches: int = 1, **plan_kwargs) -> Grid:
     """Creates the 4D grid and its communicators on every rank (call on all ranks).
 
     Ranks come from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);
@@ -134,6 +136,10 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
       order learned on the first step, with at most `prefetch_budget` bytes of gathered weights
       alive (None: no bound); `cache_weights=True` keeps a layer's forward gather for its
       backward.
+
+    `concurrent_microbatches=n` (> 1) opens n independent channels of every group, so that
+    axonn_c.run_concurrent() can run n micro-batches at once in threads, one micro-batch's
+    GEMMs hiding the others' collectives (axonn_c/concurrent.py).
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")
@@ -149,6 +155,10 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size!r}")
     if not isinstance(cache_weights, bool):
         raise TypeError(f"cache_weights must be a bool, got {cache_weights!r}")
+    if (not isinstance(concurrent_microbatches, int) or isinstance(concurrent_microbatches, bool)
+            or not 1 <= concurrent_microbatches <= 8):
+        raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "
+                         f"{concurrent_microbatches!r}")
     overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
                             overlap_all_gather=overlap, overlap_data=overlap,
                             fwd_chunks=fwd_chunks or (0 if overlap else 1))
@@ -183,7 +193,8 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                 G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
                 G_inter=G_inter, backend=backend, job_id="", timeout=timeout, cuda_device=-1,
-                store_set=None, store_get=None)  # same sizes: no-op; different: raises
+                store_set=None, store_get=None,
+                channels=concurrent_microbatches)  # same sizes: no-op; different: raises
         configure_scheduler(*sched_cfg)
         return grid()
     # check the sizes before touching the store, so a wrong grid fails fast on every rank
@@ -212,9 +223,11 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
             G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
             G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
-            cuda_device=cuda_device, store_set=store.set, store_get=store_get)
-    global epoch
+            cuda_device=cuda_device, store_set=store.set, store_get=store_get,
+            channels=concurrent_microbatches)
+    global epoch, channels
     epoch += 1
+    channels = concurrent_microbatches
     grads.reset()
     configure_scheduler(*sched_cfg)
     return grid()
@@ -224,8 +237,9 @@ def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
     from . import grads
 
-    global epoch
+    global epoch, channels
     epoch += 1
+    channels = 1
     grads.reset()
     _C.finalize()
 

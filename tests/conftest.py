@@ -18,6 +18,18 @@ def shm_leftovers():
         return []
 
 
+@pytest.fixture
+def world_of_one(monkeypatch):
+    """A single process outside torchrun, with axonn_c finalised before and after the test."""
+    import axonn_c
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    axonn_c.finalize()
+    yield
+    axonn_c.finalize()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

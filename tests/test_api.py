@@ -8,13 +8,7 @@ import torch
 import axonn_c
 
 
-@pytest.fixture(autouse=True)
-def clean_state(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    axonn_c.finalize()
-    yield
-    axonn_c.finalize()
+pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
 def test_world_of_one_grid_and_members():

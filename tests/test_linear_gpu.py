@@ -5,18 +5,9 @@ import torch
 
 import axonn_c
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("world_of_one")]
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="needs a CUDA device (torch.cuda.is_available() is False)")
-
-
-@pytest.fixture(autouse=True)
-def world_of_one(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    axonn_c.finalize()
-    yield
-    axonn_c.finalize()
 
 
 @needs_gpu

@@ -26,9 +26,13 @@ struct axc_comm {
     int nccl_preferred; /* CUDA buffers go to nccl (else staged through shm) */
     axc_backend *shm;
     axc_backend *nccl;
-    group_slot groups[AXC_GROUP_COUNT];
+    int channels;
+    group_slot *groups; /* [channels][AXC_GROUP_COUNT] */
     char backends[32];
 };
+
+/* the channel this thread's collectives use (axc_comm_set_thread_channel) */
+static _Thread_local int tl_channel;
 
 /* ---------------------------------------------------------------- dtypes and ops */
 
@@ -116,9 +120,11 @@ void axc_coll_volume(const axc_coll *c, int G, int r, uint64_t *sent, uint64_t *
 
 /* ---------------------------------------------------------------- communicator */
 
+static int n_slots(const axc_comm *comm) { return comm->channels * AXC_GROUP_COUNT; }
+
 static axc_status open_groups(axc_comm *comm, axc_backend *be, int is_nccl)
 {
-    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+    for (int k = 0; k < n_slots(comm); k++) {
         group_slot *g = &comm->groups[k];
         void **slot = is_nccl ? &g->nccl_group : &g->shm_group;
         AXC_TRY(be->group_open(be, &g->info, slot));
@@ -128,7 +134,7 @@ static axc_status open_groups(axc_comm *comm, axc_backend *be, int is_nccl)
 
 static void close_groups(axc_comm *comm, axc_backend *be, int is_nccl)
 {
-    for (int k = AXC_GROUP_COUNT - 1; k >= 0; k--) {
+    for (int k = n_slots(comm) - 1; k >= 0; k--) {
         void **slot = is_nccl ? &comm->groups[k].nccl_group : &comm->groups[k].shm_group;
         if (*slot)
             be->group_close(be, *slot);
@@ -153,10 +159,22 @@ axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg)
     comm->grid = cfg->grid;
     comm->rank = cfg->rank;
     comm->timeout_s = cfg->timeout_s;
+    comm->channels = cfg->channels > 0 ? cfg->channels : 1;
     axc_status st = AXC_OK;
-    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+    if (comm->channels > AXC_MAX_CHANNELS) {
+        st = axc_fail(AXC_ERR_INVALID, "%d channels requested, at most %d are supported",
+                      comm->channels, AXC_MAX_CHANNELS);
+        goto fail;
+    }
+    comm->groups = calloc((size_t)n_slots(comm), sizeof *comm->groups);
+    if (!comm->groups) {
+        st = axc_fail(AXC_ERR_NOMEM, "out of memory creating groups");
+        goto fail;
+    }
+    for (int k = 0; k < n_slots(comm); k++) {
         group_slot *g = &comm->groups[k];
-        axc_group_kind kind = (axc_group_kind)k;
+        axc_group_kind kind = (axc_group_kind)(k % AXC_GROUP_COUNT);
+        g->info.channel = k / AXC_GROUP_COUNT;
         g->info.kind = kind;
         g->info.size = axc_grid_group_size(&cfg->grid, kind);
         g->info.rank = axc_grid_group_rank(&cfg->grid, kind, cfg->rank);
@@ -238,8 +256,10 @@ void axc_comm_destroy(axc_comm *comm)
         close_groups(comm, comm->shm, 0);
         comm->shm->destroy(comm->shm);
     }
-    for (int k = 0; k < AXC_GROUP_COUNT; k++)
-        free(comm->groups[k].members);
+    if (comm->groups)
+        for (int k = 0; k < n_slots(comm); k++)
+            free(comm->groups[k].members);
+    free(comm->groups);
     free(comm);
 }
 
@@ -247,6 +267,20 @@ const axc_grid *axc_comm_grid(const axc_comm *comm) { return &comm->grid; }
 int axc_comm_rank(const axc_comm *comm) { return comm->rank; }
 double axc_comm_timeout(const axc_comm *comm) { return comm->timeout_s; }
 const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
+int axc_comm_channels(const axc_comm *comm) { return comm->channels; }
+int axc_comm_thread_channel(void) { return tl_channel; }
+
+axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel)
+{
+    int n = comm ? comm->channels : 1;
+    if (channel < 0 || channel >= n)
+        return axc_fail(AXC_ERR_INVALID,
+                        "channel %d does not exist: this communicator has %d channel%s "
+                        "(0..%d; init(concurrent_microbatches=...) sets how many)",
+                        channel, n, n == 1 ? "" : "s", n - 1);
+    tl_channel = channel;
+    return AXC_OK;
+}
 
 /* ---------------------------------------------------------------- collectives */
 
@@ -310,7 +344,11 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
         return axc_fail(AXC_ERR_STATE, "axonn_c is not initialised: call axonn_c.init() first");
     if (kind < 0 || kind >= AXC_GROUP_COUNT)
         return axc_fail(AXC_ERR_INVALID, "unknown group %d", (int)kind);
-    group_slot *g = &comm->groups[kind];
+    if (tl_channel >= comm->channels) /* set for an earlier communicator with more channels */
+        return axc_fail(AXC_ERR_STATE,
+                        "this thread uses channel %d, but the communicator has %d channel%s",
+                        tl_channel, comm->channels, comm->channels == 1 ? "" : "s");
+    group_slot *g = &comm->groups[tl_channel * AXC_GROUP_COUNT + kind];
     AXC_TRY(validate(comm, g, c));
 
     axc_backend *be;
@@ -461,13 +499,20 @@ void axc_work_free(axc_work *w)
     free(w);
 }
 
+/* summed over the kind's channels */
 void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *out)
 {
-    *out = comm->groups[kind].counters;
+    memset(out, 0, sizeof *out);
+    for (int c = 0; c < comm->channels; c++) {
+        const axc_counters *k = &comm->groups[c * AXC_GROUP_COUNT + kind].counters;
+        out->bytes_sent += k->bytes_sent;
+        out->bytes_recv += k->bytes_recv;
+        out->calls += k->calls;
+    }
 }
 
 void axc_comm_reset_counters(axc_comm *comm)
 {
-    for (int k = 0; k < AXC_GROUP_COUNT; k++)
+    for (int k = 0; k < n_slots(comm); k++)
         memset(&comm->groups[k].counters, 0, sizeof comm->groups[k].counters);
 }

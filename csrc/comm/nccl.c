@@ -786,8 +786,8 @@ static axc_status nccl_group_open(axc_backend *base, const axc_group_info *info,
     g->size = info->size;
     g->rank = info->rank;
     g->color = info->color;
-    snprintf(g->name, sizeof g->name, "axonn_c:%s:%s:%d", be->job, axc_group_name(info->kind),
-             info->color);
+    snprintf(g->name, sizeof g->name, "axonn_c:%s:%s:%d:ch%d", be->job,
+             axc_group_name(info->kind), info->color, info->channel);
     dev_guard dg;
     axc_status st = dev_enter(be, &dg);
     if (st != AXC_OK) {
@@ -795,7 +795,9 @@ static axc_status nccl_group_open(axc_backend *base, const axc_group_info *info,
         return st;
     }
 
-    if (info->kind == AXC_GROUP_WORLD) {
+    /* channel 0's world group is the world communicator; every other group (and every channel's
+     * world copy, colour 0 for all) is a split of it, with its own stream */
+    if (info->kind == AXC_GROUP_WORLD && info->channel == 0) {
         g->comm = be->world;
         g->owns_comm = 0;
     } else {

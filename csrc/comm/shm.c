@@ -3,7 +3,9 @@
  * the slots, separated by futex barriers, so waiting ranks sleep instead of spinning. Each group
  * kind has its own progress thread (a "lane") that executes that group's works in issue order,
  * so groups progress independently, as NCCL communicators on their own streams do; a work
- * started "after" others (axc_comm_start_after) waits for them on its lane. CUDA buffers are
+ * started "after" others (axc_comm_start_after) waits for them on its lane. With several
+ * channels (axc_comm_set_thread_channel) every (channel, kind) pair has its own lane, slots
+ * and barriers; the simulated link of a kind is shared by its channels. CUDA buffers are
  * staged through pinned host memory. A dead or late peer fails the op on every rank within the
  * timeout. */
 #include <errno.h>
@@ -39,6 +41,7 @@ typedef struct shm_header {
     uint32_t magic;
     uint32_t world;
     uint64_t slot_bytes;
+    uint32_t channels;
     _Atomic uint32_t attached;
     _Atomic uint32_t aborted; /* 0, or 1 + the rank that aborted */
     uint32_t abort_status;    /* its axc_status, so every rank reports the same kind of error */
@@ -57,7 +60,7 @@ typedef struct shm_backend shm_backend;
 /* One group kind's progress thread, its FIFO and its staging state. */
 typedef struct shm_lane {
     shm_backend *b;
-    unsigned char *slots; /* this kind's slots, [world][slot_bytes]; NULL for size-1 groups */
+    unsigned char *slots; /* this lane's slots, [world][slot_bytes]; NULL for size-1 groups */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;
@@ -81,9 +84,13 @@ struct shm_backend {
     size_t map_bytes;
     shm_header *hdr;
     _Atomic int32_t *pids;
-    shm_barrier *barriers; /* [AXC_GROUP_COUNT][world], indexed by group colour */
+    shm_barrier *barriers; /* [lane][world], indexed by group colour */
     size_t slot_bytes;
-    shm_lane lanes[AXC_GROUP_COUNT];
+    int channels;
+    shm_lane lanes[AXC_MAX_CHANNELS * AXC_GROUP_COUNT]; /* [channel][kind] */
+    /* simulated link, one per kind, shared by its channels: busy until link_free[kind] */
+    pthread_mutex_t link_mu;
+    int64_t link_free[AXC_GROUP_COUNT];
     /* sticky failure: once a collective failed every later one (of any lane) fails the same way */
     pthread_mutex_t fail_mu;
     axc_status failed;
@@ -97,6 +104,11 @@ typedef struct shm_cuda_work {
 } shm_cuda_work;
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static int lane_index(const axc_group_info *info)
+{
+    return info->channel * AXC_GROUP_COUNT + (int)info->kind;
+}
 
 
 /* ------------------------------------------------------------------ failure handling */
@@ -321,7 +333,7 @@ static size_t recv_elems(const axc_coll *a, int G)
 static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a,
                            const void *send, void *recv)
 {
-    run_ctx c = {b, g, b->lanes[g->info.kind].slots, axc_now_ns() + (int64_t)(b->timeout_s * 1e9),
+    run_ctx c = {b, g, b->lanes[lane_index(&g->info)].slots, axc_now_ns() + (int64_t)(b->timeout_s * 1e9),
                  axc_coll_name(a->kind)};
     int G = g->info.size;
     axc_status st = AXC_OK;
@@ -405,7 +417,12 @@ static void sim_link_sleep(shm_backend *b, const axc_work *w, int64_t t0)
     if (w->group.size == 1)
         return;
     double secs = b->sim_us * 1e-6 + (b->sim_gbps > 0 ? (double)sent / (b->sim_gbps * 1e9) : 0);
-    int64_t until = t0 + (int64_t)(secs * 1e9);
+    /* the kind's channels share one link: a collective occupies it after the ones before it */
+    pthread_mutex_lock(&b->link_mu);
+    int64_t start = t0 > b->link_free[w->group.kind] ? t0 : b->link_free[w->group.kind];
+    int64_t until = start + (int64_t)(secs * 1e9);
+    b->link_free[w->group.kind] = until;
+    pthread_mutex_unlock(&b->link_mu);
     struct timespec ts = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
     }
@@ -499,7 +516,7 @@ static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
 {
     shm_backend *b = (shm_backend *)be;
     const shm_group *g = group;
-    shm_lane *l = &b->lanes[g->info.kind];
+    shm_lane *l = &b->lanes[lane_index(&g->info)];
     if (w->coll.device >= 0) {
         axc_status st = axc_cuda_load(&b->cuda);
         if (st != AXC_OK)
@@ -564,6 +581,8 @@ static axc_status shm_wait(axc_backend *be, axc_work *w)
 static axc_status shm_group_open(axc_backend *be, const axc_group_info *info, void **out)
 {
     shm_backend *b = (shm_backend *)be;
+    if (info->channel < 0 || info->channel >= b->channels)
+        return axc_fail(AXC_ERR_INVALID, "shm: channel %d of %d", info->channel, b->channels);
     shm_group *g = calloc(1, sizeof *g);
     if (!g)
         return axc_fail(AXC_ERR_NOMEM, "out of memory");
@@ -575,7 +594,7 @@ static axc_status shm_group_open(axc_backend *be, const axc_group_info *info, vo
     }
     memcpy(g->members, info->members, sizeof(int) * (size_t)info->size);
     g->info.members = g->members;
-    g->barrier = &b->barriers[(size_t)info->kind * (size_t)b->world + (size_t)info->color];
+    g->barrier = &b->barriers[(size_t)lane_index(info) * (size_t)b->world + (size_t)info->color];
     *out = g;
     return AXC_OK;
 }
@@ -591,7 +610,7 @@ static void shm_group_close(axc_backend *be, void *group)
 static void shm_destroy(axc_backend *be)
 {
     shm_backend *b = (shm_backend *)be;
-    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+    for (int k = 0; k < AXC_MAX_CHANNELS * AXC_GROUP_COUNT; k++) {
         shm_lane *l = &b->lanes[k];
         if (l->thread_started) {
             pthread_mutex_lock(&l->mu);
@@ -610,6 +629,7 @@ static void shm_destroy(axc_backend *be)
         }
     }
     pthread_mutex_destroy(&b->fail_mu);
+    pthread_mutex_destroy(&b->link_mu);
     if (b->map)
         munmap(b->map, b->map_bytes);
     if (b->name[0])
@@ -631,17 +651,19 @@ static double env_double(const char *name, double dflt)
 
 static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
 {
-    /* a slot per rank for every group kind of more than one rank: the kinds' lanes run at once */
+    /* a slot per rank for every lane (channel, kind) whose groups have more than one rank: the
+     * lanes run at once */
     size_t slot_kb = (size_t)env_double("AXONN_C_SHM_SLOT_KB", 2048);
     if (slot_kb < 64)
         slot_kb = 64;
     size_t slot = align_up(slot_kb * 1024, 4096);
     size_t hdr = align_up(sizeof(shm_header) + sizeof(int32_t) * (size_t)b->world, 4096);
-    size_t bars = align_up(sizeof(shm_barrier) * AXC_GROUP_COUNT * (size_t)b->world, 4096);
-    size_t kind_off[AXC_GROUP_COUNT], total = hdr + bars;
-    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
-        kind_off[k] = total;
-        if (axc_grid_group_size(&cfg->grid, (axc_group_kind)k) > 1)
+    int n_lanes = b->channels * AXC_GROUP_COUNT;
+    size_t bars = align_up(sizeof(shm_barrier) * (size_t)n_lanes * (size_t)b->world, 4096);
+    size_t lane_off[AXC_MAX_CHANNELS * AXC_GROUP_COUNT], total = hdr + bars;
+    for (int k = 0; k < n_lanes; k++) {
+        lane_off[k] = total;
+        if (axc_grid_group_size(&cfg->grid, (axc_group_kind)(k % AXC_GROUP_COUNT)) > 1)
             total += slot * (size_t)b->world;
     }
     char key[256];
@@ -689,13 +711,14 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     b->hdr = map;
     b->pids = (_Atomic int32_t *)((unsigned char *)map + sizeof(shm_header));
     b->barriers = (shm_barrier *)((unsigned char *)map + hdr);
-    for (int k = 0; k < AXC_GROUP_COUNT; k++)
-        if (axc_grid_group_size(&cfg->grid, (axc_group_kind)k) > 1)
-            b->lanes[k].slots = (unsigned char *)map + kind_off[k];
+    for (int k = 0; k < n_lanes; k++)
+        if (axc_grid_group_size(&cfg->grid, (axc_group_kind)(k % AXC_GROUP_COUNT)) > 1)
+            b->lanes[k].slots = (unsigned char *)map + lane_off[k];
     b->slot_bytes = slot;
     if (b->rank == 0) {
         b->hdr->world = (uint32_t)b->world;
         b->hdr->slot_bytes = slot;
+        b->hdr->channels = (uint32_t)b->channels;
         atomic_store(&b->hdr->magic, SHM_MAGIC); /* (memory is zeroed by ftruncate) */
         axc_status st = cfg->bootstrap.set(cfg->bootstrap.ctx, key, b->name, strlen(b->name));
         if (st != AXC_OK) {
@@ -703,12 +726,14 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
             return st;
         }
     } else if (b->hdr->magic != SHM_MAGIC || b->hdr->world != (uint32_t)b->world ||
-               b->hdr->slot_bytes != slot) {
+               b->hdr->slot_bytes != slot || b->hdr->channels != (uint32_t)b->channels) {
         return axc_fail(AXC_ERR_INVALID,
                         "rank %d: shared-memory segment %s does not match this job (world %u vs "
-                        "%d, slot %llu vs %zu bytes): do all ranks use the same settings?",
+                        "%d, slot %llu vs %zu bytes, channels %u vs %d): do all ranks use the "
+                        "same settings?",
                         b->rank, b->name, b->hdr->world, b->world,
-                        (unsigned long long)b->hdr->slot_bytes, slot);
+                        (unsigned long long)b->hdr->slot_bytes, slot, b->hdr->channels,
+                        b->channels);
     }
     atomic_store(&b->pids[b->rank], (int32_t)getpid());
     atomic_fetch_add(&b->hdr->attached, 1);
@@ -758,8 +783,15 @@ axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
     b->timeout_s = cfg->timeout_s;
     b->sim_gbps = env_double("AXONN_C_SIM_GBPS", 0);
     b->sim_us = env_double("AXONN_C_SIM_US", 0);
+    b->channels = cfg->channels > 0 ? cfg->channels : 1;
+    if (b->channels > AXC_MAX_CHANNELS) {
+        free(b);
+        return axc_fail(AXC_ERR_INVALID, "shm: %d channels, at most %d", cfg->channels,
+                        AXC_MAX_CHANNELS);
+    }
     pthread_mutex_init(&b->fail_mu, NULL);
-    for (int k = 0; k < AXC_GROUP_COUNT; k++) {
+    pthread_mutex_init(&b->link_mu, NULL);
+    for (int k = 0; k < AXC_MAX_CHANNELS * AXC_GROUP_COUNT; k++) {
         shm_lane *l = &b->lanes[k];
         l->b = b;
         l->stage_device = -1;

@@ -86,24 +86,28 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"rank",   "world_size", "local_rank", "local_world_size",
                              "G_data", "G_intra_r",  "G_intra_c",  "G_intra_d",
                              "G_inter", "backend",   "job_id",     "timeout",
-                             "cuda_device", "store_set", "store_get", NULL};
+                             "cuda_device", "store_set", "store_get", "channels", NULL};
     int rank, world, local_rank, local_world, gdata, gr, gc, gd, ginter, cuda_device;
+    int channels = 1;
     const char *backend = NULL, *job_id;
     double timeout;
     py_store ps;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiiiizsdiOO", kwlist, &rank, &world,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiiiizsdiOO|i", kwlist, &rank, &world,
                                      &local_rank, &local_world, &gdata, &gr, &gc, &gd, &ginter,
-                                     &backend, &job_id, &timeout, &cuda_device, &ps.set, &ps.get))
+                                     &backend, &job_id, &timeout, &cuda_device, &ps.set, &ps.get,
+                                     &channels))
         return NULL;
     if (g_comm) {
         const axc_grid *g = axc_comm_grid(g_comm);
-        if (g->G_data == gdata && g->G_r == gr && g->G_c == gc && g->G_d == gd)
+        if (g->G_data == gdata && g->G_r == gr && g->G_c == gc && g->G_d == gd &&
+            axc_comm_channels(g_comm) == channels)
             Py_RETURN_NONE; /* idempotent */
         PyErr_Format(PyExc_RuntimeError,
                      "axonn_c is already initialised with G_data=%d G_intra_r=%d G_intra_c=%d "
-                     "G_intra_d=%d; call axonn_c.finalize() before init with G_data=%d "
-                     "G_intra_r=%d G_intra_c=%d G_intra_d=%d",
-                     g->G_data, g->G_r, g->G_c, g->G_d, gdata, gr, gc, gd);
+                     "G_intra_d=%d (%d channel(s)); call axonn_c.finalize() before init with "
+                     "G_data=%d G_intra_r=%d G_intra_c=%d G_intra_d=%d (%d channel(s))",
+                     g->G_data, g->G_r, g->G_c, g->G_d, axc_comm_channels(g_comm), gdata, gr,
+                     gc, gd, channels);
         return NULL;
     }
     if (timeout <= 0) {
@@ -122,6 +126,7 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     cfg.backend = backend;
     cfg.job_id = job_id;
     cfg.timeout_s = timeout;
+    cfg.channels = channels;
     cfg.bootstrap.ctx = &ps;
     cfg.bootstrap.set = store_set;
     cfg.bootstrap.get = store_get;
@@ -148,6 +153,22 @@ static PyObject *py_finalize(PyObject *self, PyObject *noargs)
         axc_comm_destroy(comm);
         Py_END_ALLOW_THREADS
     }
+    Py_RETURN_NONE;
+}
+
+/* set_thread_channel(channel): the channel of the calling thread's collectives */
+static PyObject *py_set_thread_channel(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long c = PyLong_AsLong(arg);
+    if (c == -1 && PyErr_Occurred())
+        return NULL;
+    if (!g_comm)
+        return axc_py_raise(axc_fail(AXC_ERR_STATE,
+                                     "axonn_c is not initialised: call axonn_c.init() first"));
+    axc_status st = axc_comm_set_thread_channel(g_comm, (int)c);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
@@ -583,6 +604,8 @@ PyMethodDef axc_py_comm_methods[] = {
      "Creates the communicator (internal; use axonn_c.init)."},
     {"finalize", py_finalize, METH_NOARGS, "Releases the communicator."},
     {"is_initialized", py_is_initialized, METH_NOARGS, "True between init and finalize."},
+    {"set_thread_channel", py_set_thread_channel, METH_O,
+     "set_thread_channel(c): the calling thread's collectives use channel c."},
     {"grid_info", py_grid_info, METH_NOARGS, "Sizes, this rank's coordinates, backends."},
     {"grid_members", py_grid_members, METH_VARARGS, "Group members for a grid (pure math)."},
     {"collective", py_collective, METH_VARARGS, "Starts a collective (internal)."},

@@ -1,6 +1,8 @@
 /* shm backend across forked processes: every collective on every group of several grids, odd
  * lengths crossing the slot size, byte counters, groups progressing independently, works started
- * after other groups' works, and a dead peer failing the others in time. */
+ * after other groups' works, channels matched independently, and a dead peer failing the others
+ * in time. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,20 @@ static axc_comm *open_comm(int rank, int world, const int dims[4], const char *j
     return comm;
 }
 
+/* Waits for the second work first, then checks both two-rank sums: a = 2 * {1,2,3}, b = 2 *
+ * {10,20,30} (a collective paired with the wrong peer's mixes them, or times out). */
+static void finish_pair(axc_work *w1, axc_work *w2, const float *a, const float *b)
+{
+    EXPECT(axc_work_wait(w2) == AXC_OK);
+    EXPECT(axc_work_wait(w1) == AXC_OK);
+    axc_work_free(w1);
+    axc_work_free(w2);
+    for (int i = 0; i < 3; i++) {
+        EXPECT(a[i] == 2.0f * (float)(i + 1));
+        EXPECT(b[i] == 20.0f * (float)(i + 1));
+    }
+}
+
 /* Two ranks, grid 1x1x2x1: the col and world groups are both {0, 1}. Rank 0 starts col then
  * world, rank 1 world then col, each waiting for its second collective first. This completes
  * only when each group kind progresses on its own (one in-order queue per process would wait
@@ -157,14 +173,7 @@ static void independent_main(int rank, int world, const int dims[4], double time
     axc_work *w1 = NULL, *w2 = NULL;
     EXPECT(axc_comm_start(comm, first, rank == 0 ? &ca : &cb, &w1) == AXC_OK);
     EXPECT(axc_comm_start(comm, second, rank == 0 ? &cb : &ca, &w2) == AXC_OK);
-    EXPECT(axc_work_wait(w2) == AXC_OK);
-    EXPECT(axc_work_wait(w1) == AXC_OK);
-    axc_work_free(w1);
-    axc_work_free(w2);
-    for (int i = 0; i < 3; i++) {
-        EXPECT(a[i] == 2.0f * (float)(i + 1));
-        EXPECT(b[i] == 20.0f * (float)(i + 1));
-    }
+    finish_pair(w1, w2, a, b);
     axc_comm_destroy(comm);
 }
 
@@ -209,6 +218,75 @@ static void after_main(int rank, int world, const int dims[4], double timeout)
     free(mid);
 }
 
+/* Two ranks, grid 1x1x2x1, two channels: rank 0 starts a col all-reduce on channel 0 then one on
+ * channel 1, rank 1 the other way round, each waiting for its second first. Channels are matched
+ * independently, so this completes with each sum over its own channel's data (one lane per kind
+ * would pair a with b, or time out). Then threads, one per channel, run many collectives at once,
+ * and the per-kind counters add up both channels. */
+typedef struct chan_arg {
+    axc_comm *comm;
+    int channel, rank, ok;
+} chan_arg;
+
+static void *chan_thread(void *p)
+{
+    chan_arg *a = p;
+    a->ok = axc_comm_set_thread_channel(a->comm, a->channel) == AXC_OK;
+    for (int it = 0; it < 50 && a->ok; it++) {
+        float x[64];
+        for (int i = 0; i < 64; i++)
+            x[i] = (float)(a->channel * 1000 + it * 10 + a->rank + i);
+        axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = x, .recv = x, .count = 64,
+                      .device = -1};
+        a->ok = run(a->comm, AXC_GROUP_COL, &c) == AXC_OK;
+        for (int i = 0; i < 64 && a->ok; i++) /* ranks 0 and 1 */
+            a->ok = x[i] == (float)(2 * (a->channel * 1000 + it * 10 + i) + 1);
+    }
+    return NULL;
+}
+
+static void channels_main(int rank, int world, const int dims[4], double timeout)
+{
+    axc_comm_config cfg;
+    axc_comm *comm = NULL;
+    if (fork_ranks_config(&cfg, rank, world, dims, "chan", timeout) != AXC_OK) {
+        fails++;
+        return;
+    }
+    cfg.channels = 2;
+    if (axc_comm_create(&comm, &cfg) != AXC_OK) {
+        fprintf(stderr, "rank %d: create: %s\n", rank, axc_last_error());
+        fails++;
+        return;
+    }
+    EXPECT(axc_comm_channels(comm) == 2);
+    EXPECT(axc_comm_set_thread_channel(comm, 2) == AXC_ERR_INVALID);
+    EXPECT(strstr(axc_last_error(), "channel 2") != NULL);
+    float a[3] = {1, 2, 3}, b[3] = {10, 20, 30};
+    axc_coll ca = {.kind = AXC_COLL_ALL_REDUCE, .send = a, .recv = a, .count = 3, .device = -1};
+    axc_coll cb = {.kind = AXC_COLL_ALL_REDUCE, .send = b, .recv = b, .count = 3, .device = -1};
+    int first = rank == 0 ? 0 : 1;
+    axc_work *w1 = NULL, *w2 = NULL;
+    EXPECT(axc_comm_set_thread_channel(comm, first) == AXC_OK);
+    EXPECT(axc_comm_start(comm, AXC_GROUP_COL, first == 0 ? &ca : &cb, &w1) == AXC_OK);
+    EXPECT(axc_comm_set_thread_channel(comm, 1 - first) == AXC_OK);
+    EXPECT(axc_comm_start(comm, AXC_GROUP_COL, first == 0 ? &cb : &ca, &w2) == AXC_OK);
+    finish_pair(w1, w2, a, b);
+    EXPECT(axc_comm_set_thread_channel(comm, 0) == AXC_OK);
+    pthread_t th[2];
+    chan_arg args[2] = {{comm, 0, rank, 0}, {comm, 1, rank, 0}};
+    for (int t = 0; t < 2; t++)
+        EXPECT(pthread_create(&th[t], NULL, chan_thread, &args[t]) == 0);
+    for (int t = 0; t < 2; t++) {
+        pthread_join(th[t], NULL);
+        EXPECT(args[t].ok);
+    }
+    axc_counters ctr;
+    axc_comm_counters(comm, AXC_GROUP_COL, &ctr);
+    EXPECT(ctr.calls == 2 + 2 * 50);
+    axc_comm_destroy(comm);
+}
+
 /* Rank world-1 dies before the collective; everyone else must fail with PEER, not hang. */
 static void dead_peer_main(int rank, int world, const int dims[4], double timeout)
 {
@@ -251,6 +329,7 @@ int main(void)
     static const int indep_grid[4] = {1, 1, 2, 1}, after_grid[4] = {2, 1, 1, 2};
     CHECK(fork_ranks_spawn(2, independent_main, indep_grid, 10.0, 0) == 0);
     CHECK(fork_ranks_spawn(4, after_main, after_grid, 10.0, 0) == 0);
+    CHECK(fork_ranks_spawn(2, channels_main, indep_grid, 10.0, 0) == 0);
     static const int dead_grid[4] = {1, 1, 3, 1};
     int64_t t0 = axc_now_ns();
     CHECK(fork_ranks_spawn(3, dead_peer_main, dead_grid, 5.0, 0) == 0);

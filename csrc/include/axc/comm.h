@@ -82,6 +82,7 @@ typedef struct axc_comm_config {
     const char *backend; /* NULL/"auto", "shm" or "nccl" */
     const char *job_id;  /* unique per job/init; names shm segments and store keys */
     double timeout_s;    /* bound on every wait for a peer */
+    int channels;        /* independent sets of groups (>= 1; 0 means 1), see below */
     axc_bootstrap bootstrap;
 } axc_comm_config;
 
@@ -94,6 +95,16 @@ int axc_comm_rank(const axc_comm *comm);
 double axc_comm_timeout(const axc_comm *comm);
 /* Names of the backends in use ("shm", "nccl", "shm+nccl"). */
 const char *axc_comm_backends(const axc_comm *comm);
+
+/* Channels: `cfg.channels` independent copies of every group (shm: own slots and progress
+ * thread; NCCL: own communicator and stream). Collectives are matched across ranks in issue
+ * order per (group, channel), so threads that run concurrently (e.g. concurrent micro-batches)
+ * each take a channel of their own and need no common order between them. A thread uses
+ * channel 0 until it sets another; the setting is per thread. */
+#define AXC_MAX_CHANNELS 8
+int axc_comm_channels(const axc_comm *comm);
+axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel);
+int axc_comm_thread_channel(void);
 
 /* Starts `c` on group `kind`; `*work` must be waited on (or freed, which waits). */
 axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
@@ -131,6 +142,7 @@ typedef struct axc_group_info {
     int size;
     int rank;     /* my index in the group */
     int color;    /* identical for all members; distinct per group of the same kind */
+    int channel;  /* which copy of the group (axc_comm_set_thread_channel) */
     const int *members; /* global ranks, group order */
 } axc_group_info;
 
@@ -139,7 +151,8 @@ typedef enum axc_work_state { AXC_WORK_PENDING = 0, AXC_WORK_DONE = 1, AXC_WORK_
 typedef struct axc_backend axc_backend;
 struct axc_backend {
     const char *name;
-    /* Opens group `info` (collective over the world, called for every kind in the same order). */
+    /* Opens group `info` (collective over the world, called for every channel and kind in the
+     * same order). */
     axc_status (*group_open)(axc_backend *be, const axc_group_info *info, void **group);
     void (*group_close)(axc_backend *be, void *group);
     /* Starts the collective; completion is reported by axc_work_complete(). */

@@ -1,0 +1,67 @@
+"""Concurrent micro-batches (axonn_c.run_concurrent): training steps on 2-8 ranks against serial
+PyTorch (tests/workers/concurrent_worker.py), and the single-process API: splitting, results in
+order, errors that say what is wrong."""
+import pytest
+import torch
+
+import axonn_c
+from conftest import torchrun
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_concurrent_microbatches_match_serial(world):
+    out = torchrun(world, "concurrent_worker.py")
+    assert f"world {world}: concurrent micro-batch checks pass" in out
+
+
+def test_splits_inputs_and_keeps_order(world_of_one):
+    axonn_c.init(concurrent_microbatches=3)
+    x = torch.arange(7.0)
+    got = axonn_c.run_concurrent(lambda a, k: (a.tolist(), k), x, "same")
+    assert got == [([0.0, 1.0, 2.0], "same"), ([3.0, 4.0], "same"), ([5.0, 6.0], "same")]
+    # along another dim, and the caller's grad mode reaches every micro-batch
+    with torch.no_grad():
+        modes = axonn_c.run_concurrent(lambda a: (a.shape[1], torch.is_grad_enabled()),
+                                       torch.zeros(2, 6), dim=1)
+    assert modes == [(2, False)] * 3
+
+
+def test_gradients_accumulate_over_microbatches(world_of_one):
+    axonn_c.init(concurrent_microbatches=2)
+    torch.manual_seed(0)
+    layer = axonn_c.Linear(8, 4)
+    ref = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        ref.weight.copy_(layer.full_weight())
+        ref.bias.copy_(layer.full_bias())
+    x = torch.randn(6, 8)
+    axonn_c.run_concurrent(lambda a: layer(a).pow(2).sum().backward(), x)
+    axonn_c.sync_gradients(layer)
+    ref(x).pow(2).sum().backward()
+    torch.testing.assert_close(layer.weight.grad.view(4, 8), ref.weight.grad)  # (world 1: one shard)
+    torch.testing.assert_close(layer.bias.grad, ref.bias.grad)
+
+
+def test_errors_name_the_problem(world_of_one):
+    with pytest.raises(RuntimeError, match="not initialised"):
+        axonn_c.run_concurrent(lambda a: a, torch.zeros(2))
+    with pytest.raises(ValueError, match=r"concurrent_microbatches must be an int in \[1, 8\]"):
+        axonn_c.init(concurrent_microbatches=0)
+    with pytest.raises(ValueError, match=r"concurrent_microbatches must be an int in \[1, 8\]"):
+        axonn_c.init(concurrent_microbatches=9)
+    axonn_c.init(concurrent_microbatches=2)
+    with pytest.raises(RuntimeError, match=r"already initialised .*\(2 channel"):
+        axonn_c.init(concurrent_microbatches=3)
+    with pytest.raises(ValueError, match=r"into 2 micro-batches along dim 0, but got an input "
+                                         r"of shape \[1\]"):
+        axonn_c.run_concurrent(lambda a: a, torch.zeros(1))
+    with pytest.raises(ValueError, match="at least one Tensor"):
+        axonn_c.run_concurrent(lambda a: a, 3)
+    with pytest.raises(RuntimeError, match="cannot be nested"):
+        axonn_c.run_concurrent(lambda a: axonn_c.run_concurrent(lambda b: b, a), torch.zeros(4))
+    with pytest.raises(ZeroDivisionError):  # fn's own error reaches the caller
+        axonn_c.run_concurrent(lambda a: 1 / 0, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"channel 2 does not exist: this communicator has 2 "
+                                         r"channels"):
+        axonn_c._C.set_thread_channel(2)

@@ -1,0 +1,151 @@
+"""Concurrent micro-batches (axonn_c.run_concurrent) against serial PyTorch: training steps on
+several grids, 2 and 3 micro-batches of unequal sizes, overlap on and off; proof
+that the micro-batches really run at once (a barrier inside fn that only concurrent threads
+pass); the refusal of gradients already summed by an overlapped backward."""
+import os
+import sys
+import threading
+
+import torch
+from torch import nn
+
+import axonn_c
+from linear_worker import shard_of
+from sched_worker import H, close, tokens
+
+
+class Net(nn.Module):
+    """Expert-layout pair (normal, transposed) twice; the biases take the gradient-hook path
+    (registered at construction) that run_concurrent must bypass."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([
+            axonn_c.Linear(H, 2 * H, expert_mode=True),
+            axonn_c.Linear(2 * H, H, transpose=True, expert_mode=True),
+            axonn_c.Linear(H, 2 * H, expert_mode=True),
+            axonn_c.Linear(2 * H, H, transpose=True, expert_mode=True)])
+
+    def forward(self, x, hook=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i % 2 == 0:
+                x = torch.tanh(x)
+            if i == 1 and hook is not None:
+                hook()
+        return x
+
+
+def serial_copy(model):
+    refs = [nn.Linear(m.in_features, m.out_features) for m in model.layers]
+    with torch.no_grad():
+        for r, m in zip(refs, model.layers):
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+    return refs
+
+
+def serial_forward(refs, x):
+    for i, r in enumerate(refs):
+        x = r(x)
+        if i % 2 == 0:
+            x = torch.tanh(x)
+    return x
+
+
+def check_training(g, n, overlap):
+    what = (f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} n={n} "
+            f"overlap={overlap} rank {g.rank}")
+    torch.manual_seed(5)
+    model = Net()
+    refs = serial_copy(model)
+    ref_params = [p for r in refs for p in r.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(ref_params, lr=0.05)
+    s = model.layers[0]._shapes
+    kin = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
+    shards = g.G_data * g.G_intra_d
+    gen = torch.Generator().manual_seed(9)
+    for it in range(3):
+        # 2n+1 tokens per shard: micro-batches of unequal size
+        X, dY, tok = tokens(g, (2 * n + 1) * shards, gen)
+        x, dy = X[tok][:, kin].clone(), dY[tok][:, kin].clone()
+        inside = []
+
+        def fn(xb, dyb):
+            inside.append(threading.current_thread().name)
+            y = model(xb)
+            (y * dyb).sum().backward()
+            return y.detach()
+
+        ys = axonn_c.run_concurrent(fn, x, dy)
+        assert len(ys) == n and len(set(inside)) == n, f"{what}: {len(set(inside))} threads"
+        axonn_c.sync_gradients(model)
+        (serial_forward(refs, X) * dY).sum().backward()
+        with torch.no_grad():
+            Y = serial_forward(refs, X)
+        close(torch.cat(ys), Y[tok][:, kin], torch.float32, f"{what} step {it} output")
+        for m, r in zip(model.layers, refs):
+            close(m.weight.grad, shard_of(r.weight.grad, m), torch.float32, f"{what} step {it} dW")
+            rows, _ = m._block_slices()
+            close(m.bias.grad, r.bias.grad[rows], torch.float32, f"{what} step {it} db")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+
+
+def check_really_concurrent(g, n):
+    """Each micro-batch waits between its layers until all n have reached that point: only
+    micro-batches that run at once get past it (one after the other, the first would wait for
+    ever, here: the barrier's timeout)."""
+    torch.manual_seed(6)
+    model = Net()
+    barrier = threading.Barrier(n, timeout=60)
+    x = torch.randn(2 * n, model.layers[0]._shapes["k_local"])
+    axonn_c.run_concurrent(lambda xb: model(xb, hook=barrier.wait).sum().backward(), x)
+    axonn_c.sync_gradients(model)
+
+
+def check_refuses_summed(g):
+    """With overlap on, a plain backward sums .grad over data (or depth) during backward; adding
+    unsummed micro-batch gradients to it would be wrong: refused until sync_gradients."""
+    torch.manual_seed(7)
+    model = Net()
+    x = torch.randn(4, model.layers[0]._shapes["k_local"])
+    model(x).sum().backward()
+    try:
+        axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
+    except RuntimeError as e:
+        assert "sync_gradients" in str(e), str(e)
+    else:
+        raise AssertionError("run_concurrent accepted gradients already summed over ranks")
+    axonn_c.sync_gradients(model)
+    model.zero_grad()
+    axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)  # fine afterwards
+    axonn_c.sync_gradients(model)
+
+
+def main():
+    world = int(os.environ["WORLD_SIZE"])
+    grids = [(1, 1, world, 1), (1, world, 1, 1), (1, 1, 1, world), (world, 1, 1, 1)]
+    if world == 4:
+        grids += [(1, 2, 2, 1), (2, 1, 2, 1), (1, 1, 2, 2)]
+    if world == 8:
+        grids = [(2, 1, 2, 2), (1, 2, 2, 2)]
+    for sizes in grids:
+        for n, overlap in ((2, True), (3, False)):
+            g = axonn_c.init(*sizes, overlap=overlap, concurrent_microbatches=n)
+            check_training(g, n, overlap)
+            if overlap:
+                check_really_concurrent(g, n)
+                if g.G_data > 1 or g.G_intra_d > 1:
+                    check_refuses_summed(g)
+            axonn_c.finalize()
+    if int(os.environ["RANK"]) == 0:
+        print(f"world {world}: concurrent micro-batch checks pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
