@@ -144,7 +144,7 @@ static axc_comm *open_comm(int rank, int world, const int dims[4], const char *j
 
 /* Waits for the second work first, then checks both two-rank sums: a = 2 * {1,2,3}, b = 2 *
  * {10,20,30} (a collective paired with the wrong peer's mixes them, or times out). */
-static void finish_pair(axc_work *w1, axc_work *w2, const float *a, const float *b)
+static void finish_pair(int rank, axc_work *w1, axc_work *w2, const float *a, const float *b)
 {
     EXPECT(axc_work_wait(w2) == AXC_OK);
     EXPECT(axc_work_wait(w1) == AXC_OK);
@@ -173,7 +173,7 @@ static void independent_main(int rank, int world, const int dims[4], double time
     axc_work *w1 = NULL, *w2 = NULL;
     EXPECT(axc_comm_start(comm, first, rank == 0 ? &ca : &cb, &w1) == AXC_OK);
     EXPECT(axc_comm_start(comm, second, rank == 0 ? &cb : &ca, &w2) == AXC_OK);
-    finish_pair(w1, w2, a, b);
+    finish_pair(rank, w1, w2, a, b);
     axc_comm_destroy(comm);
 }
 
@@ -271,7 +271,7 @@ static void channels_main(int rank, int world, const int dims[4], double timeout
     EXPECT(axc_comm_start(comm, AXC_GROUP_COL, first == 0 ? &ca : &cb, &w1) == AXC_OK);
     EXPECT(axc_comm_set_thread_channel(comm, 1 - first) == AXC_OK);
     EXPECT(axc_comm_start(comm, AXC_GROUP_COL, first == 0 ? &cb : &ca, &w2) == AXC_OK);
-    finish_pair(w1, w2, a, b);
+    finish_pair(rank, w1, w2, a, b);
     EXPECT(axc_comm_set_thread_channel(comm, 0) == AXC_OK);
     pthread_t th[2];
     chan_arg args[2] = {{comm, 0, rank, 0}, {comm, 1, rank, 0}};
