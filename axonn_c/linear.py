@@ -365,6 +365,7 @@ class Linear(nn.Module):
         ov_ar, ov_rs, chunks, ov_ag, ov_data = self._overlap_knobs()
         if concurrent.active():  # micro-batch threads leave the scheduler's shared state alone
             ov_ag = ov_data = 0
+            chunks = chunks or 1  # the other micro-batches hide the all-reduce: no auto split
         if (x.is_cuda and (ov_ag or ov_rs or ov_data)
                 and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(

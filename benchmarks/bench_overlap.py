@@ -97,11 +97,18 @@ def build_model(h, blocks):
     return torch.nn.Sequential(*layers)
 
 
-MODES = (("compute", "comm", False), ("comm", "compute", False), ("no_overlap", "none", False),
-         ("overlap", "none", True))  # name, AXONN_C_BENCH_SKIP, init(overlap=)
+# name, AXONN_C_BENCH_SKIP, init(overlap=), concurrent micro-batches (0: a plain step)
+BASE_MODES = (("compute", "comm", False, 0), ("comm", "compute", False, 0),
+              ("no_overlap", "none", False, 0), ("overlap", "none", True, 0))
 
 
-def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False):
+def modes(spec):
+    """The four modes, and overlap with --concurrent micro-batches run at once when > 1."""
+    n = spec.get("concurrent", 0)
+    return BASE_MODES + ((("concurrent", "none", True, n),) if n > 1 else ())
+
+
+def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurrent=0):
     """init with this mode, build the model, warm up, time `steps` steps, finalize. Returns per-step
     lists (max over ranks): times, exposed comm, timeline unions; and one step's bytes/calls."""
     import torch
@@ -114,7 +121,7 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False):
     os.environ["AXONN_C_SIM_GBPS"] = repr(gbps)  # read at init by the shm backend
     os.environ["AXONN_C_SIM_US"] = repr(sim_us)
     g = axonn_c.init(G_data=G[0], G_intra_r=G[1], G_intra_c=G[2], G_intra_d=G[3],
-                     backend="shm", overlap=overlap)
+                     backend="shm", overlap=overlap, concurrent_microbatches=max(concurrent, 1))
     torch.manual_seed(0)
     model = build_model(spec["hidden"], spec["blocks"])
     torch.manual_seed(1000 + g.rank)
@@ -125,7 +132,10 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False):
         for p in model.parameters():
             p.grad = None
         x.grad = None
-        model(x).sum().backward()
+        if concurrent > 1:  # the micro-batches' forward and backward run at once, in threads
+            axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
+        else:
+            model(x).sum().backward()
         axonn_c.sync_gradients(model)
 
     sizes = {"col": g.G_intra_c, "row": g.G_intra_r, "depth": g.G_intra_d, "data": g.G_data,
@@ -184,17 +194,19 @@ def worker(spec_path):
         gbps = spec["sim_gbps"] or calibrate(statistics.median(cal["t"]), cal["bytes"],
                                              cal["calls"], spec["comm_ratio"], spec["sim_us"])
         res["sim_gbps"] = gbps
-        acc = {m[0]: {} for m in MODES}
+        all_modes = modes(spec)
+        acc = {m[0]: {} for m in all_modes}
         for rnd in range(spec["rounds"]):
-            # the four modes in blocks of steps, interleaved, the order rotated every round, so
+            # the modes in blocks of steps, interleaved, the order rotated every round, so
             # that they all see the same machine (a shared machine drifts over seconds)
-            order = MODES[rnd % 4:] + MODES[:rnd % 4]
-            for mode, skip, overlap in order:
+            k = rnd % len(all_modes)
+            order = all_modes[k:] + all_modes[:k]
+            for mode, skip, overlap, conc in order:
                 # the timeline also runs in compute-alone mode: its GEMM time there is the
                 # reference for how much the overlap run's GEMMs were slowed down
-                record = mode in ("overlap", "compute")
+                record = mode in ("overlap", "compute", "concurrent")
                 _, _, out = run_block(spec, G, gbps, spec["sim_us"], skip, overlap,
-                                      spec["steps"], record)
+                                      spec["steps"], record, conc)
                 for k, v in out.items():
                     if isinstance(v, list):
                         acc[mode].setdefault(k, []).extend(v)
@@ -207,11 +219,11 @@ def worker(spec_path):
                         timeline.merge([pattern.replace("{rank}", str(r))
                                         for r in range(dist.get_world_size())], row["trace"])
                 axonn_c.finalize()
-        for mode, _, _ in MODES:
+        for mode, *_ in all_modes:
             res[mode] = {k: statistics.median(v) for k, v in acc[mode].items()}
         if rank == 0:
             print(f"  [{spec['ranks']} ranks, {name}, link {gbps:.3g} GB/s] " + "  ".join(
-                f"{m} {res[m]['t'] * 1e3:.1f}" for m, _, _ in MODES) + " ms/step", flush=True)
+                f"{m} {res[m]['t'] * 1e3:.1f}" for m, *_ in all_modes) + " ms/step", flush=True)
         results.append(res)
     os.environ.pop("AXONN_C_BENCH_SKIP", None)
     if rank == 0:
@@ -250,13 +262,14 @@ def calibrate(t_compute, step_bytes, step_calls, ratio, sim_us):
     return float(f"{gbps:.3g}")
 
 
-def check(r):
+def check(r, mode="overlap"):
+    """(target applicable, target met, exposed agrees) for mode "overlap" or "concurrent"."""
+    t, exposed = r[f"t_{mode}_s"], r[f"exposed_{mode}_s" if mode != "overlap" else "exposed_comm_s"]
     hi, lo = max(r["t_compute_s"], r["t_comm_s"]), min(r["t_compute_s"], r["t_comm_s"])
     applicable = lo >= 0.2 * hi
-    ok = r["t_overlap_s"] <= 1.15 * hi
-    diff = r["t_overlap_s"] - r["t_compute_s"]
-    agree = abs(r["exposed_comm_s"] - diff) <= 0.1 * abs(diff) if diff > 0 else \
-        r["exposed_comm_s"] <= 0.1 * r["t_overlap_s"]
+    ok = t <= 1.15 * hi
+    diff = t - r["t_compute_s"]
+    agree = abs(exposed - diff) <= 0.1 * abs(diff) if diff > 0 else exposed <= 0.1 * t
     return applicable, ok, agree
 
 
@@ -267,10 +280,22 @@ def explained(r):
     return abs(r["exposed_comm_s"] + r["gemm_slowdown_s"] - diff) <= 0.1 * abs(diff)
 
 
+def concurrent_cells(r, hi):
+    if "t_concurrent_s" not in r:
+        return ""
+    applicable, ok, agree = check(r, "concurrent")
+    target = ("ok" if ok else "MISS") if applicable else "n/a"
+    return (f" {r['t_concurrent_s'] * 1e3:>8.1f} {r['exposed_concurrent_s'] * 1e3:>7.1f} "
+            f"{r['t_concurrent_s'] / hi:>8.2f} {target:>8} {'yes' if agree else 'no':>6}")
+
+
 def print_table(rows):
+    conc = any("t_concurrent_s" in r for r in rows)
     hdr = (f"{'ranks':>5} {'grid':>8} {'GB/s':>6} {'no_ovl':>8} {'overlap':>8} {'compute':>8} "
            f"{'comm':>8} {'exposed':>8} {'slow':>6} {'ovl/no':>7} {'ovl/max':>8} {'target':>7} "
            f"{'exp~':>5} {'+slow~':>6}")
+    if conc:
+        hdr += f" {'conc':>8} {'c-exp':>7} {'conc/max':>8} {'c-target':>8} {'c-exp~':>6}"
     print("\ntimes in ms per step (median of steps, slowest rank); grid = "
           "G_data x G_intra_r x G_intra_c x G_intra_d")
     print(hdr)
@@ -284,11 +309,15 @@ def print_table(rows):
               f"{r['exposed_comm_s'] * 1e3:>8.1f} {r['gemm_slowdown_s'] * 1e3:>6.1f} "
               f"{r['t_overlap_s'] / r['t_no_overlap_s']:>7.2f} "
               f"{r['t_overlap_s'] / hi:>8.2f} {target:>7} {'yes' if agree else 'no':>5} "
-              f"{'yes' if explained(r) else 'no':>6}")
+              f"{'yes' if explained(r) else 'no':>6}" + (concurrent_cells(r, hi) if conc else ""))
     print("target: t_overlap <= 1.15 * max(t_compute, t_comm) (n/a when min < 0.2 * max); "
           "exp~: exposed_comm within 10% of t_overlap - t_compute; slow: the GEMMs' time in the "
           "overlap run minus compute alone (timeline); +slow~: exposed + slow within 10% of "
           "t_overlap - t_compute")
+    if conc:
+        print("conc: overlap=True with the batch split into concurrent micro-batches "
+              "(axonn_c.run_concurrent); c-exp: its exposed communication; conc/max, c-target, "
+              "c-exp~: as ovl/max, target, exp~ for it")
 
 
 def main():
@@ -311,6 +340,9 @@ def main():
     p.add_argument("--sim-us", type=float, default=20.0, help="simulated latency per collective")
     p.add_argument("--comm-ratio", type=float, default=1.0,
                    help="calibrate the link so that communication alone ~ this * compute alone")
+    p.add_argument("--concurrent", type=int, default=2,
+                   help="also time overlap=True with the batch split into this many micro-batches "
+                   "run at once (axonn_c.run_concurrent; 0 or 1: not)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -322,7 +354,7 @@ def main():
             "blocks": a.blocks or (1 if q else 2), "rounds": a.rounds or (1 if q else 3),
             "steps": a.steps or (2 if q else 3), "warmup": a.warmup if a.warmup is not None
             else (1 if q else 2), "cal_steps": 2 if q else 3, "sim_gbps": a.sim_gbps or 0.0,
-            "sim_us": a.sim_us, "comm_ratio": a.comm_ratio}
+            "sim_us": a.sim_us, "comm_ratio": a.comm_ratio, "concurrent": a.concurrent}
     ranks = [int(v) for v in a.ranks.split(",")]
     grids = {n: list((QUICK_GRIDS if q else GRIDS).get(n, [])) for n in ranks}
     if a.grids:
@@ -337,6 +369,8 @@ def main():
         if not grids[n]:
             p.error(f"no grids for {n} ranks: pass --grids")
         for g in grids[n]:
+            if spec["concurrent"] > 1 and spec["tokens"] // (g[0] * g[3]) < spec["concurrent"]:
+                p.error(f"grid {grid_name(g)}: fewer tokens per rank than --concurrent")
             if spec["hidden"] % (g[1] * g[2]) or spec["tokens"] % (g[0] * g[3]):
                 p.error(f"grid {grid_name(g)}: hidden={spec['hidden']} must divide by "
                         f"G_intra_r * G_intra_c and tokens={spec['tokens']} by G_data * G_intra_d")
@@ -367,6 +401,9 @@ def main():
                 "timeline_compute_s": ov["tl_compute"], "timeline_comm_s": ov["tl_comm"],
                 "timeline_compute_alone_s": r["compute"]["tl_compute"],
                 "gemm_slowdown_s": ov["tl_compute"] - r["compute"]["tl_compute"],
+                **({"t_concurrent_s": r["concurrent"]["t"],
+                    "exposed_concurrent_s": r["concurrent"]["exposed"],
+                    "concurrent_microbatches": spec["concurrent"]} if "concurrent" in r else {}),
                 "steps_per_mode": spec["rounds"] * spec["steps"],
                 **{k: spec[k] for k in ("hidden", "tokens", "blocks", "rounds", "steps",
                                         "warmup")}})

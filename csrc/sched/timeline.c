@@ -189,22 +189,39 @@ static int64_t iv_length(const iv *v, size_t n)
     return s;
 }
 
-/* Length of the intersection of two sorted disjoint interval lists. */
-static int64_t iv_overlap(const iv *x, size_t nx, const iv *y, size_t ny)
+/* The intersection of two sorted disjoint interval lists, into out (room for nx + ny). */
+static size_t iv_intersect(const iv *x, size_t nx, const iv *y, size_t ny, iv *out)
 {
-    int64_t s = 0;
-    size_t i = 0, j = 0;
+    size_t i = 0, j = 0, m = 0;
     while (i < nx && j < ny) {
         int64_t a = x[i].a > y[j].a ? x[i].a : y[j].a;
         int64_t b = x[i].b < y[j].b ? x[i].b : y[j].b;
         if (b > a)
-            s += b - a;
+            out[m++] = (iv){a, b};
         if (x[i].b < y[j].b)
             i++;
         else
             j++;
     }
-    return s;
+    return m;
+}
+
+/* Length of the intersection of two sorted disjoint interval lists (scratch: nx + ny). */
+static int64_t iv_overlap(const iv *x, size_t nx, const iv *y, size_t ny, iv *scratch)
+{
+    return iv_length(scratch, iv_intersect(x, nx, y, ny, scratch));
+}
+
+/* Exposed communication in `comm`: with wait spans, the time a thread waited for it while no
+ * GEMM ran (another thread's GEMM, e.g. a concurrent micro-batch's, hides it too); without,
+ * the time no GEMM ran. */
+static int64_t exposed(const iv *comm, size_t nm, const iv *cu, size_t ncu, const iv *wt,
+                       size_t nwt, int waits, iv *scratch, iv *scratch2)
+{
+    if (!waits)
+        return iv_length(comm, nm) - iv_overlap(comm, nm, cu, ncu, scratch);
+    size_t nx = iv_intersect(comm, nm, wt, nwt, scratch);
+    return iv_length(scratch, nx) - iv_overlap(scratch, nx, cu, ncu, scratch2);
 }
 
 /* Collects the non-empty spans matching (kind, group) into v (group < 0: any group). */
@@ -230,10 +247,11 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
     out->spans = n;
     if (n == 0)
         return AXC_OK;
-    iv *cu = malloc(3 * n * sizeof *cu);
+    /* unions of compute, comm, wait spans (n each), and two intersections (2n each) */
+    iv *cu = malloc(7 * n * sizeof *cu);
     if (!cu)
         return axc_fail(AXC_ERR_NOMEM, "out of memory summarising %zu timeline spans", n);
-    iv *tmp = cu + n, *wt = cu + 2 * n;
+    iv *tmp = cu + n, *wt = cu + 2 * n, *s1 = cu + 3 * n, *s2 = cu + 5 * n;
 
     for (size_t i = 0; i < n; i++) {
         const axc_span *s = &spans[i];
@@ -262,8 +280,7 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
 
     size_t nm = iv_union(tmp, collect(spans, n, AXC_SPAN_COMM, -1, tmp));
     out->comm_ns = iv_length(tmp, nm);
-    out->exposed_comm_ns = waits ? iv_overlap(tmp, nm, wt, nwt)
-                                 : out->comm_ns - iv_overlap(tmp, nm, cu, ncu);
+    out->exposed_comm_ns = exposed(tmp, nm, cu, ncu, wt, nwt, waits, s1, s2);
 
     for (int g = 0; g < AXC_GROUP_COUNT; g++) {
         axc_timeline_group_stats *gs = &out->group[g];
@@ -271,8 +288,7 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
             continue;
         size_t ng = iv_union(tmp, collect(spans, n, AXC_SPAN_COMM, g, tmp));
         gs->comm_ns = iv_length(tmp, ng);
-        gs->exposed_ns = waits ? iv_overlap(tmp, ng, wt, nwt)
-                               : gs->comm_ns - iv_overlap(tmp, ng, cu, ncu);
+        gs->exposed_ns = exposed(tmp, ng, cu, ncu, wt, nwt, waits, s1, s2);
     }
     free(cu);
     return AXC_OK;

@@ -186,7 +186,7 @@ static void test_overflow(void)
     CHECK(axc_timeline_set_capacity(0) == AXC_ERR_INVALID);
 }
 
-/* With wait spans, exposed communication is the communication they overlap, whatever else ran. */
+/* With wait spans, exposed communication is the communication they overlap (minus GEMMs). */
 static void test_waits_define_exposure(void)
 {
     axc_timeline_stats st;
@@ -203,10 +203,24 @@ static void test_waits_define_exposure(void)
     CHECK(st.exposed_comm_ns == 38 && st.wait_ns == 0);
 }
 
+/* Two threads (concurrent micro-batches): one waits for a collective while the other runs a
+ * GEMM; only the waited-for communication that no GEMM covers is exposed. */
+static void test_wait_hidden_by_another_thread(void)
+{
+    axc_timeline_stats st;
+    axc_span w = {AXC_SPAN_WAIT, AXC_GROUP_ROW, "all_reduce", 0, 100, 0};
+    axc_span v[] = {ms(AXC_GROUP_ROW, 0, 100, 8), w, cs(20, 50), cs(40, 70)};
+    CHECK_OK(axc_timeline_summarize(v, 4, &st));
+    CHECK(st.comm_ns == 100 && st.wait_ns == 100 && st.compute_ns == 50);
+    CHECK(st.exposed_comm_ns == 50); /* [0,20) and [70,100) */
+    CHECK(st.group[AXC_GROUP_ROW].exposed_ns == 50);
+}
+
 int main(void)
 {
     test_empty();
     test_waits_define_exposure();
+    test_wait_hidden_by_another_thread();
     test_union_intersection();
     test_per_group();
     test_record_get_clear();

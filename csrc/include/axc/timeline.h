@@ -25,9 +25,10 @@ extern "C" {
 #endif
 
 /* WAIT: a thread that computes was blocked on a collective (axc_work_wait on a pending work).
- * When waits are recorded, exposed communication is the communication they overlap: the time
- * the computing thread spent waiting while bytes moved. Without waits (spans recorded by hand)
- * it is the communication no compute span covers. */
+ * When waits are recorded, exposed communication is the communication they overlap while no
+ * GEMM ran: the time a computing thread spent waiting while bytes moved, unless another thread
+ * (a concurrent micro-batch) computed meanwhile. Without waits (spans recorded by hand) it is
+ * the communication no compute span covers. */
 enum { AXC_SPAN_COMPUTE = 0, AXC_SPAN_COMM = 1, AXC_SPAN_WAIT = 2 };
 
 /* Default capacity (spans) of the buffer allocated on the first enable. */
