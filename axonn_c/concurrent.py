@@ -9,25 +9,33 @@ overlap this way, since `fn` is a whole forward + backward (CPU autograd runs a 
 thread that calls it).
 
 Ordering: collectives are matched across ranks in issue order, and threads issue in no fixed
-order relative to each other, so each micro-batch uses its own channel, an independent copy of
-every group (csrc/comm: axc_comm_set_thread_channel; shm gives each its own slots and progress
+order relative to each other, so micro-batch i uses channel i + 1, an independent copy of every
+group (csrc/comm: axc_comm_set_thread_channel; shm gives each its own slots and progress
 thread). Inside a micro-batch thread the cross-layer scheduler's shared state stays unused:
 weights are gathered per call (no prefetch), dW's depth reduce-scatter runs in the layer's
 backward, and gradients accumulate into .grad through autograd (which serialises the adds).
-The data-parallel reduction is left to sync_gradients() after run_concurrent returns, on the
-caller's channel 0.
+
+Gradient sums: with `model=` the calling thread is a reducer on channel 0 while the
+micro-batches run. A post-accumulate hook counts, per parameter, the micro-batches whose
+gradient has arrived; the reducer walks the parameters in a fixed order (reverse registration,
+about the order backward finishes them), in buckets, and sums each bucket over its groups
+(sync_gradients' groups) as soon as all n micro-batches have added to it. The fixed order keeps
+the ranks' collectives matched whatever order the threads finish in. sync_gradients() then
+skips what is summed and only scales. Without `model=` everything is summed by sync_gradients.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List
+import weakref
+from typing import Any, Callable, List, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from . import _C, runtime
 
 _tls = threading.local()
+_reducer: Optional["_Reducer"] = None  # the running call's, if it was given a model
 
 
 def active() -> bool:
@@ -36,37 +44,120 @@ def active() -> bool:
 
 
 def check_unsynced(p: Tensor) -> None:
-    """A .grad already summed during an earlier overlapped backward cannot take unsummed
-    micro-batch gradients: sync_gradients() must run first."""
+    """A .grad already summed over ranks (an overlapped backward, or a reducer) cannot take
+    unsummed micro-batch gradients: sync_gradients() must run first."""
     if p.grad is not None and (getattr(p, "_axonn_data_reduced", False)
                                or getattr(p, "_axonn_reduced_groups", ())):
         raise RuntimeError(
-            "run_concurrent: a parameter's .grad was already summed over ranks by an earlier "
-            "backward with overlap on, and sync_gradients() has not run since; call "
-            "axonn_c.sync_gradients(model) (or zero the gradients) before run_concurrent")
+            "run_concurrent: a parameter's .grad was already summed over ranks (by an earlier "
+            "backward with overlap on, or an earlier run_concurrent with model=), and "
+            "sync_gradients() has not run since; call axonn_c.sync_gradients(model) (or zero "
+            "the gradients) before run_concurrent")
 
 
-def run_concurrent(fn: Callable[..., Any], *inputs, dim: int = 0) -> List[Any]:
+def _arrived(p: Tensor) -> None:
+    r = _reducer
+    if r is not None and active():
+        r.arrive(p)
+
+
+def _watch(p: nn.Parameter) -> None:
+    """Counts p's gradient arrivals (once per parameter; a deepcopy is watched again)."""
+    marker = getattr(p, "_axonn_arrivals", None)
+    if marker is not None and marker() is p:
+        return
+    p.register_post_accumulate_grad_hook(_arrived)
+    p._axonn_arrivals = weakref.ref(p)
+
+
+class _Reducer:
+    """Sums the model's gradients over their groups, bucket by bucket in a fixed order, each as
+    soon as every micro-batch has added its part (runs on the calling thread, channel 0)."""
+
+    def __init__(self, model: nn.Module, n: int):
+        from . import grads
+        from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
+
+        replicated = _replicated_groups(_model_expert_mode(model, None))
+        self.n, self.cv = n, threading.Condition()
+        self.count: dict = {}
+        self.finished = 0
+        self.stop = False
+        self.buckets: List[tuple] = []  # (groups, [params])
+        key, nbytes = None, 0
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):
+            groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
+            if not groups:
+                continue
+            check_unsynced(p)
+            _watch(p)
+            size = p.numel() * p.element_size()
+            k = (groups, p.dtype, p.device)
+            if self.buckets and k == key and nbytes + size <= grads.bucket_bytes:
+                self.buckets[-1][1].append(p)
+                nbytes += size
+            else:
+                self.buckets.append((groups, [p]))
+                key, nbytes = k, size
+
+    def arrive(self, p: Tensor) -> None:
+        with self.cv:
+            c = self.count[p] = self.count.get(p, 0) + 1
+            if c >= self.n:
+                self.cv.notify_all()
+
+    def thread_done(self, failed: bool) -> None:
+        with self.cv:
+            self.finished += 1
+            self.stop = self.stop or failed
+            self.cv.notify_all()
+
+    def _ready(self, params) -> bool:
+        return self.stop or self.finished == self.n or all(
+            self.count.get(p, 0) >= self.n for p in params)
+
+    def run(self) -> None:
+        from .parallel import _reduce_bucket
+
+        for groups, params in self.buckets:
+            with self.cv:
+                self.cv.wait_for(lambda: self._ready(params))
+                if self.stop:
+                    return
+            have = [p for p in params if p.grad is not None]
+            if have:
+                _reduce_bucket(have, groups, None, "grad")
+                for p in have:
+                    p._axonn_reduced_groups = groups
+
+
+def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] = None,
+                   dim: int = 0) -> List[Any]:
     """Runs fn(*micro_batch_inputs) for n micro-batches at once (n from
-    init(concurrent_microbatches=n)) and returns the n results in micro-batch order.
+    init(concurrent_microbatches=n)), one thread each, and returns the n results in
+    micro-batch order.
 
     Every Tensor in `inputs` is split into n pieces along `dim` (torch.tensor_split); other
     values are passed to every call as they are. `fn` normally runs forward and backward of one
     micro-batch and returns its loss; gradients accumulate into .grad as over sequential
-    micro-batches (scale each loss by its share of the batch for a mean). Call
-    axonn_c.sync_gradients(model) afterwards, as after any backward. Every rank must call it
-    with the same n and the same split sizes (collectives are matched per micro-batch).
+    micro-batches (scale each loss by its share of the batch for a mean). With `model=` (the
+    module whose parameters fn trains) their sums over ranks run while the micro-batches still
+    compute; call axonn_c.sync_gradients(model) afterwards in any case, as after any backward
+    (it sums what is left and scales). Every rank must call it with the same n and the same
+    split sizes (collectives are matched per micro-batch).
 
-    Micro-batch 0 runs on the calling thread; the grad mode is the caller's. CPU tensors only
-    for now: on CUDA, torch's autograd runs every backward on one device thread.
+    The grad mode is the caller's. CPU tensors only for now: on CUDA, torch's autograd runs
+    every backward on one device thread. A parameter used by several backward passes of one
+    micro-batch (reentrant checkpointing) must not be in `model`.
     """
+    global _reducer
     if not runtime.is_initialized():
         raise RuntimeError("axonn_c is not initialised: call axonn_c.init(..., "
                            "concurrent_microbatches=n) first")
     if active():
         raise RuntimeError("run_concurrent cannot be nested: fn is already running on a "
                            "micro-batch thread")
-    n = runtime.channels
+    n = runtime.microbatches
     tensors = [t for t in inputs if isinstance(t, Tensor)]
     if not tensors:
         raise ValueError("run_concurrent needs at least one Tensor input to split into "
@@ -83,32 +174,38 @@ def run_concurrent(fn: Callable[..., Any], *inputs, dim: int = 0) -> List[Any]:
     from . import grads
 
     grads.finish()  # nothing deferred may still be in flight on channel 0
+    reducer = _Reducer(model, n) if model is not None and runtime.grad_sync_enabled else None
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]
     args = [[p[i] if p is not None else v for p, v in zip(pieces, inputs)] for i in range(n)]
     results: List[Any] = [None] * n
-    errors: List[BaseException | None] = [None] * n
+    errors: List[Optional[BaseException]] = [None] * n
     grad_mode = torch.is_grad_enabled()
 
     def body(i: int) -> None:
         _tls.index = i
         try:
-            _C.set_thread_channel(i)
+            _C.set_thread_channel(i + 1)  # channel 0 is the caller's
             with torch.set_grad_enabled(grad_mode):
                 results[i] = fn(*args[i])
         except BaseException as e:  # re-raised on the calling thread
             errors[i] = e
         finally:
             _tls.index = None
-            if i == 0 and _C.is_initialized():
-                _C.set_thread_channel(0)
+            if reducer is not None:
+                reducer.thread_done(errors[i] is not None)
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
-                                daemon=True) for i in range(1, n)]
-    for t in threads:
-        t.start()
-    body(0)
-    for t in threads:
-        t.join()
+                                daemon=True) for i in range(n)]
+    _reducer = reducer
+    try:
+        for t in threads:
+            t.start()
+        if reducer is not None:
+            reducer.run()
+    finally:
+        for t in threads:
+            t.join()
+        _reducer = None
     for e in errors:
         if e is not None:
             raise e

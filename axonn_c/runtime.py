@@ -25,7 +25,12 @@ overlap_overrides: dict = {}
 # autograd may run backward on another thread)
 grad_sync_enabled = True
 _sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
-channels = 1  # concurrent_microbatches of the current init: its comm channels (concurrent.py)
+microbatches = 1  # concurrent_microbatches of the current init (axonn_c/concurrent.py)
+
+
+def _channels(n: int) -> int:
+    """Comm channels for n concurrent micro-batches: one each, and channel 0 for the caller."""
+    return n + 1 if n > 1 else 1
 sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
@@ -137,9 +142,10 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
       alive (None: no bound); `cache_weights=True` keeps a layer's forward gather for its
       backward.
 
-    `concurrent_microbatches=n` (> 1) opens n independent channels of every group, so that
+    `concurrent_microbatches=n` (> 1) opens n + 1 independent channels of every group, so that
     axonn_c.run_concurrent() can run n micro-batches at once in threads, one micro-batch's
-    GEMMs hiding the others' collectives (axonn_c/concurrent.py).
+    GEMMs hiding the others' collectives, while the caller sums finished gradients
+    (axonn_c/concurrent.py).
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")
@@ -194,7 +200,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                 G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
                 G_inter=G_inter, backend=backend, job_id="", timeout=timeout, cuda_device=-1,
                 store_set=None, store_get=None,
-                channels=concurrent_microbatches)  # same sizes: no-op; different: raises
+                channels=_channels(concurrent_microbatches))  # same: no-op; different: raises
         configure_scheduler(*sched_cfg)
         return grid()
     # check the sizes before touching the store, so a wrong grid fails fast on every rank
@@ -224,10 +230,10 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
             G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
             cuda_device=cuda_device, store_set=store.set, store_get=store_get,
-            channels=concurrent_microbatches)
-    global epoch, channels
+            channels=_channels(concurrent_microbatches))
+    global epoch, microbatches
     epoch += 1
-    channels = concurrent_microbatches
+    microbatches = concurrent_microbatches
     grads.reset()
     configure_scheduler(*sched_cfg)
     return grid()
@@ -237,9 +243,9 @@ def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
     from . import grads
 
-    global epoch, channels
+    global epoch, microbatches
     epoch += 1
-    channels = 1
+    microbatches = 1
     grads.reset()
     _C.finalize()
 

@@ -9,8 +9,8 @@
 The spans are recorded in C (csrc/sched/timeline.c): every collective executed by the shm backend
 (from the moment its group's progress thread starts it to its completion), the layer's GEMMs, and every
 wait of the computing thread on a collective that had not finished. "Exposed" communication is
-the communication time during which the computing thread was waiting for it (when no waits are
-recorded, e.g. spans added by hand: the communication time no compute span covers).
+the communication time during which a computing thread was waiting for it and no GEMM ran (when
+no waits are recorded, e.g. spans added by hand: the communication time no compute span covers).
 
 `python -m axonn_c.timeline merge rank0.json rank1.json -o trace.json` combines per-rank files.
 """

@@ -10,7 +10,7 @@ Linear(4h, h, transpose=True); bias=False; loss = sum of the output; each step i
 backward and axonn_c.sync_gradients(model)). One thread per rank (torch.set_num_threads(1)).
 
 The link is simulated by the shm backend: every collective is padded to
-bytes_sent / AXONN_C_SIM_GBPS + AXONN_C_SIM_US (csrc/comm/shm.c, sim_link_sleep). Four modes:
+bytes_sent / AXONN_C_SIM_GBPS + AXONN_C_SIM_US (csrc/comm/shm.c, sim_link_sleep). The modes:
 
 - t_compute_s: overlap=False with AXONN_C_BENCH_SKIP=comm, a benchmark-only knob of
   csrc/comm/comm.c: every collective (barriers excepted) returns a work that is already
@@ -22,13 +22,17 @@ bytes_sent / AXONN_C_SIM_GBPS + AXONN_C_SIM_US (csrc/comm/shm.c, sim_link_sleep)
 - t_overlap_s: overlap=True, nothing skipped. The same steps are recorded with axonn_c.timeline
   (started before and stopped after each timed step); exposed_comm_s is the timeline's exposed
   communication of a step (communication while no GEMM runs).
+- t_concurrent_s (with --concurrent N > 1, default 2): overlap=True with
+  concurrent_microbatches=N, the step's forward + backward run as
+  axonn_c.run_concurrent(fn, x, model=model), N micro-batches at once in threads;
+  exposed_concurrent_s is its exposed communication.
 
 The C core looks AXONN_C_BENCH_SKIP up once; when it is unset (every real job) it never reads it
 again, when it is set (here: the launcher sets it to "none" before the ranks start) it re-reads
 the value at each call, so one process switches modes between steps. One torchrun launch per
 rank count; per grid: a calibration block (compute alone, 3 steps), then --rounds rounds of the
-four modes, each mode a block of init(overlap=...), model build, --warmup untimed steps, --steps
-timed steps, finalize; the order of the modes rotates every round so that all four see the
+modes, each mode a block of init(overlap=...), model build, --warmup untimed steps, --steps
+timed steps, finalize; the order of the modes rotates every round so that all of them see the
 same (shared, drifting) machine. The link is calibrated per grid unless --sim-gbps is given: the
 calibration block also counts the bytes this rank sends per step and the collectives (the
 counters still count), and the link is set so that n_collectives * sim_us + bytes / sim_gbps =
@@ -103,7 +107,7 @@ BASE_MODES = (("compute", "comm", False, 0), ("comm", "compute", False, 0),
 
 
 def modes(spec):
-    """The four modes, and overlap with --concurrent micro-batches run at once when > 1."""
+    """The four modes, and a fifth, overlap with --concurrent micro-batches run at once (> 1)."""
     n = spec.get("concurrent", 0)
     return BASE_MODES + ((("concurrent", "none", True, n),) if n > 1 else ())
 
@@ -133,7 +137,7 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
             p.grad = None
         x.grad = None
         if concurrent > 1:  # the micro-batches' forward and backward run at once, in threads
-            axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
+            axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x, model=model)
         else:
             model(x).sum().backward()
         axonn_c.sync_gradients(model)
@@ -332,7 +336,7 @@ def main():
     p.add_argument("--hidden", type=int, help="h (default 512; quick 64)")
     p.add_argument("--tokens", type=int, help="global tokens per step (default 256; quick 32)")
     p.add_argument("--blocks", type=int, help="GPT blocks of 4 layers (default 2; quick 1)")
-    p.add_argument("--rounds", type=int, help="rounds over the four modes (default 3; quick 1)")
+    p.add_argument("--rounds", type=int, help="rounds over the modes (default 3; quick 1)")
     p.add_argument("--steps", type=int, help="timed steps per mode and round (default 3; quick 2)")
     p.add_argument("--warmup", type=int, help="untimed steps after each init (default 2; quick 1)")
     p.add_argument("--sim-gbps", type=float, help="fixed simulated link (GB/s per rank) instead "

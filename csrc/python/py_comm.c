@@ -104,8 +104,8 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
             Py_RETURN_NONE; /* idempotent */
         PyErr_Format(PyExc_RuntimeError,
                      "axonn_c is already initialised with G_data=%d G_intra_r=%d G_intra_c=%d "
-                     "G_intra_d=%d (%d channel(s)); call axonn_c.finalize() before init with "
-                     "G_data=%d G_intra_r=%d G_intra_c=%d G_intra_d=%d (%d channel(s))",
+                     "G_intra_d=%d (%d comm channels); call axonn_c.finalize() before init with "
+                     "G_data=%d G_intra_r=%d G_intra_c=%d G_intra_d=%d (%d comm channels)",
                      g->G_data, g->G_r, g->G_c, g->G_d, axc_comm_channels(g_comm), gdata, gr,
                      gc, gd, channels);
         return NULL;

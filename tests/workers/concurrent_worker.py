@@ -53,9 +53,12 @@ def serial_forward(refs, x):
     return x
 
 
-def check_training(g, n, overlap):
+def check_training(g, n, overlap, with_model):
+    """Three SGD steps against serial PyTorch. with_model: run_concurrent(model=...) sums the
+    gradients while the micro-batches run: every .grad is final when it returns, and
+    sync_gradients changes nothing."""
     what = (f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} n={n} "
-            f"overlap={overlap} rank {g.rank}")
+            f"overlap={overlap} model={with_model} rank {g.rank}")
     torch.manual_seed(5)
     model = Net()
     refs = serial_copy(model)
@@ -78,9 +81,17 @@ def check_training(g, n, overlap):
             (y * dyb).sum().backward()
             return y.detach()
 
-        ys = axonn_c.run_concurrent(fn, x, dy)
+        ys = axonn_c.run_concurrent(fn, x, dy, model=model if with_model else None)
         assert len(ys) == n and len(set(inside)) == n, f"{what}: {len(set(inside))} threads"
+        if with_model:
+            before = [p.grad.clone() for p in model.parameters()]
+            summed = [getattr(p, "_axonn_reduced_groups", ()) for p in model.parameters()]
         axonn_c.sync_gradients(model)
+        if with_model:
+            for b, p, done in zip(before, model.parameters(), summed):
+                assert torch.equal(b, p.grad), f"{what}: sync_gradients changed a gradient"
+                want = tuple(n for n in p._axonn_grad_groups if axonn_c.runtime.group_size(n) > 1)
+                assert done == want, f"{what}: summed over {done}, expected {want}"
         (serial_forward(refs, X) * dY).sum().backward()
         with torch.no_grad():
             Y = serial_forward(refs, X)
@@ -134,9 +145,9 @@ def main():
     if world == 8:
         grids = [(2, 1, 2, 2), (1, 2, 2, 2)]
     for sizes in grids:
-        for n, overlap in ((2, True), (3, False)):
+        for n, overlap, with_model in ((2, True, True), (3, False, False), (2, False, True)):
             g = axonn_c.init(*sizes, overlap=overlap, concurrent_microbatches=n)
-            check_training(g, n, overlap)
+            check_training(g, n, overlap, with_model)
             if overlap:
                 check_really_concurrent(g, n)
                 if g.G_data > 1 or g.G_intra_d > 1:
