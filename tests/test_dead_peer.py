@@ -26,7 +26,8 @@ def launch(world, mode, timeout):
     return procs
 
 
-@pytest.mark.parametrize("mode,world", [("kill", 3), ("kill", 4), ("absent", 3)])
+@pytest.mark.parametrize("mode,world", [("kill", 3), ("kill", 4), ("absent", 3),
+                                        ("kill_concurrent", 4)])
 def test_peer_failure_raises_on_every_rank(mode, world):
     timeout = 6.0
     before = set(shm_leftovers())
@@ -35,7 +36,7 @@ def test_peer_failure_raises_on_every_rank(mode, world):
     line = victim.stdout.readline()
     assert "VICTIM READY" in line, line + victim.stdout.read()
     t0 = time.monotonic()
-    if mode == "kill":
+    if mode.startswith("kill"):
         time.sleep(0.5)  # survivors are inside all_reduce loops by now
         victim.send_signal(signal.SIGKILL)
     outputs = []
@@ -51,7 +52,7 @@ def test_peer_failure_raises_on_every_rank(mode, world):
         m = re.search(r"RAISED (\w+) after ([\d.]+)s: (.*)", out)
         assert m, out
         assert "SECOND CALL DID NOT RAISE" not in out
-        if mode == "kill":
+        if mode.startswith("kill"):
             assert m.group(1) == "CommError" and "died" in m.group(3), out
         else:
             assert m.group(1) == "CommTimeoutError", out

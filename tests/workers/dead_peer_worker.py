@@ -1,5 +1,8 @@
 """Ranks for the dead-peer tests. The victim (last rank) either sleeps inside the job, so the
-test can SIGKILL it mid-collective, or never joins the collective. Survivors must raise."""
+test can SIGKILL it mid-collective, or never joins the collective. Survivors must raise.
+kill_concurrent: the survivors train with concurrent micro-batches (grid 2 x col 2, the caller
+summing gradients over data meanwhile), so the failure reaches micro-batch threads and the
+reducer on several channels at once."""
 import os
 import sys
 import time
@@ -9,10 +12,25 @@ import torch
 import axonn_c
 
 
+def concurrent_steps(g):
+    """Training steps with two concurrent micro-batches until something raises."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(axonn_c.Linear(64, 128, expert_mode=True),
+                                axonn_c.Linear(128, 64, transpose=True, expert_mode=True))
+    x = torch.randn(8, 64 // g.G_intra_c)
+    for _ in range(100000):
+        axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x, model=model)
+        axonn_c.sync_gradients(model)
+
+
 def main():
     mode, timeout = sys.argv[1], float(sys.argv[2])
-    g = axonn_c.init(G_data=1, G_intra_r=1, G_intra_c=int(os.environ["WORLD_SIZE"]),
-                     G_intra_d=1, timeout=timeout)
+    world = int(os.environ["WORLD_SIZE"])
+    if mode == "kill_concurrent":
+        g = axonn_c.init(G_data=2, G_intra_c=world // 2, timeout=timeout,
+                         concurrent_microbatches=2)
+    else:
+        g = axonn_c.init(G_data=1, G_intra_r=1, G_intra_c=world, G_intra_d=1, timeout=timeout)
     x = torch.ones(1 << 20)
     axonn_c.comm.all_reduce(x)  # everyone is alive here
     victim = g.world_size - 1
@@ -22,6 +40,8 @@ def main():
         return 0
     t0 = time.monotonic()
     try:
+        if mode == "kill_concurrent":
+            concurrent_steps(g)
         for _ in range(1000):
             axonn_c.comm.all_reduce(x, group="col")
     except axonn_c.CommError as e:
