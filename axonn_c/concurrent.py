@@ -12,8 +12,14 @@ Ordering: collectives are matched across ranks in issue order, and threads issue
 order relative to each other, so micro-batch i uses channel i + 1, an independent copy of every
 group (csrc/comm: axc_comm_set_thread_channel; shm gives each its own slots and progress
 thread). Inside a micro-batch thread the cross-layer scheduler's shared state stays unused:
-weights are gathered per call (no prefetch), dW's depth reduce-scatter runs in the layer's
-backward, and gradients accumulate into .grad through autograd (which serialises the adds).
+dW's depth reduce-scatter runs in the layer's backward, and gradients accumulate into .grad
+through autograd (which serialises the adds).
+
+Depth gathers are shared: the first micro-batch to reach a layer (in a phase, for its k-th use
+there) all-gathers the weight on the gather channel (n + 1), the others wait for it and use the
+same buffer, which is dropped once all n have. The order of first arrivals is the order in
+which the uses first occur in the (identical) program of the threads, whichever thread gets
+there first, so every rank issues the gathers in the same order.
 
 Gradient sums: with `model=` the calling thread is a reducer on channel 0 while the
 micro-batches run. A post-accumulate hook counts, per parameter, the micro-batches whose
@@ -36,6 +42,7 @@ from . import _C, runtime
 
 _tls = threading.local()
 _reducer: Optional["_Reducer"] = None  # the running call's, if it was given a model
+_gathers: Optional["_Gathers"] = None  # the running call's shared depth gathers
 
 
 def active() -> bool:
@@ -68,6 +75,109 @@ def _watch(p: nn.Parameter) -> None:
         return
     p.register_post_accumulate_grad_hook(_arrived)
     p._axonn_arrivals = weakref.ref(p)
+
+
+class _Gather:
+    __slots__ = ("out", "work", "ready", "error", "uses")
+
+    def __init__(self, out: Tensor, work):
+        self.out, self.work, self.ready, self.error, self.uses = out, work, threading.Event(), \
+            None, 0
+
+
+# the first-arrival order of the last call, per init: [(key, weakref(weight), numel)]
+_learned: dict = {}
+# the last call's shared gathers: issued, and first asked for when already started (prefetched)
+last_gathers = {"gathers": 0, "prefetched": 0}
+
+
+class _Gathers:
+    """One depth all-gather per (layer, phase, use) for all n micro-batches, and the next one in
+    the order learned on the previous call started as soon as this one is first asked for."""
+
+    def __init__(self, n: int):
+        self.n, self.lock, self.live = n, threading.Lock(), {}
+        self.seq: list = []  # this call's first arrivals
+        self.issued: set = set()
+        self.arrived: set = set()
+        self.prefetched = 0
+        self.learned = _learned.get(runtime.epoch, [])
+
+    def _start(self, key, w: Tensor, numel: int) -> _Gather:
+        """Starts the gather of `key` on the gather channel (self.lock held: issue order)."""
+        from . import comm
+
+        out = w.new_empty((numel,))
+        _C.set_thread_channel(self.n + 1)
+        try:
+            work = comm.all_gather(out, w, group="depth", async_op=True)
+        finally:
+            _C.set_thread_channel(_tls.index + 1)
+        g = self.live[key] = _Gather(out, work)
+        self.issued.add(key)
+        return g
+
+    def get(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
+        uses = _tls.uses
+        k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
+        key = (layer, phase, k)
+        with self.lock:  # first arrivals start their gathers in the order they arrive
+            first = key not in self.arrived
+            self.arrived.add(key)
+            g = self.live.get(key)
+            if g is None:
+                g = self._start(key, w, numel)
+            elif first:
+                self.prefetched += 1
+            if first:
+                j = len(self.seq)
+                self.seq.append((key, weakref.ref(w), numel))
+                # prefetch the successor, if this call follows the learned order so far
+                if j + 1 < len(self.learned) and self.learned[j][0] == key:
+                    nkey, nref, nnumel = self.learned[j + 1]
+                    nw = nref()
+                    if nkey not in self.issued and nw is not None:
+                        self._start(nkey, nw, nnumel)
+        if first:
+            try:
+                g.work.wait()
+            except BaseException as e:
+                g.error = e
+                raise
+            finally:
+                g.ready.set()
+        else:
+            g.ready.wait()
+            if g.error is not None:
+                raise RuntimeError(f"the shared depth all-gather of this layer failed: "
+                                   f"{g.error}") from g.error
+        with self.lock:
+            g.uses += 1
+            if g.uses == self.n:
+                del self.live[key]
+        return g.out
+
+    def close(self, ok: bool) -> None:
+        """Waits for prefetches nobody used (every rank issued them), remembers the order."""
+        for g in list(self.live.values()):
+            if not g.ready.is_set():
+                try:
+                    g.work.wait()
+                except BaseException:
+                    if ok:
+                        raise
+        self.live.clear()
+        last_gathers.update(gathers=len(self.issued), prefetched=self.prefetched)
+        if ok:
+            _learned.clear()
+            _learned[runtime.epoch] = self.seq
+
+
+def shared_gather(layer: int, phase: str, w: Tensor, numel: int) -> Optional[Tensor]:
+    """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches of
+    the running call (None outside one)."""
+    g = _gathers
+    return g.get(layer, phase, w, numel) if g is not None else None
 
 
 class _Reducer:
@@ -182,9 +292,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     grad_mode = torch.is_grad_enabled()
 
     def body(i: int) -> None:
-        _tls.index = i
+        _tls.index, _tls.uses = i, {}
         try:
-            _C.set_thread_channel(i + 1)  # channel 0 is the caller's
+            _C.set_thread_channel(i + 1)  # 0 is the caller's, n + 1 the shared gathers'
             with torch.set_grad_enabled(grad_mode):
                 results[i] = fn(*args[i])
         except BaseException as e:  # re-raised on the calling thread
@@ -196,7 +306,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    _reducer = reducer
+    global _gathers
+    _reducer, _gathers = reducer, _Gathers(n)
     try:
         for t in threads:
             t.start()
@@ -205,7 +316,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     finally:
         for t in threads:
             t.join()
-        _reducer = None
+        gathers, _reducer, _gathers = _gathers, None, None
+        gathers.close(all(e is None for e in errors))
     for e in errors:
         if e is not None:
             raise e

@@ -91,9 +91,11 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     n_ws = s["workspace_elems"]
     ws_t = x.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
     ws = ws_t.data_ptr() if n_ws else 0
+    wf = _shared_gather(w, cfg, s, "fwd")  # kept alive until the C call returns
     _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
                       b.data_ptr() if b is not None else 0, y.data_ptr(),
-                      saved.data_ptr() if saved is not None else 0, ws, *_sched_args(w, cfg))
+                      saved.data_ptr() if saved is not None else 0, ws, *_sched_args(w, cfg),
+                      wf.data_ptr() if wf is not None else 0)
     return y, saved
 
 
@@ -119,10 +121,12 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
         dw, fold, replace, reduced = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
         tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
     else:
-        dw, tail = torch.empty_like(w), _sched_args(w, cfg)
+        dw, tail = torch.empty_like(w), (*_sched_args(w, cfg), False, 0)
+    wf = _shared_gather(w, cfg, s, "bwd")  # kept alive until the C call returns
     _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
                        dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-                       db.data_ptr() if db is not None else 0, ws, *tail)
+                       db.data_ptr() if db is not None else 0, ws, *tail,
+                       wf.data_ptr() if wf is not None else 0)
     if param is not None:
         # the reduce-scatter reads the workspace and writes dw until grads.finish()
         grads.add(param, dw, (ws_t, fold), replace, reduced)
@@ -130,6 +134,14 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     if len(cfg) > _LAYER and cfg[_SCHED]:
         grads.queue_finish()  # the end of backward ends the scheduler's step
     return dx, dw, db
+
+
+def _shared_gather(w: Tensor, cfg, s: dict, phase: str) -> Optional[Tensor]:
+    """On a micro-batch thread of run_concurrent, the weight gathered over depth once for all
+    micro-batches (axonn_c/concurrent.py); None elsewhere (the call gathers it itself)."""
+    if s["depth_size"] == 1 or len(cfg) <= _LAYER or cfg[_SCHED] or not concurrent.active():
+        return None
+    return concurrent.shared_gather(cfg[_LAYER], phase, w, s["shard"] * s["depth_size"])
 
 
 def _defers(w: Tensor, cfg) -> bool:

@@ -250,13 +250,18 @@ static unsigned char *at(void *base, int64_t elems, size_t es)
 }
 
 /* The [n_local x k_local] block of W: all-gathered over depth (unless Gd == 1), by the
- * scheduler (prefetched; *held = 1 and release_weight must follow) or into `wfull`. */
+ * scheduler (prefetched; *held = 1 and release_weight must follow), by the caller (io->w_full)
+ * or into `wfull`. */
 static axc_status gather_weight(ctx *c, int phase, void *wfull, const void **w, int *held)
 {
     const axc_linear_io *io = c->io;
     *held = 0;
     if (c->s.depth_size == 1) {
         *w = io->w;
+        return AXC_OK;
+    }
+    if (io->w_full && !c->d->scheduled) { /* gathered by the caller */
+        *w = io->w_full;
         return AXC_OK;
     }
     if (c->d->scheduled) {

@@ -106,7 +106,7 @@ axc_sched *axc_py_sched(void); /* py_sched.c */
 typedef struct layer_args {
     PyObject *desc;
     int device, layer, prefetch_ok, defer;
-    unsigned long long stream, dw_prev, p[7];
+    unsigned long long stream, dw_prev, w_full, p[7];
     long long rows, t_max, version;
 } layer_args;
 
@@ -133,6 +133,7 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
     io->prefetch_ok = a->prefetch_ok;
     io->defer = a->defer;
     io->dw_prev = ptr(a->dw_prev);
+    io->w_full = ptr(a->w_full);
     axc_status st;
     Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, io);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
@@ -140,15 +141,15 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
 }
 
 /* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace
- *                [, layer, version, prefetch_ok]) */
+ *                [, layer, version, prefetch_ok, w_full]) */
 static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 {
     (void)self;
     layer_args a = {.layer = -1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK|iLp", &PyTuple_Type, &a.desc, &a.device, &a.stream,
-                          &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &a.layer,
-                          &a.version, &a.prefetch_ok))
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK|iLpK", &PyTuple_Type, &a.desc, &a.device,
+                          &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
+                          &a.layer, &a.version, &a.prefetch_ok, &a.w_full))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]);
@@ -161,15 +162,16 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 }
 
 /* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
- *                 [, layer, version, prefetch_ok, defer, dw_prev]) */
+ *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full]) */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
     layer_args a = {.layer = -1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppK", &PyTuple_Type, &a.desc, &a.device,
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKK", &PyTuple_Type, &a.desc, &a.device,
                           &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
-                          &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev))
+                          &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev,
+                          &a.w_full))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */

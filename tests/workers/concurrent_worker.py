@@ -118,6 +118,28 @@ def check_really_concurrent(g, n):
     axonn_c.sync_gradients(model)
 
 
+def check_shared_gathers(g, n):
+    """The micro-batches share each depth all-gather: per step one per layer and phase, while
+    each micro-batch reduce-scatters its own dW (without sharing: n gathers per layer and
+    phase); from the second call on, each is started one ahead in the learned order."""
+    torch.manual_seed(8)
+    model = Net()
+    x = torch.randn(2 * n, model.layers[0]._shapes["k_local"])
+    axonn_c.reset_comm_stats()
+    axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
+    calls = axonn_c.comm_stats()["depth"]["calls"]
+    want = 2 * len(model.layers) + n * len(model.layers)
+    assert calls == want, f"rank {g.rank}: {calls} depth collectives, expected {want}"
+    axonn_c.sync_gradients(model)
+    # the next call prefetches along the learned order: every gather but the first is started
+    # before any micro-batch asks for it
+    axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
+    st = axonn_c.concurrent.last_gathers
+    assert st == {"gathers": 2 * len(model.layers), "prefetched": 2 * len(model.layers) - 1}, \
+        f"rank {g.rank}: {st}"
+    axonn_c.sync_gradients(model)
+
+
 def check_refuses_summed(g):
     """With overlap on, a plain backward sums .grad over data (or depth) during backward; adding
     unsummed micro-batch gradients to it would be wrong: refused until sync_gradients."""
@@ -148,6 +170,8 @@ def main():
         for n, overlap, with_model in ((2, True, True), (3, False, False), (2, False, True)):
             g = axonn_c.init(*sizes, overlap=overlap, concurrent_microbatches=n)
             check_training(g, n, overlap, with_model)
+            if g.G_intra_d > 1:
+                check_shared_gathers(g, n)
             if overlap:
                 check_really_concurrent(g, n)
                 if g.G_data > 1 or g.G_intra_d > 1:

@@ -88,6 +88,9 @@ typedef struct axc_linear_io {
      * new total */
     int defer;
     const void *dw_prev;
+    /* unscheduled calls: W's block already gathered over depth ([shard * depth_size] elements,
+     * e.g. one gather shared by concurrent micro-batches), or NULL: the call gathers it */
+    const void *w_full;
 } axc_linear_io;
 
 axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);
