@@ -43,6 +43,7 @@ from . import _C, runtime
 _tls = threading.local()
 _reducer: Optional["_Reducer"] = None  # the running call's, if it was given a model
 _gathers: Optional["_Gathers"] = None  # the running call's shared depth gathers
+_scatters: Optional["_Scatters"] = None  # and shared dW reduce-scatters
 
 
 def active() -> bool:
@@ -173,6 +174,73 @@ class _Gathers:
             _learned[runtime.epoch] = self.seq
 
 
+class _Scatters:
+    """One depth reduce-scatter of dW per (layer, use) for all n micro-batches: each hands in
+    its unreduced block, the last to arrive sums them and starts the reduce-scatter on a channel
+    of its own (last arrivals come in program order too); the shard is added to .grad when the
+    call ends. Only for weights the reducer does not sum: it counts autograd's accumulations,
+    which these gradients bypass."""
+
+    def __init__(self, n: int):
+        self.n, self.lock, self.live = n, threading.Lock(), {}
+        self.pending: list = []  # (param, shard, work, block)
+
+    def add(self, layer: int, p: Tensor, block: Tensor) -> None:
+        from . import comm
+
+        uses = _tls.uses
+        k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
+        with self.lock:
+            blocks = self.live.setdefault((layer, k), [])
+            blocks.append(block)
+            if len(blocks) < self.n:
+                return
+            del self.live[(layer, k)]
+        total = blocks[0]
+        for b in blocks[1:]:
+            total.add_(b)
+        out = p.new_empty(p.shape)
+        _C.set_thread_channel(self.n + 2)
+        try:
+            work = comm.reduce_scatter(out, total, group="depth", async_op=True)
+        finally:
+            _C.set_thread_channel(_tls.index + 1)
+        with self.lock:
+            self.pending.append((p, out, work, total))
+
+    @torch.no_grad()
+    def close(self, ok: bool) -> None:
+        """Waits for the reduce-scatters and adds each shard to its parameter's .grad."""
+        for p, out, work, _ in self.pending:
+            try:
+                work.wait()
+            except BaseException:
+                if ok:
+                    raise
+                continue
+            if ok:
+                if p.grad is None:
+                    p.grad = out
+                else:
+                    p.grad.add_(out)
+        self.pending.clear()
+
+
+def scatter_block(w: Tensor, numel: int) -> Optional[Tensor]:
+    """On a micro-batch thread: a buffer for w's unreduced dW block ([numel]) when its depth
+    reduce-scatter is shared (see _Scatters), else None (the layer reduce-scatters itself)."""
+    if _scatters is None or not (w.is_leaf and w.requires_grad):
+        return None
+    r = _reducer
+    if r is not None and w in r.params:
+        return None
+    return w.new_empty((numel,))
+
+
+def shared_reduce_scatter(layer: int, w: Tensor, block: Tensor) -> None:
+    _scatters.add(layer, w, block)
+
+
 def shared_gather(layer: int, phase: str, w: Tensor, numel: int) -> Optional[Tensor]:
     """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches of
     the running call (None outside one)."""
@@ -194,6 +262,7 @@ class _Reducer:
         self.finished = 0
         self.stop = False
         self.buckets: List[tuple] = []  # (groups, [params])
+        self.params: set = set()
         key, nbytes = None, 0
         for p in reversed([p for p in model.parameters() if p.requires_grad]):
             groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
@@ -201,6 +270,7 @@ class _Reducer:
                 continue
             check_unsynced(p)
             _watch(p)
+            self.params.add(p)
             size = p.numel() * p.element_size()
             k = (groups, p.dtype, p.device)
             if self.buckets and k == key and nbytes + size <= grads.bucket_bytes:
@@ -294,7 +364,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     def body(i: int) -> None:
         _tls.index, _tls.uses = i, {}
         try:
-            _C.set_thread_channel(i + 1)  # 0 is the caller's, n + 1 the shared gathers'
+            _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
             with torch.set_grad_enabled(grad_mode):
                 results[i] = fn(*args[i])
         except BaseException as e:  # re-raised on the calling thread
@@ -306,8 +376,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    global _gathers
-    _reducer, _gathers = reducer, _Gathers(n)
+    global _gathers, _scatters
+    _reducer, _gathers, _scatters = reducer, _Gathers(n), _Scatters(n)
     try:
         for t in threads:
             t.start()
@@ -316,8 +386,11 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     finally:
         for t in threads:
             t.join()
-        gathers, _reducer, _gathers = _gathers, None, None
-        gathers.close(all(e is None for e in errors))
+        gathers, scatters = _gathers, _scatters
+        _reducer = _gathers = _scatters = None
+        ok = all(e is None for e in errors)
+        gathers.close(ok)
+        scatters.close(ok)
     for e in errors:
         if e is not None:
             raise e

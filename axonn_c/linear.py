@@ -123,10 +123,16 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     else:
         dw, tail = torch.empty_like(w), (*_sched_args(w, cfg), False, 0)
     wf = _shared_gather(w, cfg, s, "bwd")  # kept alive until the C call returns
+    # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
+    dwf = _shared_scatter_block(w, cfg, s) if param is None else None
     _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
                        dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
                        db.data_ptr() if db is not None else 0, ws, *tail,
-                       wf.data_ptr() if wf is not None else 0)
+                       wf.data_ptr() if wf is not None else 0,
+                       dwf.data_ptr() if dwf is not None else 0)
+    if dwf is not None:  # added to .grad when run_concurrent ends
+        concurrent.shared_reduce_scatter(cfg[_LAYER], w, dwf)
+        return dx, None, db
     if param is not None:
         # the reduce-scatter reads the workspace and writes dw until grads.finish()
         grads.add(param, dw, (ws_t, fold), replace, reduced)
@@ -142,6 +148,16 @@ def _shared_gather(w: Tensor, cfg, s: dict, phase: str) -> Optional[Tensor]:
     if s["depth_size"] == 1 or len(cfg) <= _LAYER or cfg[_SCHED] or not concurrent.active():
         return None
     return concurrent.shared_gather(cfg[_LAYER], phase, w, s["shard"] * s["depth_size"])
+
+
+def _shared_scatter_block(w: Tensor, cfg, s: dict) -> Optional[Tensor]:
+    """On a micro-batch thread of run_concurrent, a buffer for dW's unreduced block when the
+    micro-batches share its depth reduce-scatter; None elsewhere."""
+    if s["depth_size"] == 1 or len(cfg) <= _LAYER or cfg[_SCHED] or not concurrent.active():
+        return None
+    if not grads.accumulates(w):  # torch.autograd.grad wants dW handed back
+        return None
+    return concurrent.scatter_block(w, s["shard"] * s["depth_size"])
 
 
 def _defers(w: Tensor, cfg) -> bool:

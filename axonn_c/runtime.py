@@ -30,8 +30,9 @@ microbatches = 1  # concurrent_microbatches of the current init (axonn_c/concurr
 
 def _channels(n: int) -> int:
     """Comm channels for n concurrent micro-batches: one each, channel 0 for the caller (and its
-    gradient sums), and one for the depth gathers they share."""
-    return n + 2 if n > 1 else 1
+    gradient sums), one for the depth gathers they share and one for the shared dW
+    reduce-scatters (axonn_c/concurrent.py)."""
+    return n + 3 if n > 1 else 1
 sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
@@ -143,7 +144,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
       alive (None: no bound); `cache_weights=True` keeps a layer's forward gather for its
       backward.
 
-    `concurrent_microbatches=n` (> 1) opens n + 2 independent channels of every group, so that
+    `concurrent_microbatches=n` (> 1) opens n + 3 independent channels of every group, so that
     axonn_c.run_concurrent() can run n micro-batches at once in threads, one micro-batch's
     GEMMs hiding the others' collectives, while the caller sums finished gradients
     (axonn_c/concurrent.py).

@@ -51,7 +51,7 @@ def test_errors_name_the_problem(world_of_one):
     with pytest.raises(ValueError, match=r"concurrent_microbatches must be an int in \[1, 8\]"):
         axonn_c.init(concurrent_microbatches=9)
     axonn_c.init(concurrent_microbatches=2)
-    with pytest.raises(RuntimeError, match=r"already initialised .*\(4 comm channels\)"):
+    with pytest.raises(RuntimeError, match=r"already initialised .*\(5 comm channels\)"):
         axonn_c.init(concurrent_microbatches=3)
     with pytest.raises(ValueError, match=r"into 2 micro-batches along dim 0, but got an input "
                                          r"of shape \[1\]"):
@@ -62,7 +62,7 @@ def test_errors_name_the_problem(world_of_one):
         axonn_c.run_concurrent(lambda a: axonn_c.run_concurrent(lambda b: b, a), torch.zeros(4))
     with pytest.raises(ZeroDivisionError):  # fn's own error reaches the caller
         axonn_c.run_concurrent(lambda a: 1 / 0, torch.zeros(4))
-    # a channel per micro-batch, the caller's, the shared gathers'
-    with pytest.raises(ValueError, match=r"channel 4 does not exist: this communicator has 4 "
+    # a channel per micro-batch, the caller's, the shared gathers' and reduce-scatters'
+    with pytest.raises(ValueError, match=r"channel 5 does not exist: this communicator has 5 "
                                          r"channels"):
-        axonn_c._C.set_thread_channel(4)
+        axonn_c._C.set_thread_channel(5)

@@ -420,7 +420,8 @@ static axc_status dw_gemm(ctx *c, bwd_bufs *w, const void *dy, const void *x, in
     const axc_linear_shapes *s = &c->s;
     const axc_linear_io *io = c->io;
     int64_t Kl = s->k_local, Nl = s->n_local, padded = s->shard * s->depth_size;
-    void *dwfull = s->depth_size > 1 ? w->dwpad : io->dw;
+    /* io->dw_full: the caller reduce-scatters dW itself (e.g. once for all micro-batches) */
+    void *dwfull = s->depth_size == 1 ? io->dw : io->dw_full ? io->dw_full : w->dwpad;
     float beta = 0.0f;
     if (io->dw_prev) {
         /* accumulate: the gradient so far joins this rank's own piece before the reduction
@@ -450,7 +451,7 @@ static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, a
     const axc_linear_io *io = c->io;
     axc_work *rs = NULL;
     axc_status st = AXC_OK;
-    if (s->depth_size > 1) {
+    if (s->depth_size > 1 && !io->dw_full) {
         st = coll_start(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw, s->shard,
                         &rs);
         if (st == AXC_OK && io->defer) { /* completed by axc_sched_finish */

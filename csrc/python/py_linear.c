@@ -106,7 +106,7 @@ axc_sched *axc_py_sched(void); /* py_sched.c */
 typedef struct layer_args {
     PyObject *desc;
     int device, layer, prefetch_ok, defer;
-    unsigned long long stream, dw_prev, w_full, p[7];
+    unsigned long long stream, dw_prev, w_full, dw_full, p[7];
     long long rows, t_max, version;
 } layer_args;
 
@@ -123,6 +123,10 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
         PyErr_SetString(PyExc_ValueError, "a scheduled Linear call needs its layer id");
         return NULL;
     }
+    if (a->dw_full && (a->defer || a->dw_prev)) {
+        PyErr_SetString(PyExc_ValueError, "dw_full excludes defer and dw_prev");
+        return NULL;
+    }
     io->device = a->device;
     io->stream = ptr(a->stream);
     io->rows = a->rows;
@@ -134,6 +138,7 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
     io->defer = a->defer;
     io->dw_prev = ptr(a->dw_prev);
     io->w_full = ptr(a->w_full);
+    io->dw_full = ptr(a->dw_full);
     axc_status st;
     Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, io);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
@@ -162,16 +167,16 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 }
 
 /* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
- *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full]) */
+ *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full, dw_full]) */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
     layer_args a = {.layer = -1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKK", &PyTuple_Type, &a.desc, &a.device,
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKK", &PyTuple_Type, &a.desc, &a.device,
                           &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
                           &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev,
-                          &a.w_full))
+                          &a.w_full, &a.dw_full))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */

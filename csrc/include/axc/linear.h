@@ -91,6 +91,10 @@ typedef struct axc_linear_io {
     /* unscheduled calls: W's block already gathered over depth ([shard * depth_size] elements,
      * e.g. one gather shared by concurrent micro-batches), or NULL: the call gathers it */
     const void *w_full;
+    /* backward, Gd > 1, not deferred: dW's unreduced block ([shard * depth_size], padding
+     * zeroed) goes here and the depth reduce-scatter is left to the caller (io->dw untouched),
+     * or NULL: reduce-scattered into io->dw */
+    void *dw_full;
 } axc_linear_io;
 
 axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);
