@@ -7,7 +7,9 @@ The model (examples/gpt.py) is plain PyTorch; three things make it parallel:
 `axonn_c.init(grid)`, building it inside `axonn_c.auto_parallelize()` (every nn.Linear whose shapes
 divide by the grid becomes an axonn_c.Linear) and `axonn_c.sync_gradients(model, mean=True)` after
 backward. Every rank trains on its own micro-batch (the easy layout), so the global batch is
-world_size x --batch-size sequences and the printed loss is its mean.
+world_size x --batch-size sequences and the printed loss is its mean. `--concurrent 2` runs
+each rank's batch as two micro-batches at once (axonn_c.run_concurrent, CPU), one hiding the
+other's tensor-parallel all-reduces.
 """
 from __future__ import annotations
 
@@ -38,6 +40,24 @@ def default_grid(world: int, args) -> tuple[int, int, int, int]:
     return data, r, c, d
 
 
+def forward_backward(model, x, y, concurrent: int = 1):
+    """The loss of (x, y), its gradients accumulated into .grad; with concurrent > 1 as that
+    many micro-batches at once (axonn_c.run_concurrent, summing over ranks meanwhile), each
+    loss weighted by its share of the batch so that the gradient is the batch mean's."""
+    if concurrent <= 1:
+        _, loss = model(x, y)
+        loss.backward()
+        return loss
+
+    def micro_batch(xb, yb):
+        share = xb.shape[0] / x.shape[0]
+        _, loss = model(xb, yb)
+        (loss * share).backward()
+        return loss.detach() * share
+
+    return sum(axonn_c.run_concurrent(micro_batch, x, y, model=model))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -59,12 +79,15 @@ def main(argv=None):
     p.add_argument("--sample-chars", type=int, default=120, help="greedy sample at the end")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap communication with computation (the scheduler, DESIGN §6)")
+    p.add_argument("--concurrent", type=int, default=1,
+                   help="split each rank's batch into this many micro-batches run at once "
+                        "(axonn_c.run_concurrent, CPU; hides row/column all-reduces)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     G_data, G_r, G_c, G_d = default_grid(world, args)
     g = axonn_c.init(G_data=G_data, G_intra_r=G_r, G_intra_c=G_c, G_intra_d=G_d,
-                     overlap=args.overlap)
+                     overlap=args.overlap, concurrent_microbatches=args.concurrent)
     rank, main_rank = g.rank, g.rank == 0
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -98,9 +121,8 @@ def main(argv=None):
         xg, yg = data.batch(step, args.batch_size * world)  # the same global batch on every rank
         sl = slice(rank * args.batch_size, (rank + 1) * args.batch_size)  # this rank's share
         x, y = xg[sl].to(device), yg[sl].to(device)
-        _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = forward_backward(model, x, y, args.concurrent)
         axonn_c.sync_gradients(model, mean=True)
         if args.clip > 0:
             axonn_c.clip_grad_norm_(model.parameters(), args.clip)

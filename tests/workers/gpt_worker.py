@@ -1,6 +1,7 @@
 """The example GPT built inside auto_parallelize trains on every rank's own micro-batch; its
 per-step global-mean losses must equal a single-process run of the same model on the
 concatenation of all ranks' micro-batches (computed here on rank 0, same seed, same AdamW).
+--concurrent N: each rank's batch runs as N concurrent micro-batches (axonn_c.run_concurrent).
 """
 import argparse
 import os
@@ -13,9 +14,10 @@ import axonn_c
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "examples"))
 from gpt import GPT, CharData, GPTConfig, make_corpus  # noqa: E402
+from train_gpt import forward_backward  # noqa: E402
 
 
-def train(model, data, steps, batch, rank, world, lr, clip, parallel):
+def train(model, data, steps, batch, rank, world, lr, clip, parallel, concurrent=1):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     losses = []
     for step in range(steps):
@@ -25,9 +27,8 @@ def train(model, data, steps, batch, rank, world, lr, clip, parallel):
             x, y = xg[sl], yg[sl]
         else:
             x, y = xg, yg
-        _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = forward_backward(model, x, y, concurrent)
         if parallel:
             axonn_c.sync_gradients(model, mean=True)
             axonn_c.clip_grad_norm_(model.parameters(), clip)
@@ -48,10 +49,12 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--clip", type=float, default=0.5)
     ap.add_argument("--overlap", action="store_true")
+    ap.add_argument("--concurrent", type=int, default=1)
     args = ap.parse_args()
     sizes = [int(v) for v in args.grid.split(",")]
     g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2],
-                     G_intra_d=sizes[3], overlap=args.overlap)
+                     G_intra_d=sizes[3], overlap=args.overlap,
+                     concurrent_microbatches=args.concurrent)
     world, rank = g.world_size, g.rank
     data = CharData(make_corpus(8000), block_size=16)
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=16, n_layer=2, n_head=4, n_embd=32)
@@ -72,7 +75,8 @@ def main():
             torch.testing.assert_close(full0[k], ref0[k], rtol=0, atol=0, msg=k)
         ref = train(ser, data, args.steps, args.batch, rank, world, 3e-3, args.clip, False)
 
-    got = train(par, data, args.steps, args.batch, rank, world, 3e-3, args.clip, True)
+    got = train(par, data, args.steps, args.batch, rank, world, 3e-3, args.clip, True,
+                args.concurrent)
     full = axonn_c.full_state_dict(par)
     if rank == 0:
         worst = 0.0
