@@ -74,7 +74,9 @@ def compute(name: str):
 
 
 def spans() -> List[tuple]:
-    """[(kind, name, group or None, t_begin_ns, t_end_ns, bytes)]; kind 0 compute, 1 comm."""
+    """[(kind, name, group or None, t_begin_ns, t_end_ns, bytes, channel)]; kind 0 compute,
+    1 comm, 2 wait; channel: the comm channel of the recording thread (0 unless concurrent
+    micro-batches run: micro-batch i is channel i + 1)."""
     return _C.timeline_spans()
 
 
@@ -106,10 +108,11 @@ def _rank_path(path: str, rank: int, world: int) -> str:
     return f"{root}.rank{rank}{ext}"
 
 
-def _tid(kind: int, group: Optional[str]) -> str:
-    if kind == COMPUTE:
-        return "compute"
-    return f"{'wait' if kind == WAIT else 'comm'}:{group or 'none'}"
+def _tid(kind: int, group: Optional[str], channel: int = 0) -> str:
+    """The trace row: compute, wait:<group> or comm:<group>, suffixed @ch<c> off channel 0
+    (concurrent micro-batch i runs on channel i + 1, see axonn_c/concurrent.py)."""
+    row = "compute" if kind == COMPUTE else f"{'wait' if kind == WAIT else 'comm'}:{group or 'none'}"
+    return row if not channel else f"{row}@ch{channel}"
 
 
 def _trace(span_list, rank: int) -> dict:
@@ -118,15 +121,16 @@ def _trace(span_list, rank: int) -> dict:
                "args": {"name": f"rank {rank}"}},
               {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                "args": {"sort_index": rank}}]
-    tids = sorted({_tid(k, g) for k, _, g, *_ in span_list}, key=lambda t: (t != "compute", t))
+    tids = sorted({_tid(k, g, c) for k, _, g, _, _, _, c in span_list},
+                  key=lambda t: (not t.startswith("compute"), t))
     for i, tid in enumerate(tids):
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                        "args": {"name": tid}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
                        "args": {"sort_index": i}})
-    for kind, name, group, t0, t1, nbytes in span_list:
+    for kind, name, group, t0, t1, nbytes, channel in span_list:
         events.append({"ph": "X", "name": name, "cat": _CATS.get(kind, "comm"),
-                       "pid": rank, "tid": _tid(kind, group), "ts": (t0 - base) / 1e3,
+                       "pid": rank, "tid": _tid(kind, group, channel), "ts": (t0 - base) / 1e3,
                        "dur": max(t1 - t0, 0) / 1e3, "args": {"bytes": nbytes}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"rank": rank, "t0_ns": base, "clock": "CLOCK_MONOTONIC"}}

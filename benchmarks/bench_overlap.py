@@ -214,14 +214,15 @@ def worker(spec_path):
                 for k, v in out.items():
                     if isinstance(v, list):
                         acc[mode].setdefault(k, []).extend(v)
-                if mode == "overlap" and row.get("trace") and rnd == spec["rounds"] - 1:
+                target = row.get({"overlap": "trace", "concurrent": "trace_concurrent"}.get(mode))
+                if target and rnd == spec["rounds"] - 1:
                     # the spans of the last timed step are still there: one file per rank
                     pattern = os.path.join(spec["tmpdir"], "trace.{rank}.json")
                     timeline.export(pattern)
                     dist.barrier()
                     if rank == 0:
                         timeline.merge([pattern.replace("{rank}", str(r))
-                                        for r in range(dist.get_world_size())], row["trace"])
+                                        for r in range(dist.get_world_size())], target)
                 axonn_c.finalize()
         for mode, *_ in all_modes:
             res[mode] = {k: statistics.median(v) for k, v in acc[mode].items()}
@@ -329,6 +330,9 @@ def main():
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--trace", help="write a merged Chrome trace of one overlap=True step here")
     p.add_argument("--trace-grid", type=parse_grid, help="grid of the traced row, e.g. 1x1x2x2")
+    p.add_argument("--trace-concurrent", help="write a merged Chrome trace of one concurrent "
+                   "micro-batch step here (grid: --trace-concurrent-grid, default 1x1x2x1)")
+    p.add_argument("--trace-concurrent-grid", type=parse_grid, default=(1, 1, 2, 1))
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--grids", help="comma-separated grids instead of the defaults, e.g. "
                    "1x1x2x1,1x2x1x1 (each must match one of --ranks)")
@@ -381,6 +385,10 @@ def main():
     trace_grid = a.trace_grid or ((1, 1, 2, 2) if 4 in ranks and not q else grids[ranks[0]][0])
     if a.trace and not any(trace_grid in grids[n] for n in ranks):
         p.error(f"--trace-grid {grid_name(trace_grid)} is not among the grids run")
+    if a.trace_concurrent and (a.concurrent < 2 or not any(
+            a.trace_concurrent_grid in grids[n] for n in ranks)):
+        p.error(f"--trace-concurrent needs --concurrent >= 2 and the grid "
+                f"{grid_name(a.trace_concurrent_grid)} among the grids run")
     load = os.getloadavg()[0]
     print(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores"
           + (" -- something else is running: timings will be noisy" if load > 0.5 else ""))
@@ -391,7 +399,9 @@ def main():
     rows = []
     for n in ranks:
         spec_rows = [{"grid": list(g), **({"trace": os.path.abspath(a.trace)}
-                                          if a.trace and g == trace_grid else {})}
+                                          if a.trace and g == trace_grid else {}),
+                      **({"trace_concurrent": os.path.abspath(a.trace_concurrent)}
+                         if a.trace_concurrent and g == a.trace_concurrent_grid else {})}
                      for g in grids[n]]
         for g, r in zip(grids[n], launch(n, dict(spec, rows=spec_rows))):
             ov = r["overlap"]
@@ -421,6 +431,9 @@ def main():
             json.dump(rows, fh, indent=1)
     if a.trace:
         print(f"trace of one overlap=True step of {grid_name(trace_grid)}: {a.trace}")
+    if a.trace_concurrent:
+        print(f"trace of one concurrent micro-batch step of "
+              f"{grid_name(a.trace_concurrent_grid)}: {a.trace_concurrent}")
     return 0
 
 

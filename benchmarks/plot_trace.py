@@ -80,15 +80,18 @@ def main(argv=None):
     ranks = sorted({r for r, _ in spans})
     lanes = []  # (label, [(t0, t1, name)])
     for r in ranks:
-        tids = sorted((t for rr, t in spans if rr == r), key=lambda t: (t != "compute", t))
-        comp = union([(s[0], s[1]) for s in spans.get((r, "compute"), [])])
+        tids = sorted((t for rr, t in spans if rr == r),
+                      key=lambda t: (not t.startswith("compute"), t))
+        comp = union([(s[0], s[1]) for t in tids if t.startswith("compute")
+                      for s in spans[(r, t)]])
         comm = union([(s[0], s[1]) for t in tids if t.startswith("comm") for s in spans[(r, t)]])
         wait = union([(s[0], s[1]) for t in tids if t.startswith("wait") for s in spans[(r, t)]])
         for t in tids:
             lanes.append((f"rank {r} {t}", spans[(r, t)]))
-        # exposed as timeline.summary() counts it: comm while the rank waited for it (without
-        # wait spans: comm while no compute span ran)
-        hidden = subtract(comm, wait) if wait else comp
+        # exposed as timeline.summary() counts it: comm while the rank waited for it and no GEMM
+        # ran (without wait spans: comm while no compute span ran)
+        hidden = union([tuple(x) for x in subtract(comm, wait)] + [tuple(x) for x in comp]) \
+            if wait else comp
         lanes.append((f"rank {r} exposed",
                       [(x, y, "exposed") for x, y in subtract(comm, union(hidden))]))
 

@@ -419,7 +419,8 @@ void axc_work_complete(axc_work *w, axc_status status, const char *message)
     if (w->t_exec_begin > 0 && w->group.size > 1 && axc_timeline_enabled()) {
         uint64_t sent, recv;
         axc_coll_volume(&w->coll, w->group.size, w->group.rank, &sent, &recv);
-        axc_timeline_record(AXC_SPAN_COMM, axc_coll_name(w->coll.kind), (int)w->group.kind,
+        axc_timeline_record_on(AXC_SPAN_COMM, axc_coll_name(w->coll.kind), (int)w->group.kind,
+                               w->group.channel,
                             w->t_exec_begin, axc_timeline_now(), sent);
     }
     w->status = status;

@@ -108,8 +108,8 @@ static PyObject *py_timeline_spans(PyObject *self, PyObject *noargs)
         PyObject *g = group_name_or_none(s.kind != AXC_SPAN_COMPUTE ? s.group : -1);
         if (!g)
             goto fail;
-        PyObject *t = Py_BuildValue("(isNLLK)", s.kind, s.name, g, (long long)s.t_begin,
-                                    (long long)s.t_end, (unsigned long long)s.bytes);
+        PyObject *t = Py_BuildValue("(isNLLKi)", s.kind, s.name, g, (long long)s.t_begin,
+                                    (long long)s.t_end, (unsigned long long)s.bytes, s.channel);
         if (!t)
             goto fail;
         int rc = PyList_Append(list, t);

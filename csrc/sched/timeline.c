@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "axc/comm.h"
 #include "axc/futex.h"
 
 typedef struct tl_slot {
@@ -107,6 +108,12 @@ int64_t axc_timeline_now(void) { return axc_now_ns(); }
 void axc_timeline_record(int kind, const char *name, int group, int64_t t_begin, int64_t t_end,
                          uint64_t bytes)
 {
+    axc_timeline_record_on(kind, name, group, axc_comm_thread_channel(), t_begin, t_end, bytes);
+}
+
+void axc_timeline_record_on(int kind, const char *name, int group, int channel, int64_t t_begin,
+                            int64_t t_end, uint64_t bytes)
+{
     if (!atomic_load_explicit(&g_enabled, memory_order_relaxed))
         return;
     tl_slot *buf = atomic_load_explicit(&g_buf, memory_order_acquire);
@@ -126,6 +133,7 @@ void axc_timeline_record(int kind, const char *name, int group, int64_t t_begin,
     s->span.t_begin = t_begin;
     s->span.t_end = t_end;
     s->span.bytes = bytes;
+    s->span.channel = channel;
     atomic_store_explicit(&s->gen, gen, memory_order_release);
 }
 

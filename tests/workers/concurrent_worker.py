@@ -114,8 +114,16 @@ def check_really_concurrent(g, n):
     model = Net()
     barrier = threading.Barrier(n, timeout=60)
     x = torch.randn(2 * n, model.layers[0]._shapes["k_local"])
+    axonn_c.timeline.start()
     axonn_c.run_concurrent(lambda xb: model(xb, hook=barrier.wait).sum().backward(), x)
+    axonn_c.timeline.stop()
     axonn_c.sync_gradients(model)
+    # the timeline tells the micro-batches apart: micro-batch i's GEMMs are on channel i + 1
+    spans = axonn_c.timeline.spans()
+    axonn_c.timeline.clear()
+    gemm_channels = {s[6] for s in spans if s[0] == 0}
+    assert gemm_channels == set(range(1, n + 1)), f"rank {g.rank}: {gemm_channels}"
+    assert {s[6] for s in spans if s[0] == 1} <= set(range(n + 3)), spans
 
 
 def check_shared_gathers(g, n):

@@ -40,6 +40,8 @@ typedef struct axc_span {
     const char *name; /* static string */
     int64_t t_begin, t_end; /* monotonic ns */
     uint64_t bytes;   /* comm: closed-form bytes sent by this rank; compute: caller's figure */
+    int channel;      /* comm channel (axc_comm_set_thread_channel) of the recording thread, or of
+                         the collective for comm spans: tells concurrent micro-batches apart */
 } axc_span;
 
 typedef struct axc_timeline_group_stats {
@@ -75,9 +77,13 @@ void axc_timeline_clear(void);
 void axc_timeline_free(void);
 
 int64_t axc_timeline_now(void);
-/* Thread-safe; drops (and counts) the span when the buffer is full; no-op when disabled. */
+/* Thread-safe; drops (and counts) the span when the buffer is full; no-op when disabled. The
+ * span's channel is the calling thread's. */
 void axc_timeline_record(int kind, const char *name, int group, int64_t t_begin, int64_t t_end,
                          uint64_t bytes);
+/* The same with an explicit channel (a progress thread recording a collective's span). */
+void axc_timeline_record_on(int kind, const char *name, int group, int channel, int64_t t_begin,
+                            int64_t t_end, uint64_t bytes);
 
 size_t axc_timeline_count(void);
 axc_status axc_timeline_get(size_t i, axc_span *out);
