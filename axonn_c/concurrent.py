@@ -79,14 +79,17 @@ def _watch(p: nn.Parameter) -> None:
 
 
 class _Gather:
-    __slots__ = ("out", "work", "ready", "error", "uses")
+    __slots__ = ("out", "work", "ready", "error", "uses", "src")
 
-    def __init__(self, out: Tensor, work):
+    def __init__(self, out: Tensor, work, src: Tensor):
         self.out, self.work, self.ready, self.error, self.uses = out, work, threading.Event(), \
             None, 0
+        self.src = src  # the shard it gathers
 
 
-# the first-arrival order of the last call, per init: [(key, weakref(weight), numel)]
+# The first-arrival order of the last call, per init: [(key, weight, numel)]. Strong references:
+# whether a prefetch is issued must not depend on when a rank's garbage collector frees a
+# discarded model (layer ids are reused, so an old model's keys can match a new one's).
 _learned: dict = {}
 # the last call's shared gathers: issued, and first asked for when already started (prefetched)
 last_gathers = {"gathers": 0, "prefetched": 0}
@@ -114,7 +117,7 @@ class _Gathers:
             work = comm.all_gather(out, w, group="depth", async_op=True)
         finally:
             _C.set_thread_channel(_tls.index + 1)
-        g = self.live[key] = _Gather(out, work)
+        g = self.live[key] = _Gather(out, work, w)
         self.issued.add(key)
         return g
 
@@ -126,18 +129,22 @@ class _Gathers:
             first = key not in self.arrived
             self.arrived.add(key)
             g = self.live.get(key)
+            if g is not None and g.src is not w:  # prefetched from another tensor: redo it
+                g.work.wait()
+                g = None
             if g is None:
                 g = self._start(key, w, numel)
             elif first:
                 self.prefetched += 1
             if first:
                 j = len(self.seq)
-                self.seq.append((key, weakref.ref(w), numel))
-                # prefetch the successor, if this call follows the learned order so far
-                if j + 1 < len(self.learned) and self.learned[j][0] == key:
-                    nkey, nref, nnumel = self.learned[j + 1]
-                    nw = nref()
-                    if nkey not in self.issued and nw is not None:
+                self.seq.append((key, w, numel))
+                # prefetch the successor, if this call follows the learned order so far (the
+                # same key for the same tensor)
+                if (j + 1 < len(self.learned) and self.learned[j][0] == key
+                        and self.learned[j][1] is w):
+                    nkey, nw, nnumel = self.learned[j + 1]
+                    if nkey not in self.issued:
                         self._start(nkey, nw, nnumel)
         if first:
             try:

@@ -6,6 +6,7 @@ fake kernels and a registered autograd formula, so torch.compile treats them as 
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from typing import List, Optional, Tuple
 
@@ -44,6 +45,7 @@ def _desc(cfg, dtype: torch.dtype) -> tuple:
 
 # The scheduler reads a layer's last-seen shard when it prefetches: keep it alive (per layer id)
 _keep: dict = {}
+_layer_id_lock = threading.Lock()
 
 
 def _sched_args(w: Tensor, cfg) -> tuple:
@@ -440,12 +442,15 @@ class Linear(nn.Module):
     _sched_key = None
 
     def _layer_id(self) -> int:
-        """This layer's scheduler id, per init() and per object (a deep copy gets its own)."""
+        """This layer's scheduler id, per init() and per object (a deep copy gets its own).
+        Concurrent micro-batches may ask for it at once: one id per layer, under a lock."""
         key = (runtime.epoch, id(self))
         if self._sched_key != key:
-            self._sched_id = _C.sched_layer_new()
-            self._sched_key = key
-            weakref.finalize(self, _forget, self._sched_id, runtime.epoch)
+            with _layer_id_lock:
+                if self._sched_key != key:
+                    self._sched_id = _C.sched_layer_new()
+                    self._sched_key = key
+                    weakref.finalize(self, _forget, self._sched_id, runtime.epoch)
         return self._sched_id
 
     def _full_bias_for_output(self, b: Tensor) -> Tensor:

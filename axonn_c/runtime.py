@@ -248,6 +248,9 @@ def finalize() -> None:
     global epoch, microbatches
     epoch += 1
     microbatches = 1
+    from . import concurrent
+
+    concurrent._learned.clear()  # (it holds the last call's weights)
     grads.reset()
     _C.finalize()
 
