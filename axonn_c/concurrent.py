@@ -129,7 +129,7 @@ class _Gathers:
             first = key not in self.arrived
             self.arrived.add(key)
             g = self.live.get(key)
-            if g is not None and g.src is not w:  # prefetched from another tensor: redo it
+            if first and g is not None and g.src is not w:  # prefetched from another tensor
                 g.work.wait()
                 g = None
             if g is None:
