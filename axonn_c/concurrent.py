@@ -63,6 +63,16 @@ def check_unsynced(p: Tensor) -> None:
             "the gradients) before run_concurrent")
 
 
+def _issue_on(channel: int, collective, *args):
+    """Starts collective(*args) asynchronously on `channel` (a shared one), then puts the
+    micro-batch thread back on its own channel."""
+    _C.set_thread_channel(channel)
+    try:
+        return collective(*args, async_op=True)
+    finally:
+        _C.set_thread_channel(_tls.index + 1)
+
+
 def _arrived(p: Tensor) -> None:
     r = _reducer
     if r is not None and active():
@@ -112,11 +122,7 @@ class _Gathers:
         from . import comm
 
         out = w.new_empty((numel,))
-        _C.set_thread_channel(self.n + 1)
-        try:
-            work = comm.all_gather(out, w, group="depth", async_op=True)
-        finally:
-            _C.set_thread_channel(_tls.index + 1)
+        work = _issue_on(self.n + 1, comm.all_gather, out, w, "depth")
         g = self.live[key] = _Gather(out, work, w)
         self.issued.add(key)
         return g
@@ -207,11 +213,7 @@ class _Scatters:
         for b in blocks[1:]:
             total.add_(b)
         out = p.new_empty(p.shape)
-        _C.set_thread_channel(self.n + 2)
-        try:
-            work = comm.reduce_scatter(out, total, group="depth", async_op=True)
-        finally:
-            _C.set_thread_channel(_tls.index + 1)
+        work = _issue_on(self.n + 2, comm.reduce_scatter, out, total, "depth")
         with self.lock:
             self.pending.append((p, out, work, total))
 

@@ -144,18 +144,25 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     return dx, dw, db
 
 
+def _shares_depth(cfg, s: dict) -> bool:
+    """An unscheduled depth-sharded call on a micro-batch thread of run_concurrent: its depth
+    traffic is shared by the micro-batches (axonn_c/concurrent.py)."""
+    return (s["depth_size"] > 1 and len(cfg) > _LAYER and not cfg[_SCHED]
+            and concurrent.active())
+
+
 def _shared_gather(w: Tensor, cfg, s: dict, phase: str) -> Optional[Tensor]:
-    """On a micro-batch thread of run_concurrent, the weight gathered over depth once for all
-    micro-batches (axonn_c/concurrent.py); None elsewhere (the call gathers it itself)."""
-    if s["depth_size"] == 1 or len(cfg) <= _LAYER or cfg[_SCHED] or not concurrent.active():
+    """The weight gathered over depth once for all micro-batches, or None (the call gathers it
+    itself)."""
+    if not _shares_depth(cfg, s):
         return None
     return concurrent.shared_gather(cfg[_LAYER], phase, w, s["shard"] * s["depth_size"])
 
 
 def _shared_scatter_block(w: Tensor, cfg, s: dict) -> Optional[Tensor]:
-    """On a micro-batch thread of run_concurrent, a buffer for dW's unreduced block when the
-    micro-batches share its depth reduce-scatter; None elsewhere."""
-    if s["depth_size"] == 1 or len(cfg) <= _LAYER or cfg[_SCHED] or not concurrent.active():
+    """A buffer for dW's unreduced block when the micro-batches share its depth reduce-scatter,
+    or None (the call reduce-scatters it itself)."""
+    if not _shares_depth(cfg, s):
         return None
     if not grads.accumulates(w):  # torch.autograd.grad wants dW handed back
         return None

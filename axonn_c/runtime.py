@@ -26,6 +26,7 @@ overlap_overrides: dict = {}
 grad_sync_enabled = True
 _sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
 microbatches = 1  # concurrent_microbatches of the current init (axonn_c/concurrent.py)
+sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
 def _channels(n: int) -> int:
@@ -33,7 +34,6 @@ def _channels(n: int) -> int:
     gradient sums), one for the depth gathers they share and one for the shared dW
     reduce-scatters (axonn_c/concurrent.py)."""
     return n + 3 if n > 1 else 1
-sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
 def configure_scheduler(prefetch: int, budget: int, cache: bool) -> None:

@@ -101,7 +101,7 @@ const char *axc_comm_backends(const axc_comm *comm);
  * order per (group, channel), so threads that run concurrently (e.g. concurrent micro-batches)
  * each take a channel of their own and need no common order between them. A thread uses
  * channel 0 until it sets another; the setting is per thread. */
-#define AXC_MAX_CHANNELS 8
+#define AXC_MAX_CHANNELS 16 /* init(concurrent_microbatches=8) needs 8 + 3 */
 int axc_comm_channels(const axc_comm *comm);
 axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel);
 int axc_comm_thread_channel(void);
