@@ -115,11 +115,14 @@ MACROS, CUDA_INCS, BUILD_SUMMARY = _configure()
 SOURCES = sorted(
     p for p in glob.glob("csrc/**/*.c", recursive=True) if not p.startswith("csrc/tests/")
 )
+# every header: build_ext rebuilds when one changes (it only compares sources otherwise)
+HEADERS = sorted(glob.glob("csrc/**/*.h", recursive=True))
 MACROS.append(("AXC_BUILD_SUMMARY", '"' + BUILD_SUMMARY.replace('"', "'") + '"'))
 
 ext = Extension(
     "axonn_c._C",
     sources=SOURCES,
+    depends=HEADERS,
     include_dirs=["csrc/include"] + CUDA_INCS,
     define_macros=MACROS + [("_GNU_SOURCE", "1")],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",

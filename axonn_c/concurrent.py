@@ -335,7 +335,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     (it sums what is left and scales). Every rank must call it with the same n and the same
     split sizes (collectives are matched per micro-batch).
 
-    The grad mode is the caller's. CPU tensors only for now: on CUDA, torch's autograd runs
+    The grad mode and CPU autocast are the caller's. CPU tensors only for now: on CUDA, torch's autograd runs
     every backward on one device thread. A parameter used by several backward passes of one
     micro-batch (reentrant checkpointing) must not be in `model`.
     """
@@ -369,12 +369,17 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     results: List[Any] = [None] * n
     errors: List[Optional[BaseException]] = [None] * n
     grad_mode = torch.is_grad_enabled()
+    # autocast is thread-local too: the caller's CPU autocast (dtype, cache) reaches every
+    # micro-batch, as torch.nn.parallel.parallel_apply does for its threads
+    cast = dict(device_type="cpu", enabled=torch.is_autocast_enabled("cpu"),
+                dtype=torch.get_autocast_dtype("cpu"),
+                cache_enabled=torch.is_autocast_cache_enabled())
 
     def body(i: int) -> None:
         _tls.index, _tls.uses = i, {}
         try:
             _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
-            with torch.set_grad_enabled(grad_mode):
+            with torch.set_grad_enabled(grad_mode), torch.autocast(**cast):
                 results[i] = fn(*args[i])
         except BaseException as e:  # re-raised on the calling thread
             errors[i] = e

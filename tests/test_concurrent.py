@@ -1,6 +1,8 @@
 """Concurrent micro-batches (axonn_c.run_concurrent): training steps on 2-8 ranks against serial
 PyTorch (tests/workers/concurrent_worker.py), and the single-process API: splitting, results in
 order, errors that say what is wrong."""
+import threading
+
 import pytest
 import torch
 
@@ -27,20 +29,34 @@ def test_splits_inputs_and_keeps_order(world_of_one):
     assert modes == [(2, False)] * 3
 
 
-def test_gradients_accumulate_over_microbatches(world_of_one):
-    axonn_c.init(concurrent_microbatches=2)
+@pytest.mark.parametrize("n", [2, 8])  # 8, the most: n + 3 channels must fit the C limit
+def test_gradients_accumulate_over_microbatches(world_of_one, n):
+    axonn_c.init(concurrent_microbatches=n)
     torch.manual_seed(0)
     layer = axonn_c.Linear(8, 4)
     ref = torch.nn.Linear(8, 4)
     with torch.no_grad():
         ref.weight.copy_(layer.full_weight())
         ref.bias.copy_(layer.full_bias())
-    x = torch.randn(6, 8)
-    axonn_c.run_concurrent(lambda a: layer(a).pow(2).sum().backward(), x)
+    x = torch.randn(9, 8)
+    threads = axonn_c.run_concurrent(lambda a: layer(a).pow(2).sum().backward() or
+                                     threading.current_thread().name, x, model=layer)
+    assert len(set(threads)) == n
     axonn_c.sync_gradients(layer)
     ref(x).pow(2).sum().backward()
     torch.testing.assert_close(layer.weight.grad.view(4, 8), ref.weight.grad)  # (world 1: one shard)
     torch.testing.assert_close(layer.bias.grad, ref.bias.grad)
+
+
+def test_caller_autocast_reaches_microbatches(world_of_one):
+    axonn_c.init(concurrent_microbatches=2)
+    layer = axonn_c.Linear(8, 4)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = axonn_c.run_concurrent(
+            lambda a: (layer(a).dtype, torch.is_autocast_enabled("cpu")), x)
+    assert inside == [(torch.bfloat16, True)] * 2
+    assert axonn_c.run_concurrent(lambda a: layer(a).dtype, x) == [torch.float32] * 2
 
 
 def test_errors_name_the_problem(world_of_one):

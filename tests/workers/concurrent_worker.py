@@ -1,7 +1,8 @@
 """Concurrent micro-batches (axonn_c.run_concurrent) against serial PyTorch: training steps on
 several grids, 2 and 3 micro-batches of unequal sizes, overlap on and off; proof
 that the micro-batches really run at once (a barrier inside fn that only concurrent threads
-pass); the refusal of gradients already summed by an overlapped backward."""
+pass); the caller's autocast in the threads; the refusal of gradients already summed by an
+overlapped backward."""
 import os
 import sys
 import threading
@@ -148,6 +149,37 @@ def check_shared_gathers(g, n):
     axonn_c.sync_gradients(model)
 
 
+def check_autocast(g, n):
+    """The caller's autocast reaches the micro-batch threads (autocast state is per thread): bf16
+    outputs, and gradients (two calls: the second prefetches along the learned order, whose
+    per-call casts are other tensors) within bf16 rounding of serial fp32 PyTorch."""
+    what = f"autocast grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(10)
+    model = Net()
+    refs = serial_copy(model)
+    s = model.layers[0]._shapes
+    kin = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
+    gen = torch.Generator().manual_seed(11)
+    X, dY, tok = tokens(g, 2 * n * g.G_data * g.G_intra_d, gen)
+
+    def fn(xb, dyb):
+        y = model(xb)
+        (y.float() * dyb).sum().backward()
+        return y.detach()
+
+    for _ in range(2):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ys = axonn_c.run_concurrent(fn, X[tok][:, kin], dY[tok][:, kin], model=model)
+        axonn_c.sync_gradients(model)
+    assert all(y.dtype == torch.bfloat16 for y in ys), f"{what}: {[y.dtype for y in ys]}"
+    (serial_forward(refs, X) * dY).sum().backward()
+    for m, r in zip(model.layers, refs):
+        want = shard_of(r.weight.grad, m)
+        err = ((m.weight.grad.float() - want).norm() / want.norm()).item()
+        assert err < 2e-2, f"{what}: dW off by {err:.3e} (relative) from serial fp32"
+
+
 def check_refuses_summed(g):
     """With overlap on, a plain backward sums .grad over data (or depth) during backward; adding
     unsummed micro-batch gradients to it would be wrong: refused until sync_gradients."""
@@ -180,6 +212,8 @@ def main():
             check_training(g, n, overlap, with_model)
             if g.G_intra_d > 1:
                 check_shared_gathers(g, n)
+            if n == 2 and not overlap:
+                check_autocast(g, n)
             if overlap:
                 check_really_concurrent(g, n)
                 if g.G_data > 1 or g.G_intra_d > 1:
