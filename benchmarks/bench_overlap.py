@@ -46,10 +46,14 @@ max(...); "exp~" says whether exposed_comm_s agrees with t_overlap - t_compute w
 "slow" (gemm_slowdown_s) is the union of GEMM spans of an overlap step minus that of a
 compute-alone step (the timeline records both modes): CPU time the progress threads took from the
 GEMMs; "+slow~" says whether exposed + slow agrees with t_overlap - t_compute within 10%.
+The compute-alone and communication-alone steps also time their forward (Tf, Cf; the rest of
+the step is Tb, Cb): phase_bound_s = max(Tf, Cf) + max(Tb, Cb) is the shortest step whose
+phases keep their own traffic ("bnd/max" = phase_bound_s / max(t_compute, t_comm)).
 
 Prints a table; --json writes a list of rows with keys ranks, G_data, G_intra_r, G_intra_c,
 G_intra_d, t_overlap_s, t_no_overlap_s, t_compute_s, t_comm_s, exposed_comm_s (plus grid,
-sim_gbps, sim_us, sizes and the timeline's compute/comm unions). --trace writes a Chrome trace
+sim_gbps, sim_us, sizes, the timeline's compute/comm unions, t_compute_fwd_s, t_comm_fwd_s
+and phase_bound_s). --trace writes a Chrome trace
 (merged across ranks) of one overlap=True step of one grid (--trace-grid, default 1x1x2x2 when
 4 ranks run, else the first grid); render it with benchmarks/plot_trace.py. Grids are written
 G_data x G_intra_r x G_intra_c x G_intra_d. --quick: tiny sizes, one grid per rank count, two
@@ -133,34 +137,41 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
                     requires_grad=True)
 
     def step():
+        """One training step; returns the time its forward took (0 for concurrent
+        micro-batches, whose forwards and backwards interleave)."""
         for p in model.parameters():
             p.grad = None
         x.grad = None
+        t_fwd = 0.0
         if concurrent > 1:  # the micro-batches' forward and backward run at once, in threads
             axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x, model=model)
         else:
-            model(x).sum().backward()
+            t0 = time.perf_counter()
+            loss = model(x).sum()
+            t_fwd = time.perf_counter() - t0
+            loss.backward()
         axonn_c.sync_gradients(model)
+        return t_fwd
 
     sizes = {"col": g.G_intra_c, "row": g.G_intra_r, "depth": g.G_intra_d, "data": g.G_data,
              "intra": g.G_intra, "world": g.world_size}
     for _ in range(spec["warmup"]):
         step()
     axonn_c.reset_comm_stats()
-    cols = [[] for _ in range(4)]
+    cols = [[] for _ in range(5)]  # step, forward, and with record: exposed, GEMMs, comm
     for i in range(steps):
         dist.barrier()
         if record:
             timeline.start()
         t0 = time.perf_counter()
-        step()
+        cols[1].append(step())
         cols[0].append(time.perf_counter() - t0)
         if record:
             timeline.stop()
             s = timeline.summary()
-            cols[1].append(s["exposed_comm_s"])
-            cols[2].append(s["compute_s"])
-            cols[3].append(s["comm_s"])
+            cols[2].append(s["exposed_comm_s"])
+            cols[3].append(s["compute_s"])
+            cols[4].append(s["comm_s"])
         if i == 0:
             stats = axonn_c.comm_stats()
             nbytes = sum(stats[k]["bytes_sent"] for k in GROUPS if sizes[k] > 1)
@@ -168,10 +179,10 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
     vec = torch.tensor(sum(cols, []) + [float(nbytes), float(calls)], dtype=torch.float64)
     dist.all_reduce(vec, op=dist.ReduceOp.MAX)  # the slowest rank defines each step
     v = vec.tolist()
-    out = {"t": v[:steps], "bytes": int(v[-2]), "calls": int(v[-1])}
+    out = {"t": v[:steps], "fwd": v[steps:2 * steps], "bytes": int(v[-2]), "calls": int(v[-1])}
     if record:
-        out.update(exposed=v[steps:2 * steps], tl_compute=v[2 * steps:3 * steps],
-                   tl_comm=v[3 * steps:4 * steps])
+        out.update(exposed=v[2 * steps:3 * steps], tl_compute=v[3 * steps:4 * steps],
+                   tl_comm=v[4 * steps:5 * steps])
     return g, model, out
 
 
@@ -267,6 +278,18 @@ def calibrate(t_compute, step_bytes, step_calls, ratio, sim_us):
     return float(f"{gbps:.3g}")
 
 
+def phase_bound(compute, comm):
+    """The shortest step in which each phase's traffic stays in its phase: the forward's
+    all-reduces finish in the forward (the next layer needs them), and the backward's
+    collectives start after their gradients exist. Each phase then takes at least the longer of
+    its compute and its communication: max(Tf, Cf) + max(Tb, Cb). Strict for a grid with one
+    group kind that is not depth (row, col, data); a depth all-gather for backward may be
+    prefetched during the forward, and different group kinds run side by side, so for depth and
+    mixed grids it is an estimate."""
+    tf, cf = compute["fwd"], comm["fwd"]
+    return max(tf, cf) + max(compute["t"] - tf, comm["t"] - cf)
+
+
 def check(r, mode="overlap"):
     """(target applicable, target met, exposed agrees) for mode "overlap" or "concurrent"."""
     t, exposed = r[f"t_{mode}_s"], r[f"exposed_{mode}_s" if mode != "overlap" else "exposed_comm_s"]
@@ -298,7 +321,7 @@ def print_table(rows):
     conc = any("t_concurrent_s" in r for r in rows)
     hdr = (f"{'ranks':>5} {'grid':>8} {'GB/s':>6} {'no_ovl':>8} {'overlap':>8} {'compute':>8} "
            f"{'comm':>8} {'exposed':>8} {'slow':>6} {'ovl/no':>7} {'ovl/max':>8} {'target':>7} "
-           f"{'exp~':>5} {'+slow~':>6}")
+           f"{'exp~':>5} {'+slow~':>6} {'bnd/max':>7}")
     if conc:
         hdr += f" {'conc':>8} {'c-exp':>7} {'conc/max':>8} {'c-target':>8} {'c-exp~':>6}"
     print("\ntimes in ms per step (median of steps, slowest rank); grid = "
@@ -314,11 +337,14 @@ def print_table(rows):
               f"{r['exposed_comm_s'] * 1e3:>8.1f} {r['gemm_slowdown_s'] * 1e3:>6.1f} "
               f"{r['t_overlap_s'] / r['t_no_overlap_s']:>7.2f} "
               f"{r['t_overlap_s'] / hi:>8.2f} {target:>7} {'yes' if agree else 'no':>5} "
-              f"{'yes' if explained(r) else 'no':>6}" + (concurrent_cells(r, hi) if conc else ""))
+              f"{'yes' if explained(r) else 'no':>6} {r['phase_bound_s'] / hi:>7.2f}"
+              + (concurrent_cells(r, hi) if conc else ""))
     print("target: t_overlap <= 1.15 * max(t_compute, t_comm) (n/a when min < 0.2 * max); "
           "exp~: exposed_comm within 10% of t_overlap - t_compute; slow: the GEMMs' time in the "
           "overlap run minus compute alone (timeline); +slow~: exposed + slow within 10% of "
-          "t_overlap - t_compute")
+          "t_overlap - t_compute; bnd/max: phase_bound_s / max, the best a step can do when each "
+          "phase's traffic stays in its phase (max(Tf, Cf) + max(Tb, Cb); strict for row, col "
+          "and data grids)")
     if conc:
         print("conc: overlap=True with the batch split into concurrent micro-batches "
               "(axonn_c.run_concurrent); c-exp: its exposed communication; conc/max, c-target, "
@@ -410,6 +436,8 @@ def main():
                 "G_intra_d": g[3], "t_overlap_s": ov["t"], "t_no_overlap_s": r["no_overlap"]["t"],
                 "t_compute_s": r["compute"]["t"], "t_comm_s": r["comm"]["t"],
                 "exposed_comm_s": ov["exposed"], "grid": grid_name(g),
+                "t_compute_fwd_s": r["compute"]["fwd"], "t_comm_fwd_s": r["comm"]["fwd"],
+                "phase_bound_s": phase_bound(r["compute"], r["comm"]),
                 "sim_gbps": r["sim_gbps"], "sim_us": r["sim_us"],
                 "comm_bytes_per_step": r["step_bytes"], "collectives_per_step": r["step_calls"],
                 "timeline_compute_s": ov["tl_compute"], "timeline_comm_s": ov["tl_comm"],

@@ -32,6 +32,11 @@ def test_bench_overlap_quick(tmp_path):
     for k in ("t_overlap_s", "t_no_overlap_s", "t_compute_s", "t_comm_s"):
         assert row[k] > 0, (k, row)
     assert row["exposed_comm_s"] >= 0
+    # the phase bound: each phase at least its longer side, within the steps it comes from
+    assert 0 < row["t_compute_fwd_s"] < row["t_compute_s"]
+    assert 0 < row["t_comm_fwd_s"] < row["t_comm_s"]
+    assert max(row["t_compute_s"], row["t_comm_s"]) <= row["phase_bound_s"] \
+        <= row["t_compute_s"] + row["t_comm_s"]
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1}
     assert "target" in proc.stdout
