@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # GPU suite: build axonn_c on the GPU machine (offline), then run what needs a GPU.
-#   1. pip install --no-build-isolation --no-deps .   (offline: torch and the nvidia wheels are there)
-#   2. build_info() (what was compiled in, which CUDA runtime / NCCL it bound to)
-#   3. the C test of the CUDA loader + a one-rank nccl communicator, built with the CUDA/NCCL headers
-#   4. pytest -m gpu -v tests/test_gpu.py   (nccl at world size 1; shm with CUDA tensors, 2 and 4 ranks)
-#   5. the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU, shm backend),
-#      and init(overlap=True) training steps with CUDA tensors at 2 and 4 ranks; bench_overlap
-#   6. a host-overhead micro-benchmark of one-rank nccl collectives
-# Every step's output goes to $OUT (default ./gpu_out); $OUT/summary.txt lists PASS/FAIL per step.
-# Exits non-zero when any step failed. Usage: bash benchmarks/gpu_suite.sh
+#
+#   bash benchmarks/gpu_suite.sh [STAGE ...]        (no STAGE: all of them, in this order)
+#
+#   build      pip install --no-build-isolation --no-deps . and build_info() (always runs first)
+#   ctest      the C test of the CUDA loader + a one-rank nccl communicator, built with the
+#              CUDA/NCCL headers
+#   gpu        pytest -m gpu tests/test_gpu.py (nccl at world size 1; shm with CUDA tensors)
+#   linear     the GEMM and Linear on CUDA (cuBLASLt; CUDA-graph capture), bench_linear on cuda
+#   multirank  the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU,
+#              shm backend), and init(overlap=True) training steps with CUDA tensors at 2 and 4
+#   bench      bench_overlap (shm, simulated link) and the host overhead of one-rank nccl
+#              collectives
+#
+# SUITE_BUDGET_S (seconds, default none) caps the whole call: every step's timeout is cut to what
+# is left, so the suite ends, and bundles its logs, inside a limit such as the device tool's 10
+# minutes a command (there: SUITE_BUDGET_S=540, and split the stages over two or three calls).
+# Results go to $OUT (default ./gpu_out): summary.txt (PASS/FAIL per step), logs.tar.gz (every
+# step's log, env, junit xml) and the benchmarks' json/csv files -- at most 8 files, which is what
+# the device tool brings back. Exits non-zero when any step failed.
 set -u -o pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,33 +27,70 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python3}"
 SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
 FAILED=0
+ALL_STAGES="ctest gpu linear multirank bench"
+STAGES="${*:-$ALL_STAGES}"
+for st in $STAGES; do
+    case " build $ALL_STAGES " in
+        *" $st "*) ;;
+        *) echo "gpu_suite: unknown stage '$st' (stages: build $ALL_STAGES)" >&2; exit 2 ;;
+    esac
+done
+want() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+BUDGET="${SUITE_BUDGET_S:-}"
+START=$SECONDS
 
-note() { echo "== $*" | tee -a "$OUT/suite.log"; }
+note() { echo "== $*" | tee -a "$LOGS/suite.log"; }
 
-# step NAME TIMEOUT_S CMD...: runs CMD, logs to $OUT/NAME.log, records PASS/FAIL with the time.
+# logs.tar.gz holds the logs; whatever happens, the suite leaves few files in $OUT
+bundle() {
+    tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null && rm -rf "$LOGS"
+}
+trap bundle EXIT
+
+# the timeout of a step: its own limit, cut to what is left of SUITE_BUDGET_S (with 20 s for the
+# bundle); 0 when nothing is left
+limit_for() {
+    local limit="$1"
+    if [ -n "$BUDGET" ]; then
+        local left=$((BUDGET - (SECONDS - START) - 20))
+        [ "$left" -lt "$limit" ] && limit=$left
+        [ "$limit" -lt 0 ] && limit=0
+    fi
+    echo "$limit"
+}
+
+# step NAME TIMEOUT_S CMD...: runs CMD, logs to $LOGS/NAME.log, records PASS/FAIL with the time.
 step() {
-    local name="$1" limit="$2"
+    local name="$1" limit
+    limit="$(limit_for "$2")"
     shift 2
-    note "$name: $*"
+    if [ "$limit" -le 0 ]; then
+        echo "SKIP $name (SUITE_BUDGET_S=$BUDGET spent)" | tee -a "$SUMMARY"
+        FAILED=1
+        return 124
+    fi
+    note "$name (timeout ${limit}s): $*"
     local t0=$SECONDS rc
-    timeout --kill-after=30 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
     local dt=$((SECONDS - t0))
-    tail -n 40 "$OUT/$name.log"
+    tail -n 40 "$LOGS/$name.log"
     if [ "$rc" -eq 0 ]; then
         echo "PASS $name (${dt}s)" | tee -a "$SUMMARY"
     else
         [ "$rc" -eq 124 ] && echo "   (timed out after ${limit}s)" | tee -a "$SUMMARY"
-        echo "FAIL $name (rc=$rc, ${dt}s, log: $OUT/$name.log)" | tee -a "$SUMMARY"
+        echo "FAIL $name (rc=$rc, ${dt}s, log: logs/$name.log in logs.tar.gz)" | tee -a "$SUMMARY"
         FAILED=1
     fi
     return "$rc"
 }
 
 cd "$REPO" || exit 2
-note "axonn_c GPU suite in $REPO, results in $OUT, $(date -u +%FT%TZ)"
+note "axonn_c GPU suite in $REPO, stages: build $STAGES, results in $OUT, $(date -u +%FT%TZ)"
+echo "stages: build $STAGES; $(date -u +%FT%TZ)" > "$SUMMARY"
 {
     echo "git: $(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
     uname -a
@@ -56,23 +103,23 @@ if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), "count", torch.cuda.device_count())
     print("nccl", torch.cuda.nccl.version())
 EOF
-} > "$OUT/env.log" 2>&1
-cat "$OUT/env.log"
+} > "$LOGS/env.log" 2>&1
+cat "$LOGS/env.log"
 
-# 1. build
+# build (every call: a device machine starts bare)
 step build 900 "$PY" -m pip install --no-build-isolation --no-deps -v "$REPO"
 BUILD_RC=$?
-grep -E "axonn_c: " "$OUT/build.log" | head -3 | tee -a "$SUMMARY"
+grep -E "axonn_c: " "$LOGS/build.log" | head -3 | tee -a "$SUMMARY"
 
 # run Python from $OUT so the installed package (with _C) is imported, not the source tree
 cd "$OUT" || exit 2
 if [ "$BUILD_RC" -eq 0 ]; then
-    # 2. build facts
+    # build facts
     step build_info 120 "$PY" -c "import json, axonn_c; print(json.dumps(axonn_c.build_info(), indent=1))"
-    cat "$OUT/build_info.log" >> "$SUMMARY"
+    cat "$LOGS/build_info.log" >> "$SUMMARY"
 fi
 
-# 3. C test with the real headers (the Makefile's C tests build without them)
+# the C test with the real headers (the Makefile's C tests build without them)
 read -r -d '' FIND_PATHS <<'EOF'
 import glob, os, site, sys
 import torch  # noqa: F401  (loads libcudart / libnccl)
@@ -92,56 +139,73 @@ print(" ".join("-I" + i for i in dict.fromkeys(incs)))
 print(loaded("libcudart.so"))
 print(loaded("libnccl.so"))
 EOF
-if "$PY" -c "$FIND_PATHS" > "$OUT/paths.txt" 2> "$OUT/paths.err"; then
-    INCS="$(sed -n 1p "$OUT/paths.txt")"
-    CUDART="$(sed -n 2p "$OUT/paths.txt")"
-    NCCLLIB="$(sed -n 3p "$OUT/paths.txt")"
-    echo "include dirs: $INCS" >> "$OUT/suite.log"
+if ! want ctest; then
+    :
+elif "$PY" -c "$FIND_PATHS" > "$LOGS/paths.txt" 2> "$LOGS/paths.err"; then
+    INCS="$(sed -n 1p "$LOGS/paths.txt")"
+    CUDART="$(sed -n 2p "$LOGS/paths.txt")"
+    NCCLLIB="$(sed -n 3p "$LOGS/paths.txt")"
+    echo "include dirs: $INCS" >> "$LOGS/suite.log"
     echo "libcudart: ${CUDART:-not loaded by torch}; libnccl: ${NCCLLIB:-not loaded by torch}" | tee -a "$SUMMARY"
     CORE_SRC="$(ls "$REPO"/csrc/*/*.c | grep -v -e '/csrc/python/' -e '/csrc/tests/')"
     # shellcheck disable=SC2086  (word splitting of the include and source lists is intended)
     if step ctest_build 300 ${CC:-gcc} -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
         -Wno-missing-field-initializers -g -O1 -DAXC_HAVE_CUDA_HEADERS=1 \
-        -DAXC_HAVE_NCCL_HEADERS=1 -I"$REPO/csrc/include" $INCS -o "$OUT/test_cuda_rt" \
+        -DAXC_HAVE_NCCL_HEADERS=1 -I"$REPO/csrc/include" $INCS -o "$LOGS/test_cuda_rt" \
         "$REPO/csrc/tests/test_cuda_rt.c" $CORE_SRC -ldl -lpthread -lrt -lm; then
         step ctest_cuda_rt 300 env AXC_TEST_CUDART="$CUDART" AXC_TEST_NCCL_LIB="$NCCLLIB" \
-            "$OUT/test_cuda_rt"
+            "$LOGS/test_cuda_rt"
+        rm -f "$LOGS/test_cuda_rt"
     fi
 else
-    cat "$OUT/paths.err"
+    cat "$LOGS/paths.err"
     echo "FAIL ctest (could not locate the CUDA/NCCL paths)" | tee -a "$SUMMARY"
     FAILED=1
 fi
 
-if [ "$BUILD_RC" -eq 0 ]; then
-    # 4. pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
-    step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
-        --junitxml="$OUT/pytest_gpu.xml" "$REPO/tests/test_gpu.py"
+if [ "$BUILD_RC" -ne 0 ]; then
+    echo "FAIL (skipped the Python steps: the build failed, see logs/build.log)" | tee -a "$SUMMARY"
+    exit 1
+fi
 
-    # 4b. the GEMM layer and the Linear layer on CUDA (cuBLASLt), and bench_linear against nn.Linear
+if want gpu; then
+    # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
+    step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
+        --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py"
+fi
+
+if want linear; then
+    # the GEMM layer and the Linear layer on CUDA (cuBLASLt, CUDA-graph capture), and
+    # bench_linear against nn.Linear
     step pytest_gemm_cuda 900 "$PY" -m pytest -q -rs -p no:cacheprovider "$REPO/tests/test_gemm.py" \
         "$REPO/tests/test_linear_gpu.py"
     step bench_linear_cuda 1200 "$PY" "$REPO/benchmarks/bench_linear.py" --device cuda \
         --json "$OUT/linear_cuda.json"
+fi
 
-    # 5. multi-process suite with CUDA tensors (shm backend stages through host memory)
+if want multirank; then
+    # multi-process suite with CUDA tensors (shm backend stages through host memory)
     for n in 2 3 4; do
         step "multirank_cuda_shm_np$n" 900 "$PY" -m torch.distributed.run --standalone \
             --nproc_per_node "$n" "$REPO/tests/workers/gpu_shm_worker.py" --backend shm \
             --sizes 1,7,1000,65539
     done
 
-    # 5b. init(overlap=True) with CUDA tensors, 2 and 4 ranks sharing the GPU: prefetch buffers
+    # init(overlap=True) with CUDA tensors, 2 and 4 ranks sharing the GPU: prefetch buffers
     #     from cudaMallocAsync, deferred reduce-scatters, buckets, hooks, against serial PyTorch
     for n in 2 4; do
         step "overlap_cuda_shm_np$n" 900 "$PY" -m torch.distributed.run --standalone \
             --nproc_per_node "$n" "$REPO/tests/workers/gpu_overlap_worker.py"
     done
-    # 5c. the overlap benchmark (shm, simulated link) with the whole package built for CUDA
+fi
+
+if want bench; then
+    # the overlap benchmark (shm, simulated link) with the whole package built for CUDA, on a
+    # machine with a spare core per rank and progress thread
     step bench_overlap 900 "$PY" "$REPO/benchmarks/bench_overlap.py" \
         --json "$OUT/overlap_cpu.json" --trace "$OUT/overlap_trace.json"
 
-    # 6. host overhead of one-rank nccl collectives (start+wait, no host sync), and device time
+    # host overhead of one-rank nccl collectives (start+wait, no host sync), and device time
     step bench_nccl_world1 300 "$PY" - <<'EOF'
 import csv, os, time
 import torch
@@ -175,8 +239,6 @@ with open(os.path.join(os.getcwd(), "bench_nccl_world1.csv"), "w", newline="") a
     w.writeheader()
     w.writerows(rows)
 EOF
-else
-    echo "FAIL (skipped the Python steps: the build failed, see $OUT/build.log)" | tee -a "$SUMMARY"
 fi
 
 note "summary"
