@@ -103,6 +103,12 @@ class _Gather:
 _learned: dict = {}
 # the last call's shared gathers: issued, and first asked for when already started (prefetched)
 last_gathers = {"gathers": 0, "prefetched": 0}
+# the last call's shared dW reduce-scatters, and the most summed (full-size) blocks they held
+# at once
+last_scatters = {"reduce_scatters": 0, "peak_blocks": 0}
+# summed dW blocks in flight at most: each is a whole unsharded weight, so without a bound a
+# call would hold the model's full gradient until its end, what depth sharding is there to avoid
+SCATTER_BLOCKS_IN_FLIGHT = 2
 
 
 class _Gathers:
@@ -187,16 +193,25 @@ class _Gathers:
             _learned[runtime.epoch] = self.seq
 
 
+class _Scatter:
+    __slots__ = ("param", "out", "work", "block", "claimed")
+
+    def __init__(self, param: Tensor, out: Tensor, work, block: Tensor):
+        self.param, self.out, self.work, self.block, self.claimed = param, out, work, block, False
+
+
 class _Scatters:
     """One depth reduce-scatter of dW per (layer, use) for all n micro-batches: each hands in
     its unreduced block, the last to arrive sums them and starts the reduce-scatter on a channel
     of its own (last arrivals come in program order too); the shard is added to .grad when the
     call ends. Only for weights the reducer does not sum: it counts autograd's accumulations,
-    which these gradients bypass."""
+    which these gradients bypass. At most SCATTER_BLOCKS_IN_FLIGHT summed blocks stay alive:
+    finished reduce-scatters release theirs, and past the bound the oldest is waited for."""
 
     def __init__(self, n: int):
         self.n, self.lock, self.live = n, threading.Lock(), {}
-        self.pending: list = []  # (param, shard, work, block)
+        self.pending: List[_Scatter] = []
+        self.peak = 0
 
     def add(self, layer: int, p: Tensor, block: Tensor) -> None:
         from . import comm
@@ -215,23 +230,36 @@ class _Scatters:
         out = p.new_empty(p.shape)
         work = _issue_on(self.n + 2, comm.reduce_scatter, out, total, "depth")
         with self.lock:
-            self.pending.append((p, out, work, total))
+            self.pending.append(_Scatter(p, out, work, total))
+            held = [e for e in self.pending if e.block is not None and not e.claimed]
+            # one thread waits for each (a Work is not waited for from two threads at once)
+            retire = [e for e in held if e.work.is_completed()]
+            held = [e for e in held if e not in retire]
+            retire += held[:max(len(held) - SCATTER_BLOCKS_IN_FLIGHT, 0)]
+            for e in retire:
+                e.claimed = True
+            self.peak = max(self.peak, sum(e.block is not None and not e.claimed
+                                           for e in self.pending))
+        for e in retire:  # the oldest first; the reduce-scatters run in issue order
+            e.work.wait()
+            e.block = None
 
     @torch.no_grad()
     def close(self, ok: bool) -> None:
         """Waits for the reduce-scatters and adds each shard to its parameter's .grad."""
-        for p, out, work, _ in self.pending:
+        last_scatters.update(reduce_scatters=len(self.pending), peak_blocks=self.peak)
+        for e in self.pending:
             try:
-                work.wait()
+                e.work.wait()
             except BaseException:
                 if ok:
                     raise
                 continue
             if ok:
-                if p.grad is None:
-                    p.grad = out
+                if e.param.grad is None:
+                    e.param.grad = e.out
                 else:
-                    p.grad.add_(out)
+                    e.param.grad.add_(e.out)
         self.pending.clear()
 
 

@@ -149,6 +149,34 @@ def check_shared_gathers(g, n):
     axonn_c.sync_gradients(model)
 
 
+def check_scatter_blocks_bounded(sizes, n):
+    """Each shared dW reduce-scatter holds a summed, unsharded dW block. A finished one releases
+    it at the next reduce-scatter of the call (not at the end of the call, which would hold the
+    model's whole unsharded gradient), and past SCATTER_BLOCKS_IN_FLIGHT the oldest is waited
+    for. Here the bound is 1 and every collective is padded to 20 ms: when layer i's
+    reduce-scatter is issued, layer i + 1's is still in flight (a layer's backward takes far
+    less), so the bound has to wait for it."""
+    os.environ["AXONN_C_SIM_US"] = "20000"  # read by the shm backend at init
+    try:
+        g = axonn_c.init(*sizes, concurrent_microbatches=n)
+    finally:
+        del os.environ["AXONN_C_SIM_US"]
+    torch.manual_seed(8)
+    model = Net()
+    x = torch.randn(2 * n, model.layers[0]._shapes["k_local"])
+    cc = axonn_c.concurrent
+    default, cc.SCATTER_BLOCKS_IN_FLIGHT = cc.SCATTER_BLOCKS_IN_FLIGHT, 1
+    try:
+        axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
+    finally:
+        cc.SCATTER_BLOCKS_IN_FLIGHT = default
+    axonn_c.sync_gradients(model)
+    st = cc.last_scatters
+    assert st == {"reduce_scatters": len(model.layers), "peak_blocks": 1}, \
+        f"rank {g.rank}: {st}, expected {len(model.layers)} reduce-scatters, 1 block held"
+    axonn_c.finalize()
+
+
 def check_autocast(g, n):
     """The caller's autocast reaches the micro-batch threads (autocast state is per thread): bf16
     outputs, and gradients (two calls: the second prefetches along the learned order, whose
@@ -219,6 +247,8 @@ def main():
                 if g.G_data > 1 or g.G_intra_d > 1:
                     check_refuses_summed(g)
             axonn_c.finalize()
+        if sizes[3] > 1:
+            check_scatter_blocks_bounded(sizes, 2)
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: concurrent micro-batch checks pass")
     return 0
