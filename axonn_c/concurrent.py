@@ -150,13 +150,14 @@ class _Gathers:
                 self.prefetched += 1
             if first:
                 j = len(self.seq)
-                self.seq.append((key, w, numel))
+                # a per-call cast (autocast) can never match on the next call: not kept alive
+                self.seq.append((key, w if w.is_leaf else None, numel))
                 # prefetch the successor, if this call follows the learned order so far (the
                 # same key for the same tensor)
                 if (j + 1 < len(self.learned) and self.learned[j][0] == key
                         and self.learned[j][1] is w):
                     nkey, nw, nnumel = self.learned[j + 1]
-                    if nkey not in self.issued:
+                    if nw is not None and nkey not in self.issued:
                         self._start(nkey, nw, nnumel)
         if first:
             try:

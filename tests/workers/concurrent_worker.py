@@ -201,6 +201,9 @@ def check_autocast(g, n):
             ys = axonn_c.run_concurrent(fn, X[tok][:, kin], dY[tok][:, kin], model=model)
         axonn_c.sync_gradients(model)
     assert all(y.dtype == torch.bfloat16 for y in ys), f"{what}: {[y.dtype for y in ys]}"
+    # the learned gather order does not keep the calls' bf16 weight copies alive
+    kept = [w for _, w, _ in axonn_c.concurrent._learned.get(axonn_c.runtime.epoch, [])]
+    assert all(w is None or w.is_leaf for w in kept), f"{what}: per-call casts kept alive"
     (serial_forward(refs, X) * dY).sum().backward()
     for m, r in zip(model.layers, refs):
         want = shard_of(r.weight.grad, m)
