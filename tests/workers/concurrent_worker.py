@@ -149,6 +149,42 @@ def check_shared_gathers(g, n):
     axonn_c.sync_gradients(model)
 
 
+def fresh(g, label, seed):
+    """A model (seeded), its serial copy, this rank's input columns, a data generator, and a
+    label for messages."""
+    what = f"{label} grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(seed)
+    model = Net()
+    s = model.layers[0]._shapes
+    kin = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
+    return what, model, serial_copy(model), kin, torch.Generator().manual_seed(seed + 1)
+
+
+def check_accumulation(g, n):
+    """Gradient accumulation over two run_concurrent calls: the first inside no_sync() (nothing
+    summed over ranks), the second with model= (its reducer sums the accumulated .grad once):
+    the serial gradient of both batches."""
+    what, model, refs, kin, gen = fresh(g, "accumulation", 12)
+
+    def fn(xb, dyb):
+        (model(xb) * dyb).sum().backward()
+
+    for call in range(2):
+        X, dY, tok = tokens(g, (2 * n + 1) * g.G_data * g.G_intra_d, gen)
+        if call == 0:
+            with axonn_c.no_sync():
+                axonn_c.run_concurrent(fn, X[tok][:, kin], dY[tok][:, kin], model=model)
+                axonn_c.sync_gradients(model)  # does nothing inside no_sync
+        else:
+            axonn_c.run_concurrent(fn, X[tok][:, kin], dY[tok][:, kin], model=model)
+            axonn_c.sync_gradients(model)
+        (serial_forward(refs, X) * dY).sum().backward()
+    for m, r in zip(model.layers, refs):
+        close(m.weight.grad, shard_of(r.weight.grad, m), torch.float32, f"{what} dW")
+        rows, _ = m._block_slices()
+        close(m.bias.grad, r.bias.grad[rows], torch.float32, f"{what} db")
+
+
 def check_scatter_blocks_bounded(sizes, n):
     """Each shared dW reduce-scatter holds a summed, unsharded dW block. A finished one releases
     it at the next reduce-scatter of the call (not at the end of the call, which would hold the
@@ -181,13 +217,7 @@ def check_autocast(g, n):
     """The caller's autocast reaches the micro-batch threads (autocast state is per thread): bf16
     outputs, and gradients (two calls: the second prefetches along the learned order, whose
     per-call casts are other tensors) within bf16 rounding of serial fp32 PyTorch."""
-    what = f"autocast grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
-    torch.manual_seed(10)
-    model = Net()
-    refs = serial_copy(model)
-    s = model.layers[0]._shapes
-    kin = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
-    gen = torch.Generator().manual_seed(11)
+    what, model, refs, kin, gen = fresh(g, "autocast", 10)
     X, dY, tok = tokens(g, 2 * n * g.G_data * g.G_intra_d, gen)
 
     def fn(xb, dyb):
@@ -245,6 +275,8 @@ def main():
                 check_shared_gathers(g, n)
             if n == 2 and not overlap:
                 check_autocast(g, n)
+            if n == 2 and overlap:
+                check_accumulation(g, n)
             if overlap:
                 check_really_concurrent(g, n)
                 if g.G_data > 1 or g.G_intra_d > 1:
