@@ -9,7 +9,7 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-i
 LIBS := -ldl -lpthread -lrt -lm
 BUILD := build/ctests
 
-.PHONY: test test-c test-c-san test-py setup install demo bench clean
+.PHONY: test test-c test-c-san test-mock test-py setup install demo bench clean
 
 # the core is compiled once per flavour into a static library the tests link against
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -65,7 +65,14 @@ install:
 test-py:
 	cd tests && $(PY) -m pytest -q -ra .
 
-test: setup test-c test-c-san test-py
+# the CUDA paths (nccl backend, cuBLASLt GEMM) against CPU mocks of libcudart/libnccl/libcublasLt,
+# plain and under ASan+UBSan: they compile everywhere and run here, though only a GPU runs them
+# for real
+test-mock:
+	bash csrc/tests/mock/run_mock_test.sh
+	bash csrc/tests/mock/run_gemm_mock_test.sh
+
+test: setup test-c test-c-san test-mock test-py
 
 demo: setup
 	torchrun --standalone --nproc_per_node 4 examples/train_gpt.py

@@ -473,24 +473,64 @@ static void slot_free(nccl_backend *be, nccl_slot *s)
 
 /* ---------------------------------------------------------------- failure */
 
+typedef struct {
+    nccl_backend *be;
+    ncclComm_t comm;
+    ncclResult_t result;
+} abort_job;
+
+static void *abort_one(void *arg)
+{
+    abort_job *j = arg;
+    (void)j->be->cu->SetDevice(j->be->device); /* a new thread starts on device 0 */
+    j->result = j->be->nc->CommAbort(j->comm);
+    return NULL;
+}
+
 /* Aborts every communicator (issue_mu and mu held); returns how many aborts NCCL refused.
  * ncclCommAbort also stops kernels still running on the device, so streams that wait on our
- * `done` events move on. Nothing is logged here: the log hook must never run under our locks. */
+ * `done` events move on. The aborts run at once, one thread each: an abort waits for its
+ * communicator's kernels, and a kernel may wait (through our fork/join events) for another
+ * communicator's kernel stuck on the dead peer, whose abort, one after the other, would then
+ * never start. Nothing is logged here: the log hook must never run under our locks. */
 static int abort_all_locked(nccl_backend *be)
 {
-    int refused = 0;
+    int n = be->world != NULL;
+    for (nccl_group *g = be->groups; g; g = g->next)
+        n += g->comm && g->owns_comm;
+    abort_job *jobs = calloc((size_t)(n ? n : 1), sizeof *jobs);
+    pthread_t *threads = calloc((size_t)(n ? n : 1), sizeof *threads);
+    int *started = calloc((size_t)(n ? n : 1), sizeof *started);
+    int k = 0;
     for (nccl_group *g = be->groups; g; g = g->next) {
-        if (g->comm && g->owns_comm) {
-            ncclResult_t r = be->nc->CommAbort(g->comm);
-            refused += r != ncclSuccess && r != ncclInProgress;
-        }
+        if (g->comm && g->owns_comm && jobs)
+            jobs[k++] = (abort_job){be, g->comm, ncclSuccess};
+        else if (g->comm && g->owns_comm) /* no memory for the list: one after the other */
+            (void)be->nc->CommAbort(g->comm);
         g->comm = NULL;
     }
-    if (be->world) {
-        ncclResult_t r = be->nc->CommAbort(be->world);
-        refused += r != ncclSuccess && r != ncclInProgress;
-        be->world = NULL;
+    if (be->world && jobs)
+        jobs[k++] = (abort_job){be, be->world, ncclSuccess};
+    else if (be->world)
+        (void)be->nc->CommAbort(be->world);
+    be->world = NULL;
+    for (int i = 0; i < k; i++) {
+        int ok = threads && started &&
+                 pthread_create(&threads[i], NULL, abort_one, &jobs[i]) == 0;
+        if (started)
+            started[i] = ok;
+        if (!ok)
+            abort_one(&jobs[i]); /* no thread: in place */
     }
+    int refused = 0;
+    for (int i = 0; i < k; i++) {
+        if (started && started[i])
+            pthread_join(threads[i], NULL);
+        refused += jobs[i].result != ncclSuccess && jobs[i].result != ncclInProgress;
+    }
+    free(jobs);
+    free(threads);
+    free(started);
     return refused;
 }
 
@@ -1045,7 +1085,9 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
     if (!g)
         return axc_fail(AXC_ERR_STATE, "nccl: %s on a group that is not open",
                         axc_coll_name(c->kind));
-    if (c->device != be->device) {
+    /* a barrier carries no tensor (device -1, the legacy default stream): it runs on this
+     * rank's device with the backend's own buffer */
+    if (c->device != be->device && c->kind != AXC_COLL_BARRIER) {
         if (c->device < 0)
             return axc_fail(AXC_ERR_INVALID,
                             "nccl: %s on the %s group got host (CPU) buffers; NCCL needs CUDA "

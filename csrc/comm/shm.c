@@ -525,11 +525,19 @@ static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
         shm_cuda_work *cw = calloc(1, sizeof *cw);
         if (!cw)
             return axc_fail(AXC_ERR_NOMEM, "out of memory");
-        /* the lane starts copying only after the user's stream reached this point */
-        st = axc_cuda_check(b->cuda->EventCreateWithFlags(&cw->ready, 2 /* disable timing */),
-                            "cudaEventCreate");
-        if (st == AXC_OK)
-            st = axc_cuda_check(b->cuda->EventRecord(cw->ready, w->coll.stream), "cudaEventRecord");
+        /* the lane starts copying only after the user's stream reached this point; the event
+         * must live on the stream's device, not the calling thread's current one */
+        const axc_cuda_api *cu = b->cuda;
+        int prev = -1;
+        st = axc_cuda_device_enter(w->coll.device, &cu, &prev, "shm");
+        if (st == AXC_OK) {
+            st = axc_cuda_check(cu->EventCreateWithFlags(&cw->ready, 2 /* disable timing */),
+                                "cudaEventCreate");
+            if (st == AXC_OK)
+                st = axc_cuda_check(cu->EventRecord(cw->ready, w->coll.stream),
+                                    "cudaEventRecord");
+            st = axc_cuda_device_leave(cu, w->coll.device, prev, st);
+        }
         if (st != AXC_OK) {
             if (cw->ready)
                 b->cuda->EventDestroy(cw->ready);

@@ -306,6 +306,21 @@ static void test_nccl_one_rank(void)
             CHECK(axc_comm_start(comm, AXC_GROUP_WORLD, &c, &w) != AXC_OK);
             CHECK(w == NULL);
         }
+        /* a barrier as Python issues it (no tensor: no device, the legacy default stream) is
+         * served by nccl when there is no shm backend */
+        for (int g = 0; g < AXC_GROUP_COUNT; g++) {
+            axc_coll b;
+            memset(&b, 0, sizeof b);
+            b.kind = AXC_COLL_BARRIER;
+            b.device = -1;
+            axc_work *w = NULL;
+            axc_status bst = axc_comm_start(comm, (axc_group_kind)g, &b, &w);
+            CHECK_OK(bst);
+            if (bst == AXC_OK) {
+                CHECK_OK(axc_work_wait(w));
+                axc_work_free(w);
+            }
+        }
         cu->StreamDestroy(stream);
         cu->Free(ds);
         cu->Free(dr);
