@@ -82,7 +82,7 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     empty in the expert layout)."""
     desc = _desc(cfg, x.dtype)
     rows = x.shape[0]
-    t_max = _C.linear_plane_tokens(desc, rows) if cfg[4] == _EASY else rows
+    t_max = _C.linear_plane_tokens(desc, rows, _dev(x), _stream(x)) if cfg[4] == _EASY else rows
     s = _shapes(desc, t_max)
     if cfg[4] == _EASY:
         y = x.new_empty((rows, cfg[1]))

@@ -96,6 +96,7 @@ echo "stages: build $STAGES; $(date -u +%FT%TZ)" > "$SUMMARY"
     uname -a
     "$PY" --version
     nvidia-smi 2>&1 || echo "nvidia-smi not available"
+    df -h /dev/shm 2>&1  # the shm backend's segments live there; a small one ends in SIGBUS
     "$PY" - <<'EOF'
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
@@ -117,6 +118,10 @@ if [ "$BUILD_RC" -eq 0 ]; then
     # build facts
     step build_info 120 "$PY" -c "import json, axonn_c; print(json.dumps(axonn_c.build_info(), indent=1))"
     cat "$LOGS/build_info.log" >> "$SUMMARY"
+    # a build that found no CUDA headers is a CPU-only build: every GPU step would fail for that
+    step build_has_cuda 60 "$PY" -c "import axonn_c, sys; i = axonn_c.build_info(); \
+sys.exit(0 if i['cuda_compiled'] and i['nccl_compiled'] else 'CPU-only build: ' + i['summary'])" \
+        || BUILD_RC=1
 fi
 
 # the C test with the real headers (the Makefile's C tests build without them)

@@ -267,6 +267,7 @@ const axc_grid *axc_comm_grid(const axc_comm *comm) { return &comm->grid; }
 int axc_comm_rank(const axc_comm *comm) { return comm->rank; }
 double axc_comm_timeout(const axc_comm *comm) { return comm->timeout_s; }
 const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
+int axc_comm_host_collectives(const axc_comm *comm) { return comm->shm != NULL; }
 int axc_comm_channels(const axc_comm *comm) { return comm->channels; }
 int axc_comm_thread_channel(void) { return tl_channel; }
 

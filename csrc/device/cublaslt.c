@@ -196,7 +196,17 @@ static axc_status lt_handle(int device, cublasLtHandle_t *out)
     return st;
 }
 
-/* The workspace of (device, stream): allocated on first use (the caller made `device` current). */
+/* Whether `stream` is being captured into a CUDA graph (0 when the runtime cannot tell). */
+static int lt_capturing(const axc_cuda_api *api, void *stream)
+{
+    int status = AXC_CUDA_CAPTURE_NONE;
+    return api->StreamIsCapturing && api->StreamIsCapturing(stream, &status) == AXC_CUDA_SUCCESS &&
+           status != AXC_CUDA_CAPTURE_NONE;
+}
+
+/* The workspace of (device, stream): allocated on first use (the caller made `device` current).
+ * A stream being captured into a CUDA graph gets none (cudaMalloc would invalidate the capture;
+ * torch.cuda.graph captures on a stream of its own) and no entry, so it gets one later. */
 static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void **ws,
                          size_t *bytes)
 {
@@ -208,7 +218,7 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
     for (i = 0; i < d->n_ws; i++)
         if (d->ws[i].stream == stream)
             break;
-    if (i == d->n_ws && d->n_ws < AXC_LT_MAX_STREAMS) {
+    if (i == d->n_ws && d->n_ws < AXC_LT_MAX_STREAMS && !lt_capturing(api, stream)) {
         void *p = NULL;
         int err = api->Malloc(&p, AXC_LT_WORKSPACE_BYTES);
         if (err != AXC_CUDA_SUCCESS) {
@@ -246,6 +256,14 @@ static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *str
         *out = *slot;
         pthread_mutex_unlock(&lt_mu_);
         return AXC_OK;
+    }
+    if (lt_capturing(api, stream)) { /* growing it allocates and synchronises */
+        pthread_mutex_unlock(&lt_mu_);
+        return axc_fail(AXC_ERR_STATE,
+                        "axc_gemm: a bias gradient over %lld rows needs a larger constant vector, "
+                        "which cannot be allocated while the stream is captured into a CUDA "
+                        "graph; run the same step once before capturing (warm-up)",
+                        (long long)n);
     }
     size_t len = (size_t)AXC_LT_MIN_CONST;
     while (len < (size_t)n)

@@ -57,11 +57,16 @@ AXC_PROTO_IS(cudaMemcpy2DAsync, cudaError_t (*)(void *, size_t, const void *, si
 AXC_PROTO_IS(cudaMemsetAsync, cudaError_t (*)(void *, int, size_t, cudaStream_t));
 AXC_PROTO_IS(cudaMallocAsync, cudaError_t (*)(void **, size_t, cudaStream_t));
 AXC_PROTO_IS(cudaFreeAsync, cudaError_t (*)(void *, cudaStream_t));
+AXC_PROTO_IS(cudaStreamIsCapturing, cudaError_t (*)(cudaStream_t, enum cudaStreamCaptureStatus *));
 
 _Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
 _Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
 _Static_assert(sizeof(cudaStream_t) == sizeof(void *), "cudaStream_t is not a pointer");
 _Static_assert(sizeof(cudaEvent_t) == sizeof(void *), "cudaEvent_t is not a pointer");
+_Static_assert(sizeof(enum cudaStreamCaptureStatus) == sizeof(int),
+               "cudaStreamCaptureStatus is not int-sized");
+_Static_assert((int)cudaStreamCaptureStatusNone == AXC_CUDA_CAPTURE_NONE,
+               "cudaStreamCaptureStatusNone changed");
 _Static_assert((int)cudaSuccess == AXC_CUDA_SUCCESS, "cudaSuccess changed");
 _Static_assert((int)cudaErrorNotReady == AXC_CUDA_ERROR_NOT_READY, "cudaErrorNotReady changed");
 _Static_assert(cudaStreamNonBlocking == AXC_CUDA_STREAM_NON_BLOCKING, "cudaStreamNonBlocking");
@@ -184,6 +189,8 @@ static void load_runtime(void)
         memcpy(&api.MallocAsync, &sym, sizeof sym);
     if ((sym = dlsym(h, "cudaFreeAsync")) != NULL)
         memcpy(&api.FreeAsync, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaStreamIsCapturing")) != NULL)
+        memcpy(&api.StreamIsCapturing, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)

@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "axc/cuda_rt.h"
 #include "axc/gemm.h"
 #include "axc/timeline.h"
 
@@ -571,8 +572,50 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
 
 /* ------------------------------------------------------------------ token counts */
 
+/* The all-gather of one count per intra rank through device memory (NCCL-only jobs). */
+static axc_status gather_counts_on_device(axc_comm *comm, int device, void *stream, int64_t t,
+                                          int64_t *counts, int n)
+{
+    const axc_cuda_api *cu = NULL;
+    int prev = -1;
+    AXC_TRY(axc_cuda_device_enter(device, &cu, &prev, "Linear token counts"));
+    size_t bytes = (size_t)(n + 1) * sizeof(int64_t);
+    int64_t *buf = NULL; /* [0]: this rank's count, [1..n]: everyone's */
+    axc_status st = axc_cuda_check(cu->Malloc((void **)&buf, bytes), "cudaMalloc (token counts)");
+    if (st == AXC_OK)
+        st = axc_cuda_check(cu->MemcpyAsync(buf, &t, sizeof t, AXC_CUDA_MEMCPY_H2D, stream),
+                            "cudaMemcpyAsync (token count)");
+    if (st == AXC_OK) {
+        axc_coll a = {0};
+        a.kind = AXC_COLL_ALL_GATHER;
+        a.send = buf;
+        a.recv = buf + 1;
+        a.count = 1;
+        a.dtype = AXC_DT_I64;
+        a.device = device;
+        a.stream = stream;
+        axc_work *w = NULL;
+        st = axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w);
+        if (st == AXC_OK) {
+            st = axc_work_wait(w); /* the stream waits for the gather */
+            axc_work_free(w);
+        }
+    }
+    if (st == AXC_OK)
+        st = axc_cuda_check(cu->MemcpyAsync(counts, buf + 1, (size_t)n * sizeof(int64_t),
+                                            AXC_CUDA_MEMCPY_D2H, stream),
+                            "cudaMemcpyAsync (token counts)");
+    if (st == AXC_OK)
+        st = axc_cuda_check(cu->StreamSynchronize(stream), "cudaStreamSynchronize (token counts)");
+    if (buf) {
+        axc_status fs = axc_cuda_check(cu->Free(buf), "cudaFree (token counts)");
+        st = st == AXC_OK ? fs : st;
+    }
+    return axc_cuda_device_leave(cu, device, prev, st);
+}
+
 axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int64_t t,
-                                   int64_t *t_max)
+                                   int device, void *stream, int64_t *t_max)
 {
     AXC_TRY(axc_linear_check(comm, d));
     const axc_grid *g = axc_comm_grid(comm);
@@ -580,18 +623,22 @@ axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int
     int64_t counts[4096];
     if (n > 4096)
         return axc_fail(AXC_ERR_INVALID, "intra group of %d ranks exceeds 4096", n);
-    axc_coll a = {0};
-    a.kind = AXC_COLL_ALL_GATHER;
-    a.send = &t;
-    a.recv = counts;
-    a.count = 1;
-    a.dtype = AXC_DT_I64;
-    a.device = -1;
-    axc_work *w;
-    AXC_TRY(axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w));
-    axc_status st = axc_work_wait(w);
-    axc_work_free(w);
-    AXC_TRY(st);
+    if (device >= 0 && !axc_comm_host_collectives(comm)) {
+        AXC_TRY(gather_counts_on_device(comm, device, stream, t, counts, n));
+    } else {
+        axc_coll a = {0};
+        a.kind = AXC_COLL_ALL_GATHER;
+        a.send = &t;
+        a.recv = counts;
+        a.count = 1;
+        a.dtype = AXC_DT_I64;
+        a.device = -1;
+        axc_work *w;
+        AXC_TRY(axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w));
+        axc_status st = axc_work_wait(w);
+        axc_work_free(w);
+        AXC_TRY(st);
+    }
     /* the plane: intra ranks with my depth index (intra = depth-major, then row, col) */
     int plane = g->G_r * g->G_c;
     int depth = axc_grid_coords(g, axc_comm_rank(comm)).depth;

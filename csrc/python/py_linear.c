@@ -76,26 +76,31 @@ static PyObject *py_linear_shapes(PyObject *self, PyObject *args)
                          "workspace_elems", (long long)s.workspace_elems);
 }
 
-/* linear_plane_tokens(desc, t) -> t_max over the gin x gout plane */
+static void *ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
+
+/* linear_plane_tokens(desc, t, device, stream) -> t_max over the gin x gout plane */
 static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *dt;
     long long t;
+    int device;
+    unsigned long long stream;
     axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &dt, &t) || parse_desc(dt, &d) < 0)
+    if (!PyArg_ParseTuple(args, "O!LiK", &PyTuple_Type, &dt, &t, &device, &stream) ||
+        parse_desc(dt, &d) < 0)
         return NULL;
     axc_comm *comm = comm_or_raise();
     if (!comm)
         return NULL;
     int64_t t_max = 0;
     axc_status st;
-    Py_BEGIN_ALLOW_THREADS st = axc_linear_plane_tokens(comm, &d, t, &t_max);
+    Py_BEGIN_ALLOW_THREADS st =
+        axc_linear_plane_tokens(comm, &d, t, device, ptr(stream), &t_max);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     return PyLong_FromLongLong(t_max);
 }
 
-static void *ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
 
 typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
 

@@ -18,6 +18,7 @@
 #include "axc/comm.h"
 #include "axc/cuda_rt.h"
 #include "axc/grid.h"
+#include "axc/linear.h"
 #include "ctest.h"
 
 static void *preload(const char *env)
@@ -305,6 +306,21 @@ static void test_nccl_one_rank(void)
             axc_work *w = NULL;
             CHECK(axc_comm_start(comm, AXC_GROUP_WORLD, &c, &w) != AXC_OK);
             CHECK(w == NULL);
+        }
+        /* the easy layout's token counts on a job without host collectives (nccl only): they
+         * go through device memory with CUDA tensors, and are refused as host buffers without */
+        {
+            CHECK(axc_comm_host_collectives(comm) == 0);
+            axc_linear_desc d;
+            memset(&d, 0, sizeof d);
+            d.in_features = 8;
+            d.out_features = 4;
+            d.layout = AXC_LAYOUT_EASY;
+            d.dtype = AXC_DT_F32;
+            int64_t t_max = -1;
+            CHECK_OK(axc_linear_plane_tokens(comm, &d, 37, 0, stream, &t_max));
+            CHECK(t_max == 37);
+            CHECK(axc_linear_plane_tokens(comm, &d, 37, -1, NULL, &t_max) != AXC_OK);
         }
         /* a barrier as Python issues it (no tensor: no device, the legacy default stream) is
          * served by nccl when there is no shm backend */

@@ -95,6 +95,9 @@ int axc_comm_rank(const axc_comm *comm);
 double axc_comm_timeout(const axc_comm *comm);
 /* Names of the backends in use ("shm", "nccl", "shm+nccl"). */
 const char *axc_comm_backends(const axc_comm *comm);
+/* 1 when collectives on host (CPU) memory work: a shm backend is there (not when the job is
+ * NCCL only: backend="nccl", or ranks on several nodes). */
+int axc_comm_host_collectives(const axc_comm *comm);
 
 /* Channels: `cfg.channels` independent copies of every group (shm: own slots and progress
  * thread; NCCL: own communicator and stream). Collectives are matched across ranks in issue

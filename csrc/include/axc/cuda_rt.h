@@ -18,6 +18,8 @@ enum {
     AXC_CUDA_MEMCPY_DEFAULT = 4 /* cudaMemcpyDefault: direction from the pointers (UVA) */
 };
 
+enum { AXC_CUDA_CAPTURE_NONE = 0 /* cudaStreamCaptureStatusNone */ };
+
 typedef struct axc_cuda_api {
     int runtime_version; /* e.g. 13000 */
     int (*GetDeviceCount)(int *count);
@@ -50,6 +52,9 @@ typedef struct axc_cuda_api {
     /* used by the scheduler for gathered weights (stream-ordered, no device synchronisation) */
     int (*MallocAsync)(void **ptr, size_t bytes, void *stream);
     int (*FreeAsync)(void *ptr, void *stream);
+    /* optional too: *status is AXC_CUDA_CAPTURE_NONE unless `stream` is being captured into a
+     * CUDA graph (where cudaMalloc and stream synchronisation are not allowed) */
+    int (*StreamIsCapturing)(void *stream, int *status);
 } axc_cuda_api;
 
 /* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */

@@ -56,10 +56,11 @@ axc_status axc_linear_check(const axc_comm *comm, const axc_linear_desc *d);
 axc_status axc_linear_shapes_for(const axc_comm *comm, const axc_linear_desc *d, int64_t rows,
                                  axc_linear_shapes *s);
 
-/* Easy layout: exchanges token counts over the gin x gout plane (a host collective). Writes the
- * plane's largest count to *t_max. */
+/* Easy layout: exchanges token counts over the gin x gout plane. Writes the plane's largest
+ * count to *t_max. A host collective; on a job without one (NCCL only) with CUDA tensors
+ * (device >= 0) the counts go through a small device buffer on `stream` instead. */
 axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int64_t t,
-                                   int64_t *t_max);
+                                   int device, void *stream, int64_t *t_max);
 
 typedef struct axc_linear_io {
     int device;      /* -1 CPU, >= 0 CUDA */

@@ -10,6 +10,12 @@
 
 #ifdef MOCK_CUDART_EXTRA
 /* appended to the cudart mock */
+void *mock_capturing_stream; /* the test sets it: that stream is "being captured" */
+int cudaStreamIsCapturing(void *s, int *status)
+{
+    *status = s && s == mock_capturing_stream; /* 1: cudaStreamCaptureStatusActive */
+    return 0;
+}
 int cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, int k,
                       void *st)
 {
@@ -72,7 +78,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { free(l); return 0; }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
-    *p = (cublasLtMatmulPreference_t)calloc(1, 16);
+    *p = (cublasLtMatmulPreference_t)calloc(1, 16); /* [0]: max workspace bytes (default 0) */
     return 0;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { free(p); return 0; }
@@ -80,9 +86,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t a,
                                                     const void *buf, size_t n)
 {
-    (void)p, (void)buf;
-    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-        return n == 8 ? 0 : CUBLAS_STATUS_INVALID_VALUE;
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (n != 8)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(p, buf, 8);
+        return 0;
+    }
     return n == 4 ? 0 : CUBLAS_STATUS_INVALID_VALUE;
 }
 
@@ -103,15 +112,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatmulPreference_t p, int req,
                                               cublasLtMatmulHeuristicResult_t res[], int *found)
 {
-    (void)h, (void)p, (void)dd;
-    uint64_t m, n, k;
+    (void)h, (void)dd;
+    uint64_t m, n, k, max_ws;
     if (req < 1 || !dims((mdesc *)d, (mlayout *)a, (mlayout *)b, (mlayout *)c, &m, &n, &k)) {
         *found = 0;
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
+    memcpy(&max_ws, p, 8);
     memset(&res[0], 0, sizeof res[0]);
     res[0].algo.data[0] = 42;
-    res[0].workspaceSize = 1024;
+    /* like cuBLASLt: an algorithm within the preference's workspace (1024 bytes when allowed) */
+    res[0].workspaceSize = max_ws >= 1024 ? 1024 : 0;
+    res[0].algo.data[1] = res[0].workspaceSize;
     res[0].state = CUBLAS_STATUS_SUCCESS;
     *found = 1;
     mock_lt_heuristics++;
@@ -152,7 +164,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
                   *dl = (const mlayout *)Dl;
     uint64_t m, n, k;
     if (!dims(d, a, b, c, &m, &n, &k) || c->rows != dl->rows || c->cols != dl->cols ||
-        algo->data[0] != 42 || (wss < 1024) || (wss && !ws) || C != D)
+        algo->data[0] != 42 || wss < algo->data[1] || (wss && !ws) || C != D)
         return CUBLAS_STATUS_INVALID_VALUE;
     if (d->epi == CUBLASLT_EPILOGUE_BIAS && (!d->bias || d->bias_type != (int32_t)c->type))
         return CUBLAS_STATUS_INVALID_VALUE;

@@ -38,7 +38,8 @@ int cudaEventQuery(void *e) { return (((ev *)e)->pending && g_hung) ? 600 : 0; }
 int cudaEventSynchronize(void *e) { (void)e; return 0; }
 int cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
 int cudaFreeHost(void *p) { free(p); return 0; }
-int cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
+int mock_cuda_mallocs; /* read by test_gemm_mock */
+int cudaMalloc(void **p, size_t n) { mock_cuda_mallocs++; *p = malloc(n ? n : 1); return 0; }
 int cudaFree(void *p) { free(p); return 0; }
 const char *cudaGetErrorString(int e) { return e ? "mock cuda error" : "no error"; }
 

@@ -178,6 +178,35 @@ int main(void)
                 free(dy), free(db), free(want);
             }
 
+    /* a stream being captured into a CUDA graph: GEMMs on it run without a workspace (its
+     * cudaMalloc would invalidate the capture); a bias gradient that would have to grow the
+     * ones vector is refused, naming the warm-up; after the capture the stream gets one */
+    {
+        const char *rt = getenv("AXC_TEST_CUDART");
+        void *h = rt ? dlopen(rt, RTLD_NOW | RTLD_NOLOAD) : NULL;
+        void **capturing = h ? dlsym(h, "mock_capturing_stream") : NULL;
+        int *mallocs = h ? dlsym(h, "mock_cuda_mallocs") : NULL;
+        CHECK(capturing && mallocs);
+        if (capturing && mallocs) {
+            static char capture_stream; /* any non-NULL handle */
+            static float a[64], b[64], c[64];
+            axc_gemm_args g = {.device = 0, .dtype = AXC_DT_F32, .M = 3, .N = 4, .K = 5, .A = a,
+                               .lda = 5, .B = b, .ldb = 4, .C = c, .ldc = 4, .alpha = 1.0f,
+                               .stream = &capture_stream};
+            *capturing = &capture_stream;
+            int before = *mallocs;
+            CHECK_OK(axc_gemm(&g));
+            CHECK(*mallocs == before);
+            static float dy[4], db[4];
+            CHECK(axc_bias_grad(0, &capture_stream, AXC_DT_F32, dy, 1 << 20, 1, 1, db, 0) ==
+                      AXC_ERR_STATE &&
+                  strstr(axc_last_error(), "warm-up"));
+            *capturing = NULL;
+            CHECK_OK(axc_gemm(&g));
+            CHECK(*mallocs == before + 1); /* the workspace, now */
+        }
+    }
+
     /* copies and fills through the runtime */
     unsigned char src[6 * 10], dst[6 * 12];
     for (int i = 0; i < 60; i++)
