@@ -119,6 +119,21 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
     return AXC_OK;
 }
 
+/* A gather's wait orders the stream it started on (the buffer's, L->full_stream) after it; a
+ * reader or a free queued on another stream must not run ahead of it, so that case (a prefetch
+ * and its use on different streams: rare) waits for the gather's stream on the host. */
+static axc_status join_gather_stream(const layer_slot *L, void *stream)
+{
+    if (L->device < 0 || !L->full || stream == L->full_stream)
+        return AXC_OK;
+    const axc_cuda_api *cu;
+    int prev;
+    AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));
+    axc_status st = axc_cuda_check(cu->StreamSynchronize(L->full_stream),
+                                   "cudaStreamSynchronize (a gather on another stream)");
+    return axc_cuda_device_leave(cu, L->device, prev, st);
+}
+
 /* Waits for the layer's gather (if any) and frees its buffer; `stream`: where the last readers
  * were queued (CUDA frees are ordered on it). Keeps the first error. */
 static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status st)
@@ -132,6 +147,11 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status
     }
     if (!L->full)
         return st;
+    if (stream) {
+        axc_status js = join_gather_stream(L, stream);
+        if (st == AXC_OK)
+            st = js;
+    }
     if (L->device < 0) {
         free(L->full);
     } else {
@@ -389,13 +409,16 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     log_event(s, kind, v);
     if (pos >= 0)
         AXC_TRY(prefetch_after(s, pos, w->layer, w->stream));
+    axc_status st = AXC_OK;
     if (L->gather) {
-        axc_status st = axc_work_wait(L->gather);
+        st = axc_work_wait(L->gather);
         axc_work_free(L->gather);
         L->gather = NULL;
-        if (st != AXC_OK)
-            return buf_drop(s, L, w->stream, st);
     }
+    if (st == AXC_OK)
+        st = join_gather_stream(L, w->stream);
+    if (st != AXC_OK)
+        return buf_drop(s, L, w->stream, st);
     *full = L->full;
     return AXC_OK;
 }
