@@ -15,8 +15,10 @@
  * pooled and recycled once `done` has fired and the work is detached.
  *
  * Failure. A watchdog thread watches every in-flight slot (EventQuery against cfg->timeout_s) and
- * every communicator (ncclCommGetAsyncError). On expiry or error it aborts all communicators,
- * fails the attached works, and every later start() fails with the same error.
+ * every communicator (ncclCommGetAsyncError). On expiry or error it aborts all communicators
+ * (at once, a thread each: an abort waits for its kernels, which may wait on another
+ * communicator's), fails the attached works, and every later start() fails with the same error.
+ * A barrier carries no tensor: it runs on this rank's device whatever the caller's device.
  *
  * Locks. issue_mu serialises every NCCL call made on our communicators (enqueue, split, abort,
  * finalize, async-error polling); mu protects slots, the group list and the failure state.
