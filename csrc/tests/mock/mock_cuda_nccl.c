@@ -2,9 +2,13 @@
  * flow (non-blocking polling, fork/join events, pooling, watchdog timeout, abort) runs on a machine
  * without a GPU. Device memory is host memory; every "kernel" runs at once on the host.
  * MOCK_HANG_AT=k: the k-th collective "hangs": events recorded after it stay pending until a
- * communicator is aborted. Build: see csrc/tests/mock/run_mock_test.sh. */
+ * communicator is aborted. MOCK_ABORTS_TOGETHER=1: an abort returns only once every live
+ * communicator's abort has begun, as a real abort waits for kernels that may wait on another
+ * communicator's; made one after the other, the first fails after 2 s (ncclSystemError).
+ * Build: see csrc/tests/mock/run_mock_test.sh. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct ev { int pending; } ev;
 /* exported, so both mock libraries share one copy (ELF interposition, libcudart loaded first) */
@@ -49,10 +53,12 @@ typedef struct uid { char internal[128]; } uid;
 static const size_t dsz[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 int ncclGetVersion(int *v) { *v = 22809; return 0; }
 int ncclGetUniqueId(void *id) { memset(id, 7, 128); return 0; }
+static int g_live, g_aborts_begun; /* communicators created and not destroyed; aborts entered */
 int ncclCommInitRankConfig(void **c, int n, uid id, int r, void *cfg)
 {
     (void)id, (void)cfg;
     if (n != 1 || r != 0) return 4;
+    __atomic_add_fetch(&g_live, 1, __ATOMIC_SEQ_CST);
     comm *m = calloc(1, sizeof *m);
     m->polls_left = 2; /* two polls see ncclInProgress */
     *c = m;
@@ -61,6 +67,7 @@ int ncclCommInitRankConfig(void **c, int n, uid id, int r, void *cfg)
 int ncclCommSplit(void *p, int color, int key, void **c, void *cfg)
 {
     (void)p, (void)color, (void)key, (void)cfg;
+    __atomic_add_fetch(&g_live, 1, __ATOMIC_SEQ_CST);
     comm *m = calloc(1, sizeof *m);
     m->polls_left = 1;
     *c = m;
@@ -73,9 +80,33 @@ int ncclCommGetAsyncError(void *c, int *st)
     if (m->polls_left > 0) { m->polls_left--; *st = 7; } else *st = 0;
     return 0;
 }
-int ncclCommAbort(void *c) { free(c); g_hung = 0; return 0; }
+int ncclCommAbort(void *c)
+{
+    int result = 0;
+    const char *together = getenv("MOCK_ABORTS_TOGETHER");
+    if (together && *together == '1') {
+        __atomic_add_fetch(&g_aborts_begun, 1, __ATOMIC_SEQ_CST);
+        struct timespec ms = {0, 1000000};
+        int waited = 0;
+        while (__atomic_load_n(&g_aborts_begun, __ATOMIC_SEQ_CST) <
+                   __atomic_load_n(&g_live, __ATOMIC_SEQ_CST) && waited < 2000) {
+            nanosleep(&ms, NULL);
+            waited++;
+        }
+        if (waited == 2000)
+            result = 2; /* ncclSystemError */
+    }
+    free(c);
+    g_hung = 0;
+    return result;
+}
 int ncclCommFinalize(void *c) { ((comm *)c)->polls_left = 1; return 7; }
-int ncclCommDestroy(void *c) { free(c); return 0; }
+int ncclCommDestroy(void *c)
+{
+    __atomic_sub_fetch(&g_live, 1, __ATOMIC_SEQ_CST);
+    free(c);
+    return 0;
+}
 const char *ncclGetErrorString(int r) { return r ? "mock nccl error" : "no error"; }
 const char *ncclGetLastError(void *c) { (void)c; return ""; }
 static int op_done(void *c)
