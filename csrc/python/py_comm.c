@@ -508,8 +508,11 @@ static PyObject *py_collective(PyObject *self, PyObject *args)
             return NULL;
     }
     axc_work *w = NULL;
-    st = axc_comm_start(g_comm, gk, &c, &w);
-    if (st != AXC_OK) {
+    /* without the GIL: a start can block (NCCL connects lazily, on a communicator's first
+     * collective, until the peers issue theirs), and other threads may be the ones to issue */
+    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(g_comm, gk, &c, &w);
+    Py_END_ALLOW_THREADS if (st != AXC_OK)
+    {
         Py_XDECREF(keep);
         return axc_py_raise(st);
     }
