@@ -160,8 +160,8 @@ typedef struct lt_device {
     cublasLtHandle_t handle;
     lt_stream_ws ws[AXC_LT_MAX_STREAMS];
     int n_ws;
-    /* constant vectors; older (smaller) ones are kept alive, never freed, because work queued on
-     * other streams may still read them */
+    /* constant vectors (under lt_const_mu_); older (smaller) ones are kept alive, never
+     * freed, because work queued on other streams may still read them */
     void *ones[3];
     int64_t ones_len[3];
     void *zeros;
@@ -169,6 +169,9 @@ typedef struct lt_device {
 } lt_device;
 
 static pthread_mutex_t lt_mu_ = PTHREAD_MUTEX_INITIALIZER;
+/* the constant vectors only: growing one synchronises a stream, which must not stall every
+ * other thread's GEMMs (they take lt_mu_) */
+static pthread_mutex_t lt_const_mu_ = PTHREAD_MUTEX_INITIALIZER;
 static lt_device devs_[AXC_LT_MAX_DEVICES];
 
 static int dt_index(axc_dtype dt) { return dt == AXC_DT_F32 ? 0 : dt == AXC_DT_BF16 ? 1 : 2; }
@@ -246,7 +249,7 @@ static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *str
 {
     size_t esz = axc_dtype_size(dt);
     axc_status st = AXC_OK;
-    pthread_mutex_lock(&lt_mu_);
+    pthread_mutex_lock(&lt_const_mu_);
     lt_device *d = &devs_[device];
     int di = dt_index(dt);
     void **slot = ones ? &d->ones[di] : &d->zeros;
@@ -254,11 +257,11 @@ static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *str
     size_t need = (size_t)n * esz;
     if (*slot && have >= need) {
         *out = *slot;
-        pthread_mutex_unlock(&lt_mu_);
+        pthread_mutex_unlock(&lt_const_mu_);
         return AXC_OK;
     }
     if (lt_capturing(api, stream)) { /* growing it allocates and synchronises */
-        pthread_mutex_unlock(&lt_mu_);
+        pthread_mutex_unlock(&lt_const_mu_);
         return axc_fail(AXC_ERR_STATE,
                         "axc_gemm: a bias gradient over %lld rows needs a larger constant vector, "
                         "which cannot be allocated while the stream is captured into a CUDA "
@@ -302,7 +305,7 @@ static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *str
     if (st != AXC_OK) {
         if (p)
             (void)api->Free(p); /* best effort: the first error is the one reported */
-        pthread_mutex_unlock(&lt_mu_);
+        pthread_mutex_unlock(&lt_const_mu_);
         return st;
     }
     /* the old vector stays allocated (work queued on other streams may still read it) */
@@ -312,7 +315,7 @@ static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *str
     else
         d->zeros_bytes = bytes;
     *out = p;
-    pthread_mutex_unlock(&lt_mu_);
+    pthread_mutex_unlock(&lt_const_mu_);
     return AXC_OK;
 }
 
