@@ -581,7 +581,13 @@ static axc_status gather_counts_on_device(axc_comm *comm, int device, void *stre
     AXC_TRY(axc_cuda_device_enter(device, &cu, &prev, "Linear token counts"));
     size_t bytes = (size_t)(n + 1) * sizeof(int64_t);
     int64_t *buf = NULL; /* [0]: this rank's count, [1..n]: everyone's */
-    axc_status st = axc_cuda_check(cu->Malloc((void **)&buf, bytes), "cudaMalloc (token counts)");
+    /* stream-ordered when the runtime has it: cudaMalloc/cudaFree would synchronise the device
+     * at every forward */
+    axc_status st = cu->MallocAsync
+                        ? axc_cuda_check(cu->MallocAsync((void **)&buf, bytes, stream),
+                                         "cudaMallocAsync (token counts)")
+                        : axc_cuda_check(cu->Malloc((void **)&buf, bytes),
+                                         "cudaMalloc (token counts)");
     if (st == AXC_OK)
         st = axc_cuda_check(cu->MemcpyAsync(buf, &t, sizeof t, AXC_CUDA_MEMCPY_H2D, stream),
                             "cudaMemcpyAsync (token count)");
@@ -608,7 +614,9 @@ static axc_status gather_counts_on_device(axc_comm *comm, int device, void *stre
     if (st == AXC_OK)
         st = axc_cuda_check(cu->StreamSynchronize(stream), "cudaStreamSynchronize (token counts)");
     if (buf) {
-        axc_status fs = axc_cuda_check(cu->Free(buf), "cudaFree (token counts)");
+        axc_status fs = cu->FreeAsync ? axc_cuda_check(cu->FreeAsync(buf, stream),
+                                                       "cudaFreeAsync (token counts)")
+                                      : axc_cuda_check(cu->Free(buf), "cudaFree (token counts)");
         st = st == AXC_OK ? fs : st;
     }
     return axc_cuda_device_leave(cu, device, prev, st);
