@@ -92,15 +92,15 @@ class _Gather:
     __slots__ = ("out", "work", "ready", "error", "uses", "src")
 
     def __init__(self, out: Tensor, work, src: Tensor):
-        self.out, self.work, self.ready, self.error, self.uses = out, work, threading.Event(), \
-            None, 0
-        self.src = src  # the shard it gathers
+        self.out, self.work, self.src = out, work, src  # src: the shard it gathers
+        self.ready, self.error, self.uses = threading.Event(), None, 0
 
 
-# The first-arrival order of the last call, per init: [(key, weight, numel)]. Strong references:
-# whether a prefetch is issued must not depend on when a rank's garbage collector frees a
-# discarded model (layer ids are reused, so an old model's keys can match a new one's).
-_learned: dict = {}
+# The first-arrival order of the last call of this init (reset() at finalize): [(key, weight,
+# numel)]. Strong references: whether a prefetch is issued must not depend on when a rank's
+# garbage collector frees a discarded model (layer ids are reused, so an old model's keys can
+# match a new one's).
+_learned: list = []
 # the last call's shared gathers: issued, and first asked for when already started (prefetched)
 last_gathers = {"gathers": 0, "prefetched": 0}
 # the last call's shared dW reduce-scatters, and the most summed (full-size) blocks they held
@@ -121,7 +121,7 @@ class _Gathers:
         self.issued: set = set()
         self.arrived: set = set()
         self.prefetched = 0
-        self.learned = _learned.get(runtime.epoch, [])
+        self.learned = list(_learned)
 
     def _start(self, key, w: Tensor, numel: int) -> _Gather:
         """Starts the gather of `key` on the gather channel (self.lock held: issue order)."""
@@ -190,15 +190,19 @@ class _Gathers:
         self.live.clear()
         last_gathers.update(gathers=len(self.issued), prefetched=self.prefetched)
         if ok:
-            _learned.clear()
-            _learned[runtime.epoch] = self.seq
+            _learned[:] = self.seq
+
+
+def reset() -> None:
+    """At finalize: the learned order holds the last call's weights."""
+    _learned.clear()
 
 
 class _Scatter:
-    __slots__ = ("param", "out", "work", "block", "claimed")
+    __slots__ = ("param", "out", "work", "block")
 
     def __init__(self, param: Tensor, out: Tensor, work, block: Tensor):
-        self.param, self.out, self.work, self.block, self.claimed = param, out, work, block, False
+        self.param, self.out, self.work, self.block = param, out, work, block
 
 
 class _Scatters:
@@ -211,7 +215,8 @@ class _Scatters:
 
     def __init__(self, n: int):
         self.n, self.lock, self.live = n, threading.Lock(), {}
-        self.pending: List[_Scatter] = []
+        self.pending: List[_Scatter] = []  # every reduce-scatter of the call, for close()
+        self.held: List[_Scatter] = []  # those whose summed block nobody has released yet
         self.peak = 0
 
     def add(self, layer: int, p: Tensor, block: Tensor) -> None:
@@ -231,16 +236,17 @@ class _Scatters:
         out = p.new_empty(p.shape)
         work = _issue_on(self.n + 2, comm.reduce_scatter, out, total, "depth")
         with self.lock:
-            self.pending.append(_Scatter(p, out, work, total))
-            held = [e for e in self.pending if e.block is not None and not e.claimed]
-            # one thread waits for each (a Work is not waited for from two threads at once)
-            retire = [e for e in held if e.work.is_completed()]
-            held = [e for e in held if e not in retire]
-            retire += held[:max(len(held) - SCATTER_BLOCKS_IN_FLIGHT, 0)]
-            for e in retire:
-                e.claimed = True
-            self.peak = max(self.peak, sum(e.block is not None and not e.claimed
-                                           for e in self.pending))
+            new = _Scatter(p, out, work, total)
+            self.pending.append(new)
+            self.held.append(new)
+            # release the finished ones, and wait for the oldest past the bound; each entry
+            # leaves `held` once, so one thread waits for it (not two at once on one Work)
+            done, busy = [], []
+            for e in self.held:
+                (done if e.work.is_completed() else busy).append(e)
+            keep = max(len(busy) - SCATTER_BLOCKS_IN_FLIGHT, 0)
+            retire, self.held = done + busy[:keep], busy[keep:]
+            self.peak = max(self.peak, len(self.held))
         for e in retire:  # the oldest first; the reduce-scatters run in issue order
             e.work.wait()
             e.block = None
@@ -364,9 +370,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     (it sums what is left and scales). Every rank must call it with the same n and the same
     split sizes (collectives are matched per micro-batch).
 
-    The grad mode and CPU autocast are the caller's. CPU tensors only for now: on CUDA, torch's autograd runs
-    every backward on one device thread. A parameter used by several backward passes of one
-    micro-batch (reentrant checkpointing) must not be in `model`.
+    The grad mode and CPU autocast are the caller's. CPU tensors only for now: on CUDA, torch's
+    autograd runs every backward on one device thread. A parameter used by several backward
+    passes of one micro-batch (reentrant checkpointing) must not be in `model`.
     """
     global _reducer
     if not runtime.is_initialized():

@@ -250,7 +250,7 @@ def finalize() -> None:
     microbatches = 1
     from . import concurrent
 
-    concurrent._learned.clear()  # (it holds the last call's weights)
+    concurrent.reset()
     grads.reset()
     _C.finalize()
 

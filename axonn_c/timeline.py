@@ -111,7 +111,10 @@ def _rank_path(path: str, rank: int, world: int) -> str:
 def _tid(kind: int, group: Optional[str], channel: int = 0) -> str:
     """The trace row: compute, wait:<group> or comm:<group>, suffixed @ch<c> off channel 0
     (concurrent micro-batch i runs on channel i + 1, see axonn_c/concurrent.py)."""
-    row = "compute" if kind == COMPUTE else f"{'wait' if kind == WAIT else 'comm'}:{group or 'none'}"
+    if kind == COMPUTE:
+        row = "compute"
+    else:
+        row = f"{'wait' if kind == WAIT else 'comm'}:{group or 'none'}"
     return row if not channel else f"{row}@ch{channel}"
 
 

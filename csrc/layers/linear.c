@@ -572,6 +572,16 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
 
 /* ------------------------------------------------------------------ token counts */
 
+/* One int64 per intra rank all-gathered in `device` memory (-1: host), and waited for. */
+static axc_status allgather_count(axc_comm *comm, int device, void *stream, const int64_t *send,
+                                  int64_t *recv)
+{
+    axc_coll a = {.kind = AXC_COLL_ALL_GATHER, .send = send, .recv = recv, .count = 1,
+                  .dtype = AXC_DT_I64, .device = device, .stream = stream};
+    axc_work *w = NULL;
+    return coll_finish(&w, axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w));
+}
+
 /* The all-gather of one count per intra rank through device memory (NCCL-only jobs). */
 static axc_status gather_counts_on_device(axc_comm *comm, int device, void *stream, int64_t t,
                                           int64_t *counts, int n)
@@ -591,22 +601,8 @@ static axc_status gather_counts_on_device(axc_comm *comm, int device, void *stre
     if (st == AXC_OK)
         st = axc_cuda_check(cu->MemcpyAsync(buf, &t, sizeof t, AXC_CUDA_MEMCPY_H2D, stream),
                             "cudaMemcpyAsync (token count)");
-    if (st == AXC_OK) {
-        axc_coll a = {0};
-        a.kind = AXC_COLL_ALL_GATHER;
-        a.send = buf;
-        a.recv = buf + 1;
-        a.count = 1;
-        a.dtype = AXC_DT_I64;
-        a.device = device;
-        a.stream = stream;
-        axc_work *w = NULL;
-        st = axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w);
-        if (st == AXC_OK) {
-            st = axc_work_wait(w); /* the stream waits for the gather */
-            axc_work_free(w);
-        }
-    }
+    if (st == AXC_OK) /* the stream waits for the gather */
+        st = allgather_count(comm, device, stream, buf, buf + 1);
     if (st == AXC_OK)
         st = axc_cuda_check(cu->MemcpyAsync(counts, buf + 1, (size_t)n * sizeof(int64_t),
                                             AXC_CUDA_MEMCPY_D2H, stream),
@@ -631,22 +627,10 @@ axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int
     int64_t counts[4096];
     if (n > 4096)
         return axc_fail(AXC_ERR_INVALID, "intra group of %d ranks exceeds 4096", n);
-    if (device >= 0 && !axc_comm_host_collectives(comm)) {
+    if (device >= 0 && !axc_comm_host_collectives(comm))
         AXC_TRY(gather_counts_on_device(comm, device, stream, t, counts, n));
-    } else {
-        axc_coll a = {0};
-        a.kind = AXC_COLL_ALL_GATHER;
-        a.send = &t;
-        a.recv = counts;
-        a.count = 1;
-        a.dtype = AXC_DT_I64;
-        a.device = -1;
-        axc_work *w;
-        AXC_TRY(axc_comm_start(comm, AXC_GROUP_INTRA, &a, &w));
-        axc_status st = axc_work_wait(w);
-        axc_work_free(w);
-        AXC_TRY(st);
-    }
+    else
+        AXC_TRY(allgather_count(comm, -1, NULL, &t, counts));
     /* the plane: intra ranks with my depth index (intra = depth-major, then row, col) */
     int plane = g->G_r * g->G_c;
     int depth = axc_grid_coords(g, axc_comm_rank(comm)).depth;

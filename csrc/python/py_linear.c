@@ -101,7 +101,6 @@ static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(t_max);
 }
 
-
 typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
 
 axc_sched *axc_py_sched(void); /* py_sched.c */

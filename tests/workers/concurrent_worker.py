@@ -232,7 +232,7 @@ def check_autocast(g, n):
         axonn_c.sync_gradients(model)
     assert all(y.dtype == torch.bfloat16 for y in ys), f"{what}: {[y.dtype for y in ys]}"
     # the learned gather order does not keep the calls' bf16 weight copies alive
-    kept = [w for _, w, _ in axonn_c.concurrent._learned.get(axonn_c.runtime.epoch, [])]
+    kept = [w for _, w, _ in axonn_c.concurrent._learned]
     assert all(w is None or w.is_leaf for w in kept), f"{what}: per-call casts kept alive"
     (serial_forward(refs, X) * dY).sum().backward()
     for m, r in zip(model.layers, refs):
