@@ -54,6 +54,8 @@ class _Bucket:
 
 
 _records: List[_Record] = []
+# (task number, tensors) for deferred dW GEMMs (defer_wgrad): alive until the task has run
+_task_keeps: List[Tuple[int, tuple]] = []
 _params_pending: set = set()
 _open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
 _queued_task = None  # graph task whose end runs _end_of_backward
@@ -121,6 +123,22 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
     if reduced:
         _close_if_full((dw.dtype, dw.device, ("data",)))
     queue_finish()
+
+
+def keep_for_task(task: int, tensors: tuple) -> None:
+    """Keeps what a deferred dW GEMM (scheduler task `task`) reads until it has run; releases
+    the tensors of the tasks run since the last call."""
+    release_run_tasks()
+    _task_keeps.append((task, tensors))
+
+
+def release_run_tasks() -> None:
+    if _task_keeps and runtime.is_initialized():
+        done = _C.sched_tasks_run()
+        i = 0
+        while i < len(_task_keeps) and _task_keeps[i][0] <= done:
+            i += 1
+        del _task_keeps[:i]
 
 
 def accumulates(param: Tensor) -> bool:
@@ -225,6 +243,8 @@ def finish() -> None:
         for r in records:  # do not leave half-reduced values where a gradient is expected
             r.param.grad = None
         raise
+    finally:
+        release_run_tasks()  # (the tasks run even when one fails)
     for r in records:
         p = r.param
         if r.replace or p.grad is None:
@@ -244,3 +264,4 @@ def reset() -> None:
     _records.clear()
     _params_pending.clear()
     _open.clear()
+    _task_keeps.clear()

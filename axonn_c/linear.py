@@ -27,8 +27,8 @@ def _dev(t: Tensor) -> int:
 _desc_cache: dict = {}
 
 # cfg: (in_features, out_features, transpose, has_bias, layout[, overlap_all_reduce,
-#       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id])
-_SCHED, _OV_DATA, _LAYER = 8, 9, 10
+#       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad])
+_SCHED, _OV_DATA, _LAYER, _DEFER_DW = 8, 9, 10, 11
 
 
 def _desc(cfg, dtype: torch.dtype) -> tuple:
@@ -38,8 +38,10 @@ def _desc(cfg, dtype: torch.dtype) -> tuple:
     if d is None:
         in_f, out_f, transpose, has_bias, layout, *knobs = cfg
         ov_ar, ov_rs, chunks, scheduled = (*knobs, 0, 0, 1, 0)[:4] if knobs else (0, 0, 1, 0)
+        defer_dw = len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW])
         d = _desc_cache[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
-                                str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks, bool(scheduled))
+                                str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks, bool(scheduled),
+                                defer_dw)
     return d
 
 
@@ -127,17 +129,19 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     wf = _shared_gather(w, cfg, s, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, cfg, s) if param is None else None
-    _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(), w.data_ptr(),
-                       dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-                       db.data_ptr() if db is not None else 0, ws, *tail,
-                       wf.data_ptr() if wf is not None else 0,
-                       dwf.data_ptr() if dwf is not None else 0)
+    task = _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(),
+                              w.data_ptr(), dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                              db.data_ptr() if db is not None else 0, ws, *tail,
+                              wf.data_ptr() if wf is not None else 0,
+                              dwf.data_ptr() if dwf is not None else 0)
     if dwf is not None:  # added to .grad when run_concurrent ends
         concurrent.shared_reduce_scatter(cfg[_LAYER], w, dwf)
         return dx, None, db
     if param is not None:
+        if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
+            grads.keep_for_task(task, (dy, src, fold, ws_t))
         # the reduce-scatter reads the workspace and writes dw until grads.finish()
-        grads.add(param, dw, (ws_t, fold), replace, reduced)
+        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, reduced)
         return dx, None, db
     if len(cfg) > _LAYER and cfg[_SCHED]:
         grads.queue_finish()  # the end of backward ends the scheduler's step
@@ -171,15 +175,16 @@ def _shared_scatter_block(w: Tensor, cfg, s: dict) -> Optional[Tensor]:
 
 def _defers(w: Tensor, cfg) -> bool:
     """Whether this backward hands dW to the scheduler: eager mode, the weight is the parameter
-    itself (not a per-call cast), there is a deferred reduction to run, and the pass accumulates
-    into .grad (not torch.autograd.grad)."""
+    itself (not a per-call cast), there is a deferred reduction or a deferred dW GEMM
+    (defer_wgrad) to run, and the pass accumulates into .grad (not torch.autograd.grad)."""
     if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
         return False
     if concurrent.active():  # autograd accumulates each micro-batch's dW (axonn_c/concurrent.py)
         concurrent.check_unsynced(w)
         return False
     g_data, _, _, g_d = runtime.grid_sizes()
-    return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1))
+    return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1)
+             or (len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW])))
             and grads.accumulates(w))  # torch.autograd.grad wants dW handed back
 
 
@@ -399,24 +404,25 @@ class Linear(nn.Module):
         flat = x.dim() == 2 and x.is_contiguous()  # the common case needs no reshaping
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
-        ov_ar, ov_rs, chunks, ov_ag, ov_data = self._overlap_knobs()
+        ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw = self._overlap_knobs()
         if concurrent.active():  # micro-batch threads leave the scheduler's shared state alone
-            ov_ag = ov_data = 0
+            ov_ag = ov_data = defer_dw = 0
             chunks = chunks or 1  # the other micro-batches hide the all-reduce: no auto split
-        if (x.is_cuda and (ov_ag or ov_rs or ov_data)
+        if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
                 and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(
                 "axonn_c.Linear cannot be captured in a CUDA graph with the cross-layer "
-                "scheduler on (its prefetch order and gradient buckets are decided at run time): "
-                "set overlap_all_gather, overlap_reduce_scatter and overlap_data to False "
-                "(init(overlap=False) or optimize_communication) for the captured region")
+                "scheduler on (its prefetch order, gradient buckets and deferred dW GEMMs are "
+                "decided at run time): set overlap_all_gather, overlap_reduce_scatter, "
+                "overlap_data and defer_wgrad to False (init(overlap=False) or "
+                "optimize_communication) for the captured region")
         if torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks)
         else:
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast
             scheduled = ov_ag and w is self.weight
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
-                   int(scheduled), ov_data, self._layer_id())
+                   int(scheduled), ov_data, self._layer_id(), defer_dw)
         y = linear_op(x2, w, b if use_bias else None, cfg)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
@@ -430,14 +436,17 @@ class Linear(nn.Module):
     fwd_chunks: Optional[int] = None  # 0: chosen by the output's size
     overlap_all_gather: Optional[bool] = None  # prefetch this layer's depth all-gather
     overlap_data: Optional[bool] = None  # data-parallel reduction of dW during backward
+    defer_wgrad: Optional[bool] = None  # dW GEMM run under a later layer's dX reduction
 
     def _overlap_knobs(self) -> tuple:
         if (self.overlap_all_reduce is None and self.overlap_reduce_scatter is None
                 and self.fwd_chunks is None and self.overlap_all_gather is None
-                and self.overlap_data is None and not runtime.overlap_overrides):
+                and self.overlap_data is None and self.defer_wgrad is None
+                and not runtime.overlap_overrides):
             d = runtime.overlap_defaults  # the common case: init()'s defaults
             return (int(d["overlap_all_reduce"]), int(d["overlap_reduce_scatter"]),
-                    d["fwd_chunks"], int(d["overlap_all_gather"]), int(d["overlap_data"]))
+                    d["fwd_chunks"], int(d["overlap_all_gather"]), int(d["overlap_data"]),
+                    int(d["defer_wgrad"]))
         out = []
         for name in runtime.OVERLAP_KNOBS:
             v = getattr(self, name)

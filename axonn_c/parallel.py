@@ -398,7 +398,8 @@ def auto_parallelize():
 def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scatter: bool = False,
                            overlap_all_gather: bool = False, cache_weights: bool = False,
                            model_object_for_overlapping_allgathers=None, *args,
-                           overlap_data: Optional[bool] = None, **kwargs):
+                           overlap_data: Optional[bool] = None,
+                           defer_wgrad: Optional[bool] = None, **kwargs):
     """Overlap knobs for the layers run inside the context (AxoNN's API, for migration; init(
     overlap=True) sets them all for the whole run).
 
@@ -409,6 +410,8 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
     cache_weights: a layer's forward gather is kept for its backward.
     overlap_data (not in AxoNN; None keeps init()'s): the data-parallel gradient reduction runs
     in buckets during backward.
+    defer_wgrad (not in AxoNN; None keeps init()'s): a layer's dW GEMM is deferred to run under
+    the next dX reduction that backward waits for.
     Unlike AxoNN, gradients are complete when backward() returns, not when the context exits.
     A layer's own attributes override the context."""
     del args, kwargs, model_object_for_overlapping_allgathers
@@ -418,9 +421,10 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                         ("cache_weights", cache_weights)):
         if not isinstance(value, bool):
             raise TypeError(f"optimize_communication: {name} must be a bool, got {value!r}")
-    if overlap_data is not None and not isinstance(overlap_data, bool):
-        raise TypeError(f"optimize_communication: overlap_data must be a bool or None, got "
-                        f"{overlap_data!r}")
+    for name, value in (("overlap_data", overlap_data), ("defer_wgrad", defer_wgrad)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"optimize_communication: {name} must be a bool or None, got "
+                            f"{value!r}")
     saved = dict(runtime.overlap_overrides)
     saved_sched = tuple(runtime.sched_config)
     runtime.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
@@ -429,6 +433,8 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                                      fwd_chunks=0 if overlap_all_reduce else 1)
     if overlap_data is not None:
         runtime.overlap_overrides["overlap_data"] = overlap_data
+    if defer_wgrad is not None:
+        runtime.overlap_overrides["defer_wgrad"] = defer_wgrad
     runtime.configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
     try:
         yield

@@ -17,9 +17,10 @@ epoch = 0  # changes at every init/finalize: keys caches that depend on the grid
 # overlap knobs: init(overlap=...) sets the defaults, optimize_communication() overrides them in
 # a context, a layer's own attributes override both (axonn_c/linear.py resolves them per call)
 OVERLAP_KNOBS = ("overlap_all_reduce", "overlap_reduce_scatter", "fwd_chunks",
-                 "overlap_all_gather", "overlap_data")
+                 "overlap_all_gather", "overlap_data", "defer_wgrad")
 overlap_defaults = {"overlap_all_reduce": False, "overlap_reduce_scatter": False,
-                    "fwd_chunks": 1, "overlap_all_gather": False, "overlap_data": False}
+                    "fwd_chunks": 1, "overlap_all_gather": False, "overlap_data": False,
+                    "defer_wgrad": False}
 overlap_overrides: dict = {}
 # False inside no_grad_sync(): backward does not start data-parallel reductions (process-wide:
 # autograd may run backward on another thread)
@@ -139,6 +140,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     - backward: dX's reduction runs during the dW GEMM; dW's depth reduce-scatter and the
       data-parallel gradient all-reduce (in buckets of `bucket_size` bytes) run during the rest
       of backward and are complete when backward() returns;
+    - backward (`defer_wgrad`): a layer's dW GEMM waits for the next layer that waits for a dX
+      reduction, and runs under that reduction together with its own (a layer without one,
+      e.g. the row-parallel half of a tensor-parallel pair, hands its dW GEMM on);
     - the depth all-gather of each weight is issued `prefetch` layers ahead in the execution
       order learned on the first step, with at most `prefetch_budget` bytes of gathered weights
       alive (None: no bound); `cache_weights=True` keeps a layer's forward gather for its
@@ -169,7 +173,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                          f"{concurrent_microbatches!r}")
     overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
                             overlap_all_gather=overlap, overlap_data=overlap,
-                            fwd_chunks=fwd_chunks or (0 if overlap else 1))
+                            defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))
     from . import grads
 
     grads.bucket_bytes = bucket_size

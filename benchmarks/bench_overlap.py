@@ -111,9 +111,11 @@ BASE_MODES = (("compute", "comm", False, 0), ("comm", "compute", False, 0),
 
 
 def modes(spec):
-    """The four modes, and a fifth, overlap with --concurrent micro-batches run at once (> 1)."""
+    """The four modes; overlap with --concurrent micro-batches run at once (> 1); and with
+    --ablate-defer, overlap=True with every layer's defer_wgrad off."""
     n = spec.get("concurrent", 0)
-    return BASE_MODES + ((("concurrent", "none", True, n),) if n > 1 else ())
+    return (BASE_MODES + ((("concurrent", "none", True, n),) if n > 1 else ())
+            + ((("overlap_nodefer", "none", "nodefer", 0),) if spec.get("ablate_defer") else ()))
 
 
 def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurrent=0):
@@ -129,9 +131,14 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
     os.environ["AXONN_C_SIM_GBPS"] = repr(gbps)  # read at init by the shm backend
     os.environ["AXONN_C_SIM_US"] = repr(sim_us)
     g = axonn_c.init(G_data=G[0], G_intra_r=G[1], G_intra_c=G[2], G_intra_d=G[3],
-                     backend="shm", overlap=overlap, concurrent_microbatches=max(concurrent, 1))
+                     backend="shm", overlap=bool(overlap),
+                     concurrent_microbatches=max(concurrent, 1))
     torch.manual_seed(0)
     model = build_model(spec["hidden"], spec["blocks"])
+    if overlap == "nodefer":  # the ablation: every overlap but the deferred dW GEMM
+        for m in model.modules():
+            if isinstance(m, axonn_c.Linear):
+                m.defer_wgrad = False
     torch.manual_seed(1000 + g.rank)
     x = torch.randn(spec["tokens"] // (g.G_data * g.G_intra_d), spec["hidden"] // g.G_intra_c,
                     requires_grad=True)
@@ -219,7 +226,7 @@ def worker(spec_path):
             for mode, skip, overlap, conc in order:
                 # the timeline also runs in compute-alone mode: its GEMM time there is the
                 # reference for how much the overlap run's GEMMs were slowed down
-                record = mode in ("overlap", "compute", "concurrent")
+                record = mode in ("overlap", "compute", "concurrent", "overlap_nodefer")
                 _, _, out = run_block(spec, G, gbps, spec["sim_us"], skip, overlap,
                                       spec["steps"], record, conc)
                 for k, v in out.items():
@@ -324,6 +331,9 @@ def print_table(rows):
            f"{'exp~':>5} {'+slow~':>6} {'bnd/max':>7}")
     if conc:
         hdr += f" {'conc':>8} {'c-exp':>7} {'conc/max':>8} {'c-target':>8} {'c-exp~':>6}"
+    nodefer = any("t_overlap_nodefer_s" in r for r in rows)
+    if nodefer:
+        hdr += f" {'nodefer':>8} {'nd-exp':>7} {'nd/max':>7}"
     print("\ntimes in ms per step (median of steps, slowest rank); grid = "
           "G_data x G_intra_r x G_intra_c x G_intra_d")
     print(hdr)
@@ -338,7 +348,9 @@ def print_table(rows):
               f"{r['t_overlap_s'] / r['t_no_overlap_s']:>7.2f} "
               f"{r['t_overlap_s'] / hi:>8.2f} {target:>7} {'yes' if agree else 'no':>5} "
               f"{'yes' if explained(r) else 'no':>6} {r['phase_bound_s'] / hi:>7.2f}"
-              + (concurrent_cells(r, hi) if conc else ""))
+              + (concurrent_cells(r, hi) if conc else "")
+              + (f" {r['t_overlap_nodefer_s'] * 1e3:>8.1f} {r['exposed_nodefer_s'] * 1e3:>7.1f} "
+                 f"{r['t_overlap_nodefer_s'] / hi:>7.2f}" if nodefer else ""))
     print("target: t_overlap <= 1.15 * max(t_compute, t_comm) (n/a when min < 0.2 * max); "
           "exp~: exposed_comm within 10% of t_overlap - t_compute; slow: the GEMMs' time in the "
           "overlap run minus compute alone (timeline); +slow~: exposed + slow within 10% of "
@@ -349,6 +361,9 @@ def print_table(rows):
         print("conc: overlap=True with the batch split into concurrent micro-batches "
               "(axonn_c.run_concurrent); c-exp: its exposed communication; conc/max, c-target, "
               "c-exp~: as ovl/max, target, exp~ for it")
+    if nodefer:
+        print("nodefer: overlap=True with defer_wgrad=False on every layer (each dW GEMM runs "
+              "in its own layer's backward); nd-exp: its exposed communication")
 
 
 def main():
@@ -377,6 +392,8 @@ def main():
     p.add_argument("--concurrent", type=int, default=2,
                    help="also time overlap=True with the batch split into this many micro-batches "
                    "run at once (axonn_c.run_concurrent; 0 or 1: not)")
+    p.add_argument("--ablate-defer", action="store_true",
+                   help="also time overlap=True with defer_wgrad off (t_overlap_nodefer_s)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -388,7 +405,8 @@ def main():
             "blocks": a.blocks or (1 if q else 2), "rounds": a.rounds or (1 if q else 3),
             "steps": a.steps or (2 if q else 3), "warmup": a.warmup if a.warmup is not None
             else (1 if q else 2), "cal_steps": 2 if q else 3, "sim_gbps": a.sim_gbps or 0.0,
-            "sim_us": a.sim_us, "comm_ratio": a.comm_ratio, "concurrent": a.concurrent}
+            "sim_us": a.sim_us, "comm_ratio": a.comm_ratio, "concurrent": a.concurrent,
+            "ablate_defer": a.ablate_defer}
     ranks = [int(v) for v in a.ranks.split(",")]
     grids = {n: list((QUICK_GRIDS if q else GRIDS).get(n, [])) for n in ranks}
     if a.grids:
@@ -446,6 +464,9 @@ def main():
                 **({"t_concurrent_s": r["concurrent"]["t"],
                     "exposed_concurrent_s": r["concurrent"]["exposed"],
                     "concurrent_microbatches": spec["concurrent"]} if "concurrent" in r else {}),
+                **({"t_overlap_nodefer_s": r["overlap_nodefer"]["t"],
+                    "exposed_nodefer_s": r["overlap_nodefer"]["exposed"]}
+                   if "overlap_nodefer" in r else {}),
                 "steps_per_mode": spec["rounds"] * spec["steps"],
                 **{k: spec[k] for k in ("hidden", "tokens", "blocks", "rounds", "steps",
                                         "warmup")}})

@@ -14,7 +14,7 @@ import json
 import sys
 from collections import defaultdict
 
-COLORS = {"gemm": "#4c72b0", "all_reduce": "#dd8452", "all_gather": "#55a868",
+COLORS = {"gemm": "#4c72b0", "gemm:dw": "#64b5cd", "all_reduce": "#dd8452", "all_gather": "#55a868",
           "reduce_scatter": "#c44e52", "all_to_all": "#8172b3", "broadcast": "#937860",
           "barrier": "#8c8c8c", "exposed": "#222222"}
 

@@ -96,16 +96,16 @@ def test_export_naming_and_format(tmp_path):
     assert [e for e in tr["traceEvents"] if e["ph"] == "X"] == []
 
 
-def _results(stdout):
-    res = [json.loads(ln.split("RESULT ", 1)[1]) for ln in stdout.splitlines()
-           if ln.startswith("RESULT ")]
+def _results(tmp_path):
+    """The ranks' results (each worker writes result.<rank>.json beside the trace)."""
+    res = [json.loads(p.read_text()) for p in tmp_path.glob("result.*.json")]
     return sorted(res, key=lambda r: r["rank"])
 
 
 def test_two_ranks_overlap_and_exposed(tmp_path):
-    out = torchrun(2, "timeline_worker.py", str(tmp_path / "trace.json"),
-                   env={"AXONN_C_SIM_GBPS": "1", "AXONN_C_SIM_US": "200"})
-    res = _results(out)
+    torchrun(2, "timeline_worker.py", str(tmp_path / "trace.json"),
+             env={"AXONN_C_SIM_GBPS": "1", "AXONN_C_SIM_US": "200"})
+    res = _results(tmp_path)
     assert [r["rank"] for r in res] == [0, 1]
     for r in res:
         s = r["summary"]

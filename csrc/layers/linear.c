@@ -5,6 +5,7 @@
  * the weight's depth all-gather is prefetched and dW's reduce-scatter deferred. */
 #include "axc/linear.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "axc/cuda_rt.h"
@@ -201,9 +202,11 @@ static axc_status through(ctx *c, axc_group_kind g, axc_coll_kind kind, const vo
     return AXC_OK;
 }
 
-static axc_status gemm_beta(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                            const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
-                            int64_t ldc, const void *bias, float beta)
+/* `span`: the timeline's name for it ("gemm", or "gemm:dw" for weight gradients, so that a
+ * trace shows where deferred ones ran) */
+static axc_status gemm_beta(ctx *c, const char *span, int ta, int tb, int64_t M, int64_t N,
+                            int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                            void *C, int64_t ldc, const void *bias, float beta)
 {
     axc_gemm_args g = {0};
     g.device = c->io->device;
@@ -225,7 +228,7 @@ static axc_status gemm_beta(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_
     g.bias = bias;
     int64_t t0 = axc_timeline_begin(); /* 0 when the timeline is off */
     axc_status st = axc_gemm(&g);
-    axc_timeline_end(AXC_SPAN_COMPUTE, "gemm", -1, t0, 0);
+    axc_timeline_end(AXC_SPAN_COMPUTE, span, -1, t0, 0);
     return st;
 }
 
@@ -233,7 +236,7 @@ static axc_status gemm(ctx *c, int ta, int tb, int64_t M, int64_t N, int64_t K, 
                        int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
                        const void *bias)
 {
-    return gemm_beta(c, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, 0.0f);
+    return gemm_beta(c, "gemm", ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, 0.0f);
 }
 
 static axc_status copy_rows(ctx *c, void *dst, int64_t dst_ld, const void *src, int64_t src_ld,
@@ -435,11 +438,39 @@ static axc_status dw_gemm(ctx *c, bwd_bufs *w, const void *dy, const void *x, in
             AXC_TRY(copy_rows(c, mine, s->shard, io->dw_prev, s->shard, s->shard, 1));
         beta = 1.0f;
     }
-    AXC_TRY(gemm_beta(c, 1, 0, Nl, Kl, rows, dy, Nl, x, Kl, dwfull, Kl, NULL, beta));
+    AXC_TRY(gemm_beta(c, "gemm:dw", 1, 0, Nl, Kl, rows, dy, Nl, x, Kl, dwfull, Kl, NULL, beta));
     if (padded > s->block && !io->dw_prev)
         AXC_TRY(axc_zero(io->device, io->stream, at(dwfull, s->block, c->es),
                          (size_t)(padded - s->block) * c->es));
     return AXC_OK;
+}
+
+/* Starts dW's depth reduce-scatter (Gd > 1, unless the caller does it): handed to the
+ * scheduler when deferred, else left in *rs (already finished without overlap_reduce_scatter). */
+static axc_status dw_scatter(ctx *c, bwd_bufs *w, axc_work **rs)
+{
+    const axc_linear_shapes *s = &c->s;
+    const axc_linear_io *io = c->io;
+    if (s->depth_size == 1 || io->dw_full)
+        return AXC_OK;
+    axc_status st = coll_start(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw,
+                               s->shard, rs);
+    if (st == AXC_OK && io->defer) { /* completed by axc_sched_finish */
+        st = axc_sched_defer(io->sched, *rs);
+        *rs = NULL;
+    } else if (!c->d->overlap_reduce_scatter) {
+        st = coll_finish(rs, st);
+    }
+    return st;
+}
+
+static axc_status bias_grad(ctx *c, const void *dy, int64_t rows)
+{
+    const axc_linear_io *io = c->io;
+    if (!c->d->has_bias || !io->db)
+        return AXC_OK;
+    return axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, c->s.n_local,
+                         c->s.n_local, io->db, 0);
 }
 
 /* The depth reduce-scatter of dW (asynchronous with overlap_reduce_scatter, so it runs while the
@@ -448,25 +479,69 @@ static axc_status dw_gemm(ctx *c, bwd_bufs *w, const void *dy, const void *x, in
 static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, axc_work **pending,
                            int64_t npending)
 {
-    const axc_linear_shapes *s = &c->s;
-    const axc_linear_io *io = c->io;
     axc_work *rs = NULL;
-    axc_status st = AXC_OK;
-    if (s->depth_size > 1 && !io->dw_full) {
-        st = coll_start(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw, s->shard,
-                        &rs);
-        if (st == AXC_OK && io->defer) { /* completed by axc_sched_finish */
-            st = axc_sched_defer(io->sched, rs);
-            rs = NULL;
-        } else if (!c->d->overlap_reduce_scatter) {
-            st = coll_finish(&rs, st);
-        }
-    }
-    if (st == AXC_OK && c->d->has_bias && io->db)
-        st = axc_bias_grad(io->device, io->stream, c->d->dtype, dy, rows, s->n_local, s->n_local,
-                           io->db, 0);
+    axc_status st = dw_scatter(c, w, &rs);
+    if (st == AXC_OK)
+        st = bias_grad(c, dy, rows);
     st = finish_all(pending, npending, st);
     return coll_finish(&rs, st);
+}
+
+/* ------------------------------------------------------------------ deferred dW GEMM */
+
+/* A layer's dW GEMM and the reduce-scatter after it, run later by the scheduler: what they
+ * read, copied out of the call (the caller keeps the tensors alive, axc_linear_io.task_number). */
+typedef struct dw_task {
+    axc_comm *comm;
+    axc_linear_desc d;
+    axc_linear_io io;
+    axc_linear_shapes s;
+    bwd_bufs w;
+    const void *dy, *x;
+    int64_t rows;
+} dw_task;
+
+static axc_status dw_task_run(void *arg)
+{
+    dw_task *t = arg;
+    ctx c = {t->comm, &t->d, &t->io, t->s, axc_dtype_size(t->d.dtype)};
+    axc_work *rs = NULL;
+    axc_status st = dw_gemm(&c, &t->w, t->dy, t->x, t->rows);
+    if (st == AXC_OK)
+        st = dw_scatter(&c, &t->w, &rs);
+    return coll_finish(&rs, st);
+}
+
+/* Whether this backward hands its dW GEMM to the scheduler: not when a depth reduce-scatter
+ * follows it, which should start as early as it can (on a depth-only grid nothing would run
+ * the queue before the end of backward). */
+static int defers_dw(const ctx *c)
+{
+    return c->d->defer_dw_gemm && c->io->defer && c->s.depth_size == 1;
+}
+
+static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)
+{
+    dw_task *t = malloc(sizeof *t);
+    if (!t)
+        return axc_fail(AXC_ERR_NOMEM, "Linear: out of memory deferring the dW GEMM");
+    *t = (dw_task){c->comm, *c->d, *c->io, c->s, *w, dy, x, rows};
+    t->io.task_number = NULL;
+    return axc_sched_add_task(c->io->sched, (axc_sched_task){dw_task_run, free, t},
+                              c->io->task_number);
+}
+
+/* The rest of a backward whose dW is deferred: db; then, when `flush` (a reduction of this
+ * layer is in flight), the queued dW GEMMs (earlier layers' and this one's) run under it; then
+ * pending[0..npending) completes. `flush` must be the same on every rank (it is decided by the
+ * grid and the knobs, not by timing): the tasks start collectives. */
+static axc_status bias_flush_finish(ctx *c, const void *dy, int64_t rows, int flush,
+                                    axc_work **pending, int64_t npending)
+{
+    axc_status st = bias_grad(c, dy, rows);
+    if (st == AXC_OK && flush)
+        st = axc_sched_run_tasks(c->io->sched);
+    return finish_all(pending, npending, st);
 }
 
 /* The backward after the weight is gathered (`wt`). */
@@ -493,6 +568,14 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
             st = gemm_reduce_chunks(&c, n, rows, 0, Kl, Nl, io->dy, wt, io->dx, NULL, s->gout, ar);
             if (!d->overlap_all_reduce)
                 st = finish_all(ar, n, st);
+        }
+        if (defers_dw(&c)) {
+            if (st == AXC_OK)
+                st = dw_defer(&c, &w, io->dy, io->x, rows);
+            if (st != AXC_OK)
+                return finish_all(ar, n, st);
+            return bias_flush_finish(&c, io->dy, rows, s->gout_size > 1 && d->overlap_all_reduce,
+                                     ar, n);
         }
         if (st == AXC_OK)
             st = dw_gemm(&c, &w, io->dy, io->x, rows);
@@ -537,7 +620,12 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         if (!d->overlap_all_reduce)
             AXC_TRY(coll_finish(&rs, AXC_OK));
     }
-    axc_status st = dw_gemm(&c, &w, dye, io->saved, P_rows);
+    /* deferred dW: the queued GEMMs run under the first reduction waited for */
+    int defers = defers_dw(&c), flush_rs = defers && G_out > 1 && d->overlap_all_reduce;
+    axc_status st = defers ? dw_defer(&c, &w, dye, io->saved, P_rows)
+                           : dw_gemm(&c, &w, dye, io->saved, P_rows);
+    if (st == AXC_OK && flush_rs)
+        st = axc_sched_run_tasks(io->sched);
     st = coll_finish(&rs, st);
     /* dxr: (gin source, token) of my gin group, my input block; send each its tokens */
     const void *dxrecv = dxr;
@@ -547,7 +635,13 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         if (!d->overlap_all_reduce)
             st = coll_finish(&a2a, st);
     }
-    st = st == AXC_OK ? dw_finish(&c, &w, dye, P_rows, &a2a, 1) : coll_finish(&a2a, st);
+    if (st != AXC_OK)
+        st = coll_finish(&a2a, st);
+    else if (defers)
+        st = bias_flush_finish(&c, dye, P_rows, !flush_rs && G_in > 1 && d->overlap_all_reduce,
+                               &a2a, 1);
+    else
+        st = dw_finish(&c, &w, dye, P_rows, &a2a, 1);
     for (int i = 0; i < G_in && st == AXC_OK; i++)
         st = copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
                        Kl, Kl, io->rows);
@@ -559,6 +653,8 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
     ctx c = {comm, d, io, {0}, axc_dtype_size(d->dtype)};
     int64_t rows = d->layout == AXC_LAYOUT_EASY ? io->t_max : io->rows;
     AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    if (io->task_number)
+        *io->task_number = 0;
     if (io->defer && !io->sched)
         return axc_fail(AXC_ERR_STATE, "Linear: deferred backward without a scheduler");
     bump b = {io->workspace, 0, c.es};

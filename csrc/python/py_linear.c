@@ -9,14 +9,15 @@
 axc_comm *axc_py_comm(void); /* py_comm.c: the process's communicator or NULL */
 
 /* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
- *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled]) */
+ *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled,
+ *               defer_dw_gemm]) */
 static int parse_desc(PyObject *t, axc_linear_desc *d)
 {
     long long in, out;
-    int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1, scheduled = 0;
+    int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1, scheduled = 0, dw = 0;
     const char *dtype;
-    if (!PyArg_ParseTuple(t, "LLppis|ppip", &in, &out, &transpose, &has_bias, &layout, &dtype,
-                          &ov_ar, &ov_rs, &chunks, &scheduled))
+    if (!PyArg_ParseTuple(t, "LLppis|ppipp", &in, &out, &transpose, &has_bias, &layout, &dtype,
+                          &ov_ar, &ov_rs, &chunks, &scheduled, &dw))
         return -1;
     if (chunks < 0 || chunks > 64) {
         PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %d",
@@ -24,6 +25,7 @@ static int parse_desc(PyObject *t, axc_linear_desc *d)
         return -1;
     }
     d->scheduled = scheduled;
+    d->defer_dw_gemm = dw;
     d->overlap_all_reduce = ov_ar;
     d->overlap_reduce_scatter = ov_rs;
     d->fwd_chunks = chunks;
@@ -114,7 +116,8 @@ typedef struct layer_args {
     long long rows, t_max, version;
 } layer_args;
 
-/* Fills io from `a`, runs `fn` with the GIL released, raises on failure. */
+/* Fills io from `a`, runs `fn` with the GIL released, raises on failure; returns the number of
+ * the scheduler task that computes dW (0: none; axc_linear_io.task_number). */
 static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
 {
     axc_linear_desc d;
@@ -143,10 +146,12 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
     io->dw_prev = ptr(a->dw_prev);
     io->w_full = ptr(a->w_full);
     io->dw_full = ptr(a->dw_full);
+    uint64_t task = 0;
+    io->task_number = &task;
     axc_status st;
     Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, io);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(task);
 }
 
 /* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace

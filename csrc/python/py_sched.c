@@ -148,12 +148,27 @@ static PyObject *py_sched_stats(PyObject *self, PyObject *args)
     if (reset)
         axc_sched_stats_reset(s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:L,s:L}", "visits", t.visits,
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:L,s:L,s:K,s:K}", "visits",
+        t.visits,
         "hits", t.hits, "waits", t.waits, "misses", t.misses, "prefetches", t.prefetches,
         "budget_skips", t.budget_skips, "stale", t.stale, "relearned", t.relearned, "off_order",
         t.off_order, "deferred", t.deferred, "alive_bytes", t.alive_bytes, "peak_bytes",
         t.peak_bytes, "alive_buffers", t.alive_buffers, "peak_buffers", t.peak_buffers,
-        "order_len", (long long)t.order_len, "pending", (long long)t.pending);
+        "order_len", (long long)t.order_len, "pending", (long long)t.pending, "tasks", t.tasks,
+        "tasks_run", t.tasks_run);
+}
+
+/* sched_tasks_run() -> how many deferred tasks have run (task number k is done once k <= it) */
+static PyObject *py_sched_tasks_run(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_sched_stats t;
+    axc_sched_stats_get(s, &t);
+    return PyLong_FromUnsignedLongLong(t.tasks_run);
 }
 
 static const char *const event_names[] = {"hit", "wait", "miss", "prefetch"};
@@ -220,6 +235,7 @@ PyMethodDef axc_py_sched_methods[] = {
     {"sched_reduce_after_deferred", py_sched_reduce, METH_VARARGS,
      "Starts an in-place sum all-reduce after the deferred collectives; finished by sched_finish."},
     {"sched_stats", py_sched_stats, METH_VARARGS, "Scheduler counters."},
+    {"sched_tasks_run", py_sched_tasks_run, METH_NOARGS, "Deferred tasks run so far."},
     {"sched_log", py_sched_log, METH_NOARGS, "Events since the last call."},
     {"sched_order", py_sched_order, METH_NOARGS, "The learned layer order."},
     {NULL, NULL, 0, NULL}};

@@ -46,6 +46,9 @@ struct axc_sched {
     int on_order; /* the running trace is still a prefix of the learned order */
     axc_work **pending;
     size_t npending, pending_cap;
+    axc_sched_task *tasks; /* a FIFO: [task_head, ntasks) */
+    size_t task_head, ntasks, task_cap;
+    uint64_t tasks_added, tasks_done; /* monotonic (not reset with the stats): task numbers */
     axc_sched_stats st;
     axc_sched_event log[AXC_SCHED_LOG_CAP];
     size_t log_len, log_head;
@@ -280,6 +283,12 @@ void axc_sched_destroy(axc_sched *s)
 {
     if (!s)
         return;
+    /* tasks are dropped, not run: what they read may be gone (the caller's tensors) */
+    for (size_t i = s->task_head; i < s->ntasks; i++)
+        if (s->tasks[i].drop)
+            s->tasks[i].drop(s->tasks[i].arg);
+    free(s->tasks);
+    s->ntasks = s->task_head = 0;
     (void)axc_sched_finish(s);
     for (int i = 0; i < s->nlayers; i++)
         if (s->layers[i].used)
@@ -457,20 +466,29 @@ axc_status axc_sched_step_end(axc_sched *s)
     return st;
 }
 
+/* Grows *arr (of *cap elements of `elem` bytes, `len` used) so that one more fits; 0 when out
+ * of memory (the array is left as it was). */
+static int room_for_one(void **arr, size_t *cap, size_t len, size_t elem)
+{
+    if (len < *cap)
+        return 1;
+    size_t ncap = *cap ? *cap * 2 : 64;
+    void *n = realloc(*arr, ncap * elem);
+    if (!n)
+        return 0;
+    *arr = n;
+    *cap = ncap;
+    return 1;
+}
+
 static axc_status defer_locked(axc_sched *s, axc_work *w)
 {
-    if (s->npending == s->pending_cap) {
-        size_t cap = s->pending_cap ? s->pending_cap * 2 : 64;
-        axc_work **np = realloc(s->pending, cap * sizeof *np);
-        if (!np) {
-            axc_status st = axc_work_wait(w);
-            axc_work_free(w);
-            return st != AXC_OK ? st
-                                : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring "
-                                                          "a collective (it was completed now)");
-        }
-        s->pending = np;
-        s->pending_cap = cap;
+    if (!room_for_one((void **)&s->pending, &s->pending_cap, s->npending, sizeof *s->pending)) {
+        axc_status st = axc_work_wait(w);
+        axc_work_free(w);
+        return st != AXC_OK ? st
+                            : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring "
+                                                      "a collective (it was completed now)");
     }
     s->pending[s->npending++] = w;
     s->st.deferred++;
@@ -487,8 +505,59 @@ axc_status axc_sched_defer(axc_sched *s, axc_work *w)
     return st;
 }
 
+axc_status axc_sched_add_task(axc_sched *s, axc_sched_task t, uint64_t *number)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->task_head > 0 && s->task_head == s->ntasks)
+        s->task_head = s->ntasks = 0; /* empty: start over at the front */
+    if (!room_for_one((void **)&s->tasks, &s->task_cap, s->ntasks, sizeof *s->tasks)) {
+        s->tasks_added++;
+        s->tasks_done++;
+        if (number)
+            *number = s->tasks_added;
+        pthread_mutex_unlock(&s->mu);
+        axc_status st = t.run(t.arg);
+        if (t.drop)
+            t.drop(t.arg);
+        return st != AXC_OK ? st
+                            : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring "
+                                                      "a task (it was run now)");
+    }
+    s->tasks[s->ntasks++] = t;
+    s->tasks_added++;
+    if (number)
+        *number = s->tasks_added;
+    pthread_mutex_unlock(&s->mu);
+    return AXC_OK;
+}
+
+axc_status axc_sched_run_tasks(axc_sched *s)
+{
+    axc_status st = AXC_OK;
+    for (;;) {
+        /* one at a time, outside the lock: a task defers collectives (and may add tasks) */
+        pthread_mutex_lock(&s->mu);
+        if (s->task_head == s->ntasks) {
+            pthread_mutex_unlock(&s->mu);
+            return st;
+        }
+        axc_sched_task t = s->tasks[s->task_head++];
+        pthread_mutex_unlock(&s->mu);
+        axc_status ts = t.run(t.arg);
+        if (t.drop)
+            t.drop(t.arg);
+        pthread_mutex_lock(&s->mu);
+        s->tasks_done++;
+        pthread_mutex_unlock(&s->mu);
+        if (st == AXC_OK)
+            st = ts;
+    }
+}
+
 axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c)
 {
+    /* the collective may read what a queued task writes (a dW GEMM into a gradient bucket) */
+    AXC_TRY(axc_sched_run_tasks(s));
     pthread_mutex_lock(&s->mu);
     /* groups progress independently: this one reads what the deferred ones write */
     axc_work *w = NULL;
@@ -501,8 +570,8 @@ axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, co
 
 axc_status axc_sched_finish(axc_sched *s)
 {
+    axc_status st = axc_sched_run_tasks(s);
     pthread_mutex_lock(&s->mu);
-    axc_status st = AXC_OK;
     /* all waited before any is freed: a pending work may be another's `after` */
     for (size_t i = 0; i < s->npending; i++) {
         axc_status ws = axc_work_wait(s->pending[i]);
@@ -522,6 +591,8 @@ void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out)
     *out = s->st;
     out->order_len = (int64_t)s->order.len;
     out->pending = (int64_t)s->npending;
+    out->tasks = s->tasks_added;
+    out->tasks_run = s->tasks_done;
     pthread_mutex_unlock(&s->mu);
 }
 

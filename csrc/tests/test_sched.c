@@ -1,7 +1,8 @@
 /* The cross-layer scheduler (axc/sched.h) on forked ranks over the shm backend, float32 host
  * buffers: layer ids, the depth all-gather acquire returns, order learning and the prefetches it
  * issues, re-learning, stale gathered weights, the memory budget, deferred collectives, config
- * validation, and destroy with work outstanding (leaks: LeakSanitizer runs in every rank of
+ * validation, deferred tasks (order, failures, before an after-collective, dropped by destroy),
+ * and destroy with work outstanding (leaks: LeakSanitizer runs in every rank of
  * the ASan build, since the ranks end with exit()). */
 #include <stdint.h>
 #include <stdio.h>
@@ -559,6 +560,89 @@ static void test_deferred(const rank_ctx *c)
     free(out);
 }
 
+/* ------------------------------------------------------------------ 8b. deferred tasks */
+
+typedef struct task_probe {
+    int id;
+    int *log, *nlog; /* run order */
+    int *drops;
+    float *buf;      /* a task fills it (with rank + 1): what the after-collective sums */
+    int rank, fail;
+} task_probe;
+
+static axc_status probe_run(void *arg)
+{
+    task_probe *t = arg;
+    t->log[(*t->nlog)++] = t->id;
+    if (t->buf)
+        for (int i = 0; i < M; i++)
+            t->buf[i] = (float)(t->rank + 1);
+    return t->fail ? axc_fail(AXC_ERR_INVALID, "task %d failed on purpose", t->id) : AXC_OK;
+}
+
+static void probe_drop(void *arg) { (*((task_probe *)arg)->drops)++; }
+
+static void test_tasks(const rank_ctx *c)
+{
+    axc_sched *s = sched_new(c);
+    if (!s)
+        return;
+    int log[16], nlog = 0, drops = 0;
+    float *buf = malloc(sizeof(float) * M);
+    for (int i = 0; i < M; i++)
+        buf[i] = -100.0f;
+    task_probe t[6];
+    for (int i = 0; i < 6; i++)
+        t[i] = (task_probe){i, log, &nlog, &drops, NULL, c->rank, 0};
+    t[2].buf = buf;
+    t[1].fail = 1;
+    uint64_t num[6];
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(axc_sched_add_task(s, (axc_sched_task){probe_run, probe_drop, &t[i]}, &num[i]));
+    axc_sched_stats st;
+    axc_sched_stats_get(s, &st);
+    CHECK_MSG(st.tasks == 3 && st.tasks_run == 0 && nlog == 0 && num[0] == 1 && num[2] == 3,
+              "queued: tasks %llu run %llu, %d ran, numbers %llu %llu",
+              (unsigned long long)st.tasks, (unsigned long long)st.tasks_run, nlog,
+              (unsigned long long)num[0], (unsigned long long)num[2]);
+    /* a collective after the deferred work reads what the tasks wrote: they run first */
+    axc_coll ar = {.kind = AXC_COLL_ALL_REDUCE, .send = buf, .recv = buf, .count = M,
+                   .dtype = AXC_DT_F32, .op = AXC_RED_SUM, .device = -1};
+    axc_status rs = axc_sched_start_after_deferred(s, AXC_GROUP_DEPTH, &ar);
+    CHECK_MSG(rs == AXC_ERR_INVALID && strstr(axc_last_error(), "task 1") != NULL,
+              "a failing task: status %d (%s)", (int)rs, axc_last_error());
+    /* all three ran, in order, despite the failure of the second; all dropped once */
+    CHECK_MSG(nlog == 3 && log[0] == 0 && log[1] == 1 && log[2] == 2 && drops == 3,
+              "ran %d (%d %d %d), dropped %d", nlog, log[0], log[1], log[2], drops);
+    axc_sched_stats_get(s, &st);
+    CHECK_MSG(st.tasks == 3 && st.tasks_run == 3, "after: tasks %llu run %llu",
+              (unsigned long long)st.tasks, (unsigned long long)st.tasks_run);
+    /* the failure returned before the collective: start it now, then finish */
+    CHECK_OK(axc_sched_start_after_deferred(s, AXC_GROUP_DEPTH, &ar));
+    CHECK_OK(axc_sched_finish(s));
+    float e = 0;
+    for (int m = 0; m < c->G_d; m++)
+        e += (float)(c->members[m] + 1);
+    CHECK_MSG(buf[0] == e && buf[M - 1] == e, "after-collective read %g, expected %g",
+              (double)buf[0], (double)e);
+    /* finish runs what is queued; numbers keep counting after a stats reset */
+    axc_sched_stats_reset(s);
+    CHECK_OK(axc_sched_add_task(s, (axc_sched_task){probe_run, probe_drop, &t[3]}, &num[3]));
+    CHECK_OK(axc_sched_run_tasks(s));
+    CHECK_OK(axc_sched_add_task(s, (axc_sched_task){probe_run, probe_drop, &t[4]}, &num[4]));
+    CHECK_OK(axc_sched_finish(s));
+    axc_sched_stats_get(s, &st);
+    CHECK_MSG(nlog == 5 && log[3] == 3 && log[4] == 4 && num[4] == 5 && st.tasks_run == 5,
+              "run_tasks/finish: ran %d, number %llu, tasks_run %llu", nlog,
+              (unsigned long long)num[4], (unsigned long long)st.tasks_run);
+    /* destroy drops a queued task without running it */
+    CHECK_OK(axc_sched_add_task(s, (axc_sched_task){probe_run, probe_drop, &t[5]}, &num[5]));
+    axc_sched_destroy(s);
+    CHECK_MSG(nlog == 5 && drops == 6, "destroy: ran %d (expected 5), dropped %d (expected 6)",
+              nlog, drops);
+    free(buf);
+}
+
 /* ------------------------------------------------------------------ 9. destroy with work out */
 
 static void test_destroy(const rank_ctx *c)
@@ -649,6 +733,7 @@ static void depth2_main(int rank, int world, const int dims[4], double timeout)
         test_stale(&c);
         test_budget(&c);
         test_config(&c);
+        test_tasks(&c);
         test_destroy(&c);
         axc_comm_destroy(c.comm);
     }

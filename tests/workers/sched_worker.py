@@ -1,7 +1,8 @@
 """The cross-layer scheduler against serial PyTorch: prefetch in the learned order (a model whose
 execution order differs from its registration order), re-learning when the order changes, the
 gathered-weight memory bound, the prefetch budget, deferred reduce-scatters and data-parallel
-buckets completed by the end of backward, gradient accumulation with no_sync, shared weights."""
+buckets completed by the end of backward, gradient accumulation with no_sync, shared weights,
+and deferred dW GEMMs (defer_wgrad)."""
 import argparse
 import os
 import sys
@@ -327,6 +328,98 @@ def check_replicated_hooks(g, twice=False):
         close(model.fc1.bias.grad, ref_fc[0].bias.grad, torch.float32, f"{what} step {it}: db")
 
 
+class Probe(torch.autograd.Function):
+    """Identity; its backward notes the scheduler's deferred-task counts (tasks queued, run) and
+    the tensors still kept for them, at that point of the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x, log):
+        ctx.log = log
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        st = axonn_c.scheduler_stats()
+        ctx.log.append((st["tasks"], st["tasks_run"], len(axonn_c.grads._task_keeps)))
+        return g, None
+
+
+def check_deferred_wgrad(g):
+    """defer_wgrad (on with overlap=True): a layer whose backward has no dX reduction (its
+    output group has one rank) hands its dW GEMM on, and the next layer that reduces dX runs
+    the queued GEMMs, its own included, while that reduction is in flight. Checked after each
+    layer's backward: how many dW GEMMs are still queued. Gradients: serial PyTorch, and
+    bitwise those of the same model with defer_wgrad off; all tasks done (and their tensors
+    let go) when backward returns; a second backward accumulates. With G_d > 1 nothing is
+    deferred (dW's reduce-scatter should start early)."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+
+    def build():
+        torch.manual_seed(21)
+        return nn.ModuleList([axonn_c.Linear(H, 2 * H, expert_mode=True),
+                              axonn_c.Linear(2 * H, H, transpose=True, expert_mode=True),
+                              axonn_c.Linear(H, 2 * H, expert_mode=True),
+                              axonn_c.Linear(2 * H, H, transpose=True, expert_mode=True)])
+
+    def run(layers, x, dy, log):
+        h = x
+        for layer in layers:
+            h = torch.tanh(layer(Probe.apply(h, log)))
+        h.backward(dy)
+
+    model, plain = build(), build()
+    for layer in plain:
+        layer.defer_wgrad = False
+    ref = nn.ModuleList(nn.Linear(m.in_features, m.out_features) for m in model)
+    with torch.no_grad():
+        for r, m in zip(ref, model):
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+    s0 = model[0]._shapes
+    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
+    s3 = model[3]._shapes
+    kout = slice(s3["gout_rank"] * s3["n_local"], (s3["gout_rank"] + 1) * s3["n_local"])
+    shards = g.G_data * g.G_intra_d
+    X, dY, tok = tokens(g, 3 * shards, torch.Generator().manual_seed(8))
+    x, dy = X[tok][:, kin].clone().requires_grad_(), dY[tok][:, kout].clone()
+    for rnd in range(2):  # the second accumulates into .grad
+        log = []
+        t0 = axonn_c.scheduler_stats()["tasks"]
+        run(model, x, dy, log)
+        run(plain, x, dy, [])
+        h = X
+        for r in ref:
+            h = torch.tanh(r(h))
+        h.backward(dY)
+        # log[i]: after the backward of layers[3 - i] (the probes fire in reverse order)
+        queued = [tasks - done for tasks, done, _ in log]
+        want, expect = [], 0
+        for layer in reversed(model):  # a layer whose dX is all-reduced runs the queue
+            expect = 0 if layer._shapes["gout_size"] > 1 else expect + 1
+            want.append(expect)
+        n_tasks = 4
+        if g.G_intra_d > 1:  # a dW followed by a depth reduce-scatter is never deferred
+            want, n_tasks = [0] * 4, 0
+        assert queued == want, f"{what}: dW GEMMs queued after each layer {queued}, want {want}"
+        assert log[-1][0] - t0 == n_tasks, \
+            f"{what}: {log[-1][0] - t0} dW GEMMs deferred, want {n_tasks}"
+        assert all(keeps <= 2 for *_, keeps in log), f"{what}: tensors kept piled up: {log}"
+        st = axonn_c.scheduler_stats()
+        assert st["tasks"] == st["tasks_run"], f"{what}: tasks left after backward: {st}"
+        assert not axonn_c.grads._task_keeps, f"{what}: tensors still kept after backward"
+        if any(m._shapes["gout_size"] == 1 for m in model) and g.G_intra_d == 1:
+            assert max(want) >= 1, f"{what}: the model defers nothing on this grid"
+        for m, p, r in zip(model, plain, ref):
+            if rnd == 0:  # (accumulating, the deferred GEMM folds .grad in with beta = 1)
+                assert torch.equal(m.weight.grad, p.weight.grad), \
+                    f"{what}: dW with defer_wgrad differs from without"
+                assert torch.equal(m.bias.grad, p.bias.grad), f"{what}: db differs"
+            close(m.weight.grad, shard_of(r.weight.grad, m), torch.float32,
+                  f"{what} round {rnd} dW")
+            rows, _ = m._block_slices()
+            close(m.bias.grad, r.bias.grad[rows], torch.float32, f"{what} round {rnd} db")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.parse_args()
@@ -348,6 +441,13 @@ def main():
         check_accumulation(g, "no_sync", twice=True)
         check_backward_completes(g)
         check_autograd_grad(g)
+        axonn_c.finalize()
+    defer_grids = [(1, world, 1, 1), (1, 1, world, 1)]
+    if world % 2 == 0 and world > 2:
+        defer_grids += [(1, 2, world // 2, 1), (2, world // 2, 1, 1), (1, world // 2, 1, 2)]
+    for sizes in defer_grids:
+        g = axonn_c.init(*sizes, overlap=True)
+        check_deferred_wgrad(g)
         axonn_c.finalize()
     for sizes in [(world, 1, 1, 1), (1, 1, world, 1)]:  # easy layout, summed over "world"
         g = axonn_c.init(*sizes, overlap=True)

@@ -3,6 +3,7 @@ all-reduces hidden behind a matmul loop on the main thread, then synchronous wor
 with no compute around them. Prints one JSON line per rank with the spans' facts and the summary,
 and exports the trace to argv[1] (which may contain "{rank}")."""
 import json
+import os
 import sys
 
 import torch
@@ -52,11 +53,14 @@ def main():
     out = timeline.export(path)
     axonn_c.finalize()
     comm = [s for s in spans if s[0] == 1]
-    print("RESULT " + json.dumps({
-        "rank": g.rank, "file": out, "summary": summ, "iters": iters,
-        "comm": [[s[1], s[2], s[4] - s[3], s[5]] for s in comm],
-        "compute": [[s[1], s[4] - s[3]] for s in spans if s[0] == 0],
-    }), flush=True)
+    # one file per rank (two ranks printing long lines at once can interleave them)
+    with open(os.path.join(os.path.dirname(os.path.abspath(path)),
+                           f"result.{g.rank}.json"), "w") as f:
+        json.dump({
+            "rank": g.rank, "file": out, "summary": summ, "iters": iters,
+            "comm": [[s[1], s[2], s[4] - s[3], s[5]] for s in comm],
+            "compute": [[s[1], s[4] - s[3]] for s in spans if s[0] == 0],
+        }, f)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ typedef struct axc_linear_desc {
                                    chunk's GEMM (1 = off, 0 = chosen by the output's size) */
     int scheduled;              /* the depth all-gather goes through io->sched (prefetched, no
                                    gathered weight in the workspace) */
+    int defer_dw_gemm;          /* backward with io->defer and Gd == 1: the dW GEMM becomes a
+                                   task of io->sched, run when a later layer waits for its dX
+                                   reduction (or at the end), so that it hides that reduction;
+                                   see axc_linear_io.task_number. (With Gd > 1 the GEMM runs in
+                                   the call: its reduce-scatter should start early.) */
 } axc_linear_desc;
 
 /* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */
@@ -92,6 +97,10 @@ typedef struct axc_linear_io {
     /* unscheduled calls: W's block already gathered over depth ([shard * depth_size] elements,
      * e.g. one gather shared by concurrent micro-batches), or NULL: the call gathers it */
     const void *w_full;
+    /* out (backward, desc->defer_dw_gemm, or NULL): the number of the scheduler task that
+     * computes dW (0: computed in the call). Until the task has run (axc_sched_stats.tasks_run),
+     * the caller keeps dy, x (or saved), dw_prev and the workspace alive. */
+    uint64_t *task_number;
     /* backward, Gd > 1, not deferred: dW's unreduced block ([shard * depth_size], padding
      * zeroed) goes here and the depth reduce-scatter is left to the caller (io->dw untouched),
      * or NULL: reduce-scattered into io->dw */

@@ -22,6 +22,12 @@
  * reduce-scatter, the data-parallel gradient buckets) are handed to the scheduler and completed
  * together by axc_sched_finish().
  *
+ * Deferred tasks: host-side work a layer hands over to run later, in the order added, on the
+ * thread that runs them (a layer's dW GEMM, run while a later layer waits for its dX
+ * reduction). They run at axc_sched_run_tasks(), before axc_sched_start_after_deferred() starts
+ * its collective (which may read what they write), and first thing in axc_sched_finish(). The
+ * points are in program order, so every rank runs a task's collectives in the same order.
+ *
  * Thread-safe (one mutex); meant to be driven from one thread at a time. */
 #ifndef AXC_SCHED_H
 #define AXC_SCHED_H
@@ -60,7 +66,16 @@ typedef struct axc_sched_stats {
     int alive_buffers, peak_buffers;
     int64_t order_len;     /* visits in the learned order */
     int64_t pending;       /* deferred collectives not yet finished */
+    uint64_t tasks;        /* tasks added (axc_sched_add_task; never reset) */
+    uint64_t tasks_run;    /* ... run or dropped: task number k is done once k <= this */
 } axc_sched_stats;
+
+/* A deferred task: run(arg) once, then drop(arg) (also when it is discarded without running). */
+typedef struct axc_sched_task {
+    axc_status (*run)(void *arg);
+    void (*drop)(void *arg);
+    void *arg;
+} axc_sched_task;
 
 /* One visit's weight: the layer's depth shard as the layer sees it now. */
 typedef struct axc_sched_weight {
@@ -98,8 +113,16 @@ axc_status axc_sched_step_end(axc_sched *s);
 axc_status axc_sched_defer(axc_sched *s, axc_work *w);
 /* Starts `c` on `group` after every collective deferred so far (in their order) and defers it. */
 axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c);
-/* Waits for every deferred collective (in order); returns the first failure. */
+/* Runs the deferred tasks, then waits for every deferred collective (in order); returns the
+ * first failure. */
 axc_status axc_sched_finish(axc_sched *s);
+
+/* Queues a task; *number (optional) receives its number (1, 2, ...: compare with
+ * stats.tasks_run). On failure the task was run now (and dropped). */
+axc_status axc_sched_add_task(axc_sched *s, axc_sched_task t, uint64_t *number);
+/* Runs every queued task, oldest first; all run even after a failure (their collectives stay
+ * matched across ranks), and the first failure is returned. */
+axc_status axc_sched_run_tasks(axc_sched *s);
 
 void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out);
 /* Zeroes the event counters and the peaks (peaks restart from what is alive now). */
