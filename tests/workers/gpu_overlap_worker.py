@@ -4,7 +4,7 @@ group's lane stages through pinned host memory), launched by torchrun.
 An expert-layout MLP (Linear(H, 2H) -> tanh -> Linear(2H, H, transpose=True), with biases) is
 trained for three SGD steps on several grids with everything on: prefetched depth all-gathers
 (buffers from cudaMallocAsync), deferred reduce-scatters, data-parallel buckets, chunked
-all-reduces, the biases' gradient hooks. After each backward (before sync_gradients) every
+all-reduces, deferred dW GEMMs, the biases' gradient hooks. After each backward (before sync_gradients) every
 gradient must already equal serial PyTorch's on the CPU, and the weights must follow the serial
 ones step by step (a stale prefetched weight would not). Usage:
 torchrun --standalone --nproc_per_node N gpu_overlap_worker.py (AXONN_C_TEST_DEVICE=cpu runs the
@@ -77,12 +77,15 @@ def check_grid(sizes):
         assert stats["prefetches"] > 0, f"{what}: nothing was prefetched: {stats}"
     if g.G_data > 1 or g.G_intra_d > 1:
         assert stats["deferred"] > 0, f"{what}: nothing was deferred: {stats}"
+    if g.G_intra_d == 1:  # defer_wgrad: every dW GEMM is a scheduler task (on the CUDA stream)
+        assert stats["tasks"] == 6 and stats["tasks_run"] == 6, \
+            f"{what}: expected 6 deferred dW GEMMs, all run: {stats}"
     axonn_c.finalize()
 
 
 def main():
     world = int(os.environ["WORLD_SIZE"])
-    grids = [(1, 1, 1, world), (world, 1, 1, 1), (1, 1, world, 1)]
+    grids = [(1, 1, 1, world), (world, 1, 1, 1), (1, 1, world, 1), (1, world, 1, 1)]
     if world % 2 == 0 and world > 2:
         grids += [(2, 1, 1, world // 2), (1, 2, 1, world // 2), (2, 1, world // 2, 1)]
     for sizes in grids:
