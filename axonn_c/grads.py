@@ -231,15 +231,16 @@ def finish() -> None:
     backward within one pass."""
     if not _records and not _open:
         return
-    for b in list(_open.values()):
-        _close(b)
-    _open.clear()
     records = list(_records)
     _records.clear()
     _params_pending.clear()
     try:
+        for b in list(_open.values()):
+            _close(b)
+        _open.clear()
         _C.sched_finish()
     except BaseException:
+        _open.clear()
         for r in records:  # do not leave half-reduced values where a gradient is expected
             r.param.grad = None
         raise
@@ -255,6 +256,24 @@ def finish() -> None:
             p._axonn_reduced_groups = r.reduced
         else:
             p._axonn_data_reduced = r.reduced
+
+
+def drop_if_abandoned() -> None:
+    """Called by a layer's forward while gradients are pending: outside a backward pass that
+    means the pass that produced them raised before its end (its callback never ran). Their
+    deferred work is completed (so nothing is left reading freed memory) and the gradients are
+    dropped, not set: the next backward must not find a half pass's values in .grad."""
+    if not _records or torch._C._current_graph_task_id() != -1:
+        return  # (inside backward: a reentrant checkpoint's recomputation, records are live)
+    global _queued_task
+    _queued_task = None
+    try:
+        _C.sched_finish()  # (the records hold what the queued dW GEMMs write: cleared after)
+    finally:
+        _records.clear()
+        _params_pending.clear()
+        _open.clear()  # not summed: a partial bucket
+        release_run_tasks()
 
 
 def reset() -> None:

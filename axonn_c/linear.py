@@ -139,7 +139,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
         return dx, None, db
     if param is not None:
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
-            grads.keep_for_task(task, (dy, src, fold, ws_t))
+            grads.keep_for_task(task, (dy, src, dw, fold, ws_t))
         # the reduce-scatter reads the workspace and writes dw until grads.finish()
         grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, reduced)
         return dx, None, db
@@ -182,9 +182,12 @@ def _defers(w: Tensor, cfg) -> bool:
     if concurrent.active():  # autograd accumulates each micro-batch's dW (axonn_c/concurrent.py)
         concurrent.check_unsynced(w)
         return False
-    g_data, _, _, g_d = runtime.grid_sizes()
-    return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1)
-             or (len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW])))
+    g_data, g_r, g_c, g_d = runtime.grid_sizes()
+    # defer_wgrad as csrc/layers/linear.c's defers_dw: under a dX reduction of a tensor-parallel
+    # grid, and not with depth sharding
+    defer_dw = (len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW]) and bool(cfg[5]) and g_d == 1
+                and g_r * g_c > 1)
+    return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1) or defer_dw)
             and grads.accumulates(w))  # torch.autograd.grad wants dW handed back
 
 
@@ -401,6 +404,8 @@ class Linear(nn.Module):
         elif x.dtype != w.dtype:
             raise TypeError(f"input dtype {x.dtype} does not match the layer's {w.dtype} "
                             "(cast the input, or use torch.autocast)")
+        if not torch.compiler.is_compiling() and grads._records:
+            grads.drop_if_abandoned()  # a backward pass that raised left its gradients behind
         flat = x.dim() == 2 and x.is_contiguous()  # the common case needs no reshaping
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add

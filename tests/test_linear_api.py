@@ -115,33 +115,19 @@ def test_custom_ops_pass_opcheck():
                               test_utils=("test_schema", "test_faketensor"))
 
 
-def test_defer_wgrad_knobs():
-    """defer_wgrad (on with init(overlap=True)): each dW GEMM becomes a scheduler task, run by
-    the end of backward; off per layer and through optimize_communication; same gradients."""
+def test_defer_wgrad_needs_a_reduction_to_hide_under():
+    """defer_wgrad (on with init(overlap=True)) defers a dW GEMM only under a later dX
+    all-reduce: in a world of one there is none, so nothing is queued (the tensors it reads
+    would only pile up); the knob is validated. Deferral itself: tests/workers/sched_worker.py."""
     axonn_c.finalize()
     axonn_c.init(overlap=True)
     ours, ref = pair()
     x = torch.randn(5, 48)
-
-    def tasks_of(layer):
-        before = axonn_c.scheduler_stats()
-        layer.weight.grad = None
-        layer(x).square().sum().backward()
-        after = axonn_c.scheduler_stats()
-        assert after["tasks_run"] == after["tasks"], after  # nothing left queued
-        return after["tasks"] - before["tasks"], layer.weight.grad.clone()
-
+    before = axonn_c.scheduler_stats()["tasks"]
+    ours(x).square().sum().backward()
     ref(x).square().sum().backward()
-    n, g_on = tasks_of(ours)
-    assert n == 1
-    assert torch.allclose(g_on.view_as(ref.weight), ref.weight.grad, atol=1e-5)
-    ours.defer_wgrad = False
-    n, g_off = tasks_of(ours)
-    assert n == 0 and torch.equal(g_on, g_off)
-    ours.defer_wgrad = None
-    with axonn_c.optimize_communication(overlap_all_reduce=True, defer_wgrad=False):
-        assert tasks_of(ours)[0] == 0
-    assert tasks_of(ours)[0] == 1  # init()'s again after the context
+    assert axonn_c.scheduler_stats()["tasks"] == before
+    assert torch.allclose(ours.weight.grad.view_as(ref.weight), ref.weight.grad, atol=1e-5)
     with pytest.raises(TypeError, match="defer_wgrad must be a bool or None"):
         with axonn_c.optimize_communication(defer_wgrad="yes"):
             pass

@@ -5,6 +5,7 @@
  * the weight's depth all-gather is prefetched and dW's reduce-scatter deferred. */
 #include "axc/linear.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -489,8 +490,9 @@ static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, a
 
 /* ------------------------------------------------------------------ deferred dW GEMM */
 
-/* A layer's dW GEMM and the reduce-scatter after it, run later by the scheduler: what they
- * read, copied out of the call (the caller keeps the tensors alive, axc_linear_io.task_number). */
+/* A layer's dW GEMM, run later by the scheduler: what it reads and writes, copied out of the
+ * call (the caller keeps the tensors alive, axc_linear_io.task_number). Only with Gd == 1, so
+ * no collective follows it. */
 typedef struct dw_task {
     axc_comm *comm;
     axc_linear_desc d;
@@ -505,19 +507,18 @@ static axc_status dw_task_run(void *arg)
 {
     dw_task *t = arg;
     ctx c = {t->comm, &t->d, &t->io, t->s, axc_dtype_size(t->d.dtype)};
-    axc_work *rs = NULL;
-    axc_status st = dw_gemm(&c, &t->w, t->dy, t->x, t->rows);
-    if (st == AXC_OK)
-        st = dw_scatter(&c, &t->w, &rs);
-    return coll_finish(&rs, st);
+    return dw_gemm(&c, &t->w, t->dy, t->x, t->rows);
 }
 
-/* Whether this backward hands its dW GEMM to the scheduler: not when a depth reduce-scatter
- * follows it, which should start as early as it can (on a depth-only grid nothing would run
- * the queue before the end of backward). */
+/* Whether this backward hands its dW GEMM to the scheduler. Only where a later dX reduction can
+ * hide it (overlap_all_reduce, a tensor-parallel grid: else nothing runs the queue before the
+ * end of backward, and the tensors it reads pile up), and not when a depth reduce-scatter
+ * follows it, which should start as early as it can. axonn_c/linear.py's _defers mirrors
+ * this. */
 static int defers_dw(const ctx *c)
 {
-    return c->d->defer_dw_gemm && c->io->defer && c->s.depth_size == 1;
+    return c->d->defer_dw_gemm && c->io->defer && c->d->overlap_all_reduce &&
+           c->s.depth_size == 1 && c->s.gin_size * c->s.gout_size > 1;
 }
 
 static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)
@@ -663,7 +664,17 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
     const void *wt;
     int held;
     AXC_TRY(gather_weight(&c, AXC_PHASE_BWD, w.wfull, &wt, &held));
-    return release_weight(&c, held, backward_body(&c, &w, wt));
+    axc_status st = release_weight(&c, held, backward_body(&c, &w, wt));
+    if (st != AXC_OK && io->task_number && *io->task_number) {
+        /* the caller frees what this call's task reads when the call fails: run the queue now
+         * (dW GEMMs only, no collectives: safe on any rank), keeping the first error */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", axc_last_error());
+        (void)axc_sched_run_tasks(io->sched);
+        *io->task_number = 0;
+        return axc_fail(st, "%s", msg);
+    }
+    return st;
 }
 
 /* ------------------------------------------------------------------ token counts */

@@ -511,14 +511,20 @@ axc_status axc_sched_add_task(axc_sched *s, axc_sched_task t, uint64_t *number)
     if (s->task_head > 0 && s->task_head == s->ntasks)
         s->task_head = s->ntasks = 0; /* empty: start over at the front */
     if (!room_for_one((void **)&s->tasks, &s->task_cap, s->ntasks, sizeof *s->tasks)) {
+        /* run it now, after the queued ones: tasks_run stays "every task up to this number" */
+        pthread_mutex_unlock(&s->mu);
+        axc_status st = axc_sched_run_tasks(s);
+        axc_status ts = t.run(t.arg);
+        if (t.drop)
+            t.drop(t.arg);
+        pthread_mutex_lock(&s->mu);
         s->tasks_added++;
         s->tasks_done++;
         if (number)
             *number = s->tasks_added;
         pthread_mutex_unlock(&s->mu);
-        axc_status st = t.run(t.arg);
-        if (t.drop)
-            t.drop(t.arg);
+        if (st == AXC_OK)
+            st = ts;
         return st != AXC_OK ? st
                             : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring "
                                                       "a task (it was run now)");
@@ -556,8 +562,10 @@ axc_status axc_sched_run_tasks(axc_sched *s)
 
 axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c)
 {
-    /* the collective may read what a queued task writes (a dW GEMM into a gradient bucket) */
-    AXC_TRY(axc_sched_run_tasks(s));
+    /* the collective may read what a queued task writes (a dW GEMM into a gradient bucket);
+     * it starts even when a task failed, so that a failure on one rank does not leave its
+     * peers waiting in the collective: the task's error is returned afterwards */
+    axc_status ts = axc_sched_run_tasks(s);
     pthread_mutex_lock(&s->mu);
     /* groups progress independently: this one reads what the deferred ones write */
     axc_work *w = NULL;
@@ -565,7 +573,7 @@ axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, co
     if (st == AXC_OK)
         st = defer_locked(s, w);
     pthread_mutex_unlock(&s->mu);
-    return st;
+    return ts != AXC_OK ? ts : st;
 }
 
 axc_status axc_sched_finish(axc_sched *s)

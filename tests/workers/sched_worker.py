@@ -386,7 +386,9 @@ def check_deferred_wgrad(g):
         log = []
         t0 = axonn_c.scheduler_stats()["tasks"]
         run(model, x, dy, log)
+        t1 = axonn_c.scheduler_stats()["tasks"]
         run(plain, x, dy, [])
+        assert axonn_c.scheduler_stats()["tasks"] == t1, f"{what}: defer_wgrad=False deferred"
         h = X
         for r in ref:
             h = torch.tanh(r(h))
@@ -418,6 +420,44 @@ def check_deferred_wgrad(g):
                   f"{what} round {rnd} dW")
             rows, _ = m._block_slices()
             close(m.bias.grad, r.bias.grad[rows], torch.float32, f"{what} round {rnd} db")
+    # the context turns it off for the layers run inside it
+    t0 = axonn_c.scheduler_stats()["tasks"]
+    with axonn_c.optimize_communication(overlap_all_reduce=True, defer_wgrad=False):
+        run(model, x, dy, [])
+    assert axonn_c.scheduler_stats()["tasks"] == t0, f"{what}: deferred inside the context"
+
+    # a backward that raises halfway (after a layer queued its dW GEMM), then a clean step: the
+    # clean step's gradients are the serial ones (the aborted pass's are dropped, its queued
+    # GEMMs run before their tensors go)
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h):
+            return h.view_as(h)
+
+        @staticmethod
+        def backward(ctx, g_):
+            raise RuntimeError("boom")
+
+    h = torch.tanh(model[0](Probe.apply(x, [])))
+    h = torch.tanh(model[1](Boom.apply(h)))
+    for layer in model[2:]:
+        h = torch.tanh(layer(h))
+    try:
+        h.backward(dy)
+        raise AssertionError(f"{what}: the backward did not raise")
+    except RuntimeError as e:
+        assert "boom" in str(e), e
+    for m, r in zip(model, ref):
+        m.weight.grad = m.bias.grad = r.weight.grad = r.bias.grad = None
+    run(model, x, dy, [])
+    h = X
+    for r in ref:
+        h = torch.tanh(r(h))
+    h.backward(dY)
+    st = axonn_c.scheduler_stats()
+    assert st["tasks"] == st["tasks_run"] and not axonn_c.grads._task_keeps, f"{what}: {st}"
+    for m, r in zip(model, ref):
+        close(m.weight.grad, shard_of(r.weight.grad, m), torch.float32, f"{what} after abort dW")
 
 
 def main():

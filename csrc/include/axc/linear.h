@@ -34,11 +34,12 @@ typedef struct axc_linear_desc {
                                    chunk's GEMM (1 = off, 0 = chosen by the output's size) */
     int scheduled;              /* the depth all-gather goes through io->sched (prefetched, no
                                    gathered weight in the workspace) */
-    int defer_dw_gemm;          /* backward with io->defer and Gd == 1: the dW GEMM becomes a
-                                   task of io->sched, run when a later layer waits for its dX
-                                   reduction (or at the end), so that it hides that reduction;
-                                   see axc_linear_io.task_number. (With Gd > 1 the GEMM runs in
-                                   the call: its reduce-scatter should start early.) */
+    int defer_dw_gemm;          /* backward with io->defer, overlap_all_reduce, Gd == 1 and
+                                   gin x gout > 1: the dW GEMM becomes a task of io->sched, run
+                                   when a later layer waits for its dX reduction (or at the
+                                   end), so that it hides that reduction; see
+                                   axc_linear_io.task_number. (With Gd > 1 the GEMM runs in the
+                                   call: its reduce-scatter should start early.) */
 } axc_linear_desc;
 
 /* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */
@@ -99,7 +100,8 @@ typedef struct axc_linear_io {
     const void *w_full;
     /* out (backward, desc->defer_dw_gemm, or NULL): the number of the scheduler task that
      * computes dW (0: computed in the call). Until the task has run (axc_sched_stats.tasks_run),
-     * the caller keeps dy, x (or saved), dw_prev and the workspace alive. */
+     * the caller keeps dy, x (or saved), dw, dw_prev and the workspace alive. When the call
+     * fails, the queue has been run before it returns (*task_number is 0). */
     uint64_t *task_number;
     /* backward, Gd > 1, not deferred: dW's unreduced block ([shard * depth_size], padding
      * zeroed) goes here and the depth reduce-scatter is left to the caller (io->dw untouched),

@@ -26,7 +26,8 @@
  * thread that runs them (a layer's dW GEMM, run while a later layer waits for its dX
  * reduction). They run at axc_sched_run_tasks(), before axc_sched_start_after_deferred() starts
  * its collective (which may read what they write), and first thing in axc_sched_finish(). The
- * points are in program order, so every rank runs a task's collectives in the same order.
+ * points are in program order, so a task that starts collectives starts them in the same order
+ * on every rank. Task numbers and stats.tasks_run assume one thread drives the queue.
  *
  * Thread-safe (one mutex); meant to be driven from one thread at a time. */
 #ifndef AXC_SCHED_H
@@ -111,7 +112,8 @@ axc_status axc_sched_step_end(axc_sched *s);
 
 /* Takes ownership of a started collective; axc_sched_finish waits for it. */
 axc_status axc_sched_defer(axc_sched *s, axc_work *w);
-/* Starts `c` on `group` after every collective deferred so far (in their order) and defers it. */
+/* Runs the queued tasks, then starts `c` on `group` after every collective deferred so far (in
+ * their order) and defers it. A task's failure is returned, but `c` is started all the same. */
 axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c);
 /* Runs the deferred tasks, then waits for every deferred collective (in order); returns the
  * first failure. */
