@@ -103,10 +103,13 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     return y, saved
 
 
-def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=None):
+def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=None,
+                   need_dx: bool = True):
     """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
     parameter itself, eager mode with deferral on) dW is deferred: it is completed into
-    param.grad at the end of backward (axonn_c/grads.py) and dw is None."""
+    param.grad at the end of backward (axonn_c/grads.py) and dw is None. need_dx=False (the
+    input needs no gradient, e.g. a first layer on raw data): no dX GEMM and no dX collectives,
+    dx is None."""
     desc = _desc(cfg, dy.dtype)
     dy = dy.contiguous()
     rows = x.shape[0]
@@ -115,7 +118,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     if cfg[4] == _EASY:
         t_max = saved.shape[0] // (s["gin_size"] * s["gout_size"])
         s = _shapes(desc, t_max)
-    dx = torch.empty_like(x)
+    dx = torch.empty_like(x) if need_dx else None
     db = dy.new_empty((s["n_local"],)) if cfg[3] else None
     n_ws = s["workspace_elems"]
     ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
@@ -130,7 +133,8 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, cfg, s) if param is None else None
     task = _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(),
-                              w.data_ptr(), dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                              w.data_ptr(), dy.data_ptr(), dx.data_ptr() if need_dx else 0,
+                              dw.data_ptr(),
                               db.data_ptr() if db is not None else 0, ws, *tail,
                               wf.data_ptr() if wf is not None else 0,
                               dwf.data_ptr() if dwf is not None else 0)
@@ -252,7 +256,9 @@ class _EagerLinear(torch.autograd.Function):
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
         cfg = ctx.cfg
-        dx, dw, db = _backward_impl(dy, x, saved, w, cfg, w if _defers(w, cfg) else None)
+        # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
+        dx, dw, db = _backward_impl(dy, x, saved, w, cfg, w if _defers(w, cfg) else None,
+                                    ctx.needs_input_grad[0])
         return dx, dw, (db if ctx.has_bias else None), None
 
 

@@ -561,8 +561,11 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
          * run while the next chunk and then dW compute */
         axc_work *ar[64] = {0};
         int64_t n = 1;
-        axc_status st;
-        if (s->gout_size == 1) {
+        axc_status st = AXC_OK;
+        int reduces = io->dx && s->gout_size > 1; /* (no dx: the input needs no gradient) */
+        if (!io->dx) {
+            n = 0;
+        } else if (s->gout_size == 1) {
             st = gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL);
         } else {
             n = reduce_chunks(&c, rows, Kl);
@@ -575,8 +578,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
                 st = dw_defer(&c, &w, io->dy, io->x, rows);
             if (st != AXC_OK)
                 return finish_all(ar, n, st);
-            return bias_flush_finish(&c, io->dy, rows, s->gout_size > 1 && d->overlap_all_reduce,
-                                     ar, n);
+            return bias_flush_finish(&c, io->dy, rows, reduces && d->overlap_all_reduce, ar, n);
         }
         if (st == AXC_OK)
             st = dw_gemm(&c, &w, io->dy, io->x, rows);
@@ -599,6 +601,13 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
     AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_TO_ALL, w.dypack, w.dyr, rows * Nl, &dyr));
     AXC_TRY(through(&c, s->gin, AXC_COLL_ALL_GATHER, dyr, w.dye, grows * Nl, &dye));
     /* dye rows match `saved`: (gin source, gout source, token) */
+    if (!io->dx) { /* the input needs no gradient: dW and db only */
+        int later = defers_dw(&c);
+        AXC_TRY(later ? dw_defer(&c, &w, dye, io->saved, P_rows)
+                      : dw_gemm(&c, &w, dye, io->saved, P_rows));
+        return later ? bias_flush_finish(&c, dye, P_rows, 0, NULL, 0)
+                     : dw_finish(&c, &w, dye, P_rows, NULL, 0);
+    }
     AXC_TRY(gemm(&c, 0, 0, P_rows, Kl, Nl, dye, Nl, wt, Kl, w.dxe, Kl, NULL));
     /* regroup rows by gout source so the reduce-scatter over gout hands each its tokens */
     const void *dxperm = w.dxe;

@@ -201,6 +201,39 @@ def check_overlap_identical(g, seed):
             close(b, a, torch.float32, f"rank {g.rank} expert={expert} fwd_chunks=3")
 
 
+def check_no_input_grad(g, seed):
+    """An input that needs no gradient (a first layer on raw data): the backward skips the dX
+    GEMM and dX's collectives, so the step moves fewer bytes wherever dX is reduced or
+    redistributed, and dW, db are bitwise those of the same step with the input's gradient."""
+    for expert, transpose in itertools.product((False, True), (False, True)):
+        what = (f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} expert={expert} "
+                f"transpose={transpose} rank {g.rank}")
+        got = {}
+        for need in (True, False):
+            torch.manual_seed(seed)
+            layer = axonn_c.Linear(24, 48, expert_mode=expert, transpose=transpose)
+            s = layer._shapes
+            gen = torch.Generator().manual_seed(seed + g.rank)
+            x = torch.randn(5, s["k_local"] if expert else 24, generator=gen)
+            x.requires_grad_(need)
+            y = layer(x)
+            axonn_c.reset_comm_stats()
+            y.backward(torch.ones_like(y))
+            axonn_c.finish_grads()
+            stats = axonn_c.comm_stats()
+            sent = sum(stats[k]["bytes_sent"] for k in ("col", "row", "depth", "data"))
+            got[need] = (sent, layer.weight.grad.clone(), layer.bias.grad.clone())
+            assert (x.grad is not None) == need, f"{what}: x.grad {x.grad is not None}"
+        moves_dx = s["gout_size"] > 1 if expert else s["gin_size"] * s["gout_size"] > 1
+        if moves_dx:
+            assert got[False][0] < got[True][0], f"{what}: bytes {got[False][0]} not below " \
+                                                 f"{got[True][0]} without dX"
+        else:
+            assert got[False][0] == got[True][0], f"{what}: bytes {got}"
+        assert torch.equal(got[False][1], got[True][1]), f"{what}: dW differs without dX"
+        assert torch.equal(got[False][2], got[True][2]), f"{what}: db differs without dX"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="float32")
@@ -225,6 +258,7 @@ def main():
         check_mlp_and_bytes(g, torch.float32, seed=78 + n, chunks=3)
         check_easy_bytes(g, seed=99 + n)
         check_overlap_identical(g, seed=123 + n)
+        check_no_input_grad(g, seed=150 + n)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: {n} layer cases match nn.Linear"

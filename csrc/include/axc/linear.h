@@ -80,7 +80,9 @@ typedef struct axc_linear_io {
     void *saved;     /* forward: filled with the activation backward needs (easy: the gathered
                         [saved_rows, k_local] input; expert: unused, backward reads x) */
     const void *dy;  /* backward input */
-    void *dx;        /* backward outputs */
+    void *dx;        /* backward outputs; dx NULL: the input needs no gradient (a first
+                        layer), so the dX GEMM and dX's collectives are skipped (every rank of
+                        the layer's groups must pass NULL alike) */
     void *dw;        /* [shard] */
     void *db;        /* [n_local] or NULL */
     void *workspace; /* workspace_elems elements */
