@@ -59,6 +59,7 @@ _task_keeps: List[Tuple[int, tuple]] = []
 _params_pending: set = set()
 _open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
 _queued_task = None  # graph task whose end runs _end_of_backward
+_pass_alive = None  # weakref to the callback queued for that pass: dead once the pass is gone
 
 
 def _close(bucket: _Bucket) -> None:
@@ -100,6 +101,7 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     """For a deferred weight gradient of `param` ([n] elements): the tensor the layer writes
     (dw), the accumulated gradient to fold in (or None), whether dw replaces .grad (else it is
     added), and whether it is reduced over the data group (`overlap_data`: the layer's knob)."""
+    drop_if_abandoned()  # e.g. a second backward over a retained graph after one that raised
     if param in _params_pending:  # the layer ran twice in this backward (shared weights)
         finish()
     prev = param.grad
@@ -187,6 +189,7 @@ def _on_grad(ref, g: Tensor) -> None:
     groups = tuple(n for n in p._axonn_hook_groups if runtime.group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:
         return  # nothing to sum / an unusual gradient: sync_gradients sums it
+    drop_if_abandoned()
     if p in _params_pending:  # a second gradient in one pass (e.g. reentrant checkpointing)
         finish()
     prev = p.grad
@@ -207,14 +210,26 @@ def _on_grad(ref, g: Tensor) -> None:
     queue_finish()
 
 
+class _EndOfBackward:
+    """The end-of-backward callback. The autograd engine holds it while the pass is alive and
+    lets it go when the pass ends, also when the pass raised (then it never runs): a weak
+    reference to it tells whether pending gradients still belong to a running pass."""
+    __slots__ = ("__weakref__",)
+
+    def __call__(self) -> None:
+        _end_of_backward()
+
+
 def queue_finish() -> None:
     """Runs finish() when the current backward pass ends (once per pass). Keyed by the pass's
     graph-task id, so a pass that raised (its callbacks dropped) does not block later ones."""
-    global _queued_task
+    global _queued_task, _pass_alive
     task = torch._C._current_graph_task_id()
     if task != _queued_task:
-        torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
+        cb = _EndOfBackward()
+        torch.autograd.Variable._execution_engine.queue_callback(cb)
         _queued_task = task
+        _pass_alive = weakref.ref(cb)
 
 
 def _end_of_backward() -> None:
@@ -259,16 +274,21 @@ def finish() -> None:
 
 
 def drop_if_abandoned() -> None:
-    """Called by a layer's forward while gradients are pending: outside a backward pass that
-    means the pass that produced them raised before its end (its callback never ran). Their
-    deferred work is completed (so nothing is left reading freed memory) and the gradients are
-    dropped, not set: the next backward must not find a half pass's values in .grad."""
-    if not _records or torch._C._current_graph_task_id() != -1:
-        return  # (inside backward: a reentrant checkpoint's recomputation, records are live)
+    """Drops the pending work of a backward pass that raised before its end (its callback never
+    ran, and the engine let it go): its deferred work is completed, so nothing is left reading
+    freed memory, and the deferred Linear weight gradients are dropped, not set, so the next
+    backward or sync_gradients does not find a half pass's values in .grad. (A hooked
+    parameter, e.g. a bias, keeps what autograd accumulated into its .grad before the error, as
+    without overlap.) Called by a Linear's forward, by the first gradient of a pass, and by
+    sync_gradients / run_concurrent / finish_grads; a pass still running, on any thread,
+    keeps its records."""
     global _queued_task
+    if not (_records or _open) or (_pass_alive is not None and _pass_alive() is not None):
+        return
     _queued_task = None
     try:
         _C.sched_finish()  # (the records hold what the queued dW GEMMs write: cleared after)
+        _C.sched_step_abort()  # the half step's layer order is not learned
     finally:
         _records.clear()
         _params_pending.clear()
@@ -278,8 +298,8 @@ def drop_if_abandoned() -> None:
 
 def reset() -> None:
     """Forgets everything pending (at init/finalize)."""
-    global _queued_task
-    _queued_task = None
+    global _queued_task, _pass_alive
+    _queued_task = _pass_alive = None
     _records.clear()
     _params_pending.clear()
     _open.clear()

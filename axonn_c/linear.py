@@ -212,16 +212,17 @@ def _(x, w, b, cfg):
 
 
 @torch.library.custom_op("axonn_c::linear_bwd", mutates_args=())
-def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor,
-                cfg: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = _backward_impl(dy, x, saved, w, cfg)
-    return dx, dw, (db if db is not None else dy.new_empty((0,)))
+def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[int],
+                need_dx: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = _backward_impl(dy, x, saved, w, cfg, None, need_dx)
+    return ((dx if dx is not None else dy.new_empty((0,))), dw,
+            (db if db is not None else dy.new_empty((0,))))
 
 
 @_linear_bwd.register_fake
-def _(dy, x, saved, w, cfg):
+def _(dy, x, saved, w, cfg, need_dx):
     s = _shapes(_desc(cfg, dy.dtype), x.shape[0])
-    return (torch.empty_like(x), torch.empty_like(w),
+    return (torch.empty_like(x) if need_dx else dy.new_empty((0,)), torch.empty_like(w),
             dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
 
 
@@ -234,8 +235,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy, _dsaved):
     x, saved, w = ctx.saved_tensors
-    dx, dw, db = _linear_bwd(dy, x, saved, w, ctx.cfg)
-    return dx, dw, (db if ctx.has_bias else None), None
+    need_dx = ctx.needs_input_grad[0]  # as the eager path: no dX work for an input without grad
+    dx, dw, db = _linear_bwd(dy, x, saved, w, ctx.cfg, need_dx)
+    return (dx if need_dx else None), dw, (db if ctx.has_bias else None), None
 
 
 torch.library.register_autograd("axonn_c::linear_fwd", _backward, setup_context=_setup_context)
@@ -410,7 +412,7 @@ class Linear(nn.Module):
         elif x.dtype != w.dtype:
             raise TypeError(f"input dtype {x.dtype} does not match the layer's {w.dtype} "
                             "(cast the input, or use torch.autocast)")
-        if not torch.compiler.is_compiling() and grads._records:
+        if not torch.compiler.is_compiling() and (grads._records or grads._open):
             grads.drop_if_abandoned()  # a backward pass that raised left its gradients behind
         flat = x.dim() == 2 and x.is_contiguous()  # the common case needs no reshaping
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()

@@ -113,6 +113,12 @@ def test_custom_ops_pass_opcheck():
         torch.library.opcheck(torch.ops.axonn_c.linear_fwd.default,
                               (x, ours.weight.detach(), ours.bias.detach(), cfg),
                               test_utils=("test_schema", "test_faketensor"))
+        y, saved = torch.ops.axonn_c.linear_fwd(x, ours.weight.detach(), ours.bias.detach(), cfg)
+        for need_dx in (True, False):  # (no dX: an empty tensor in its place)
+            torch.library.opcheck(torch.ops.axonn_c.linear_bwd.default,
+                                  (torch.randn_like(y), x, saved, ours.weight.detach(), cfg,
+                                   need_dx),
+                                  test_utils=("test_schema", "test_faketensor"))
 
 
 def test_defer_wgrad_needs_a_reduction_to_hide_under():

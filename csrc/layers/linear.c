@@ -513,11 +513,12 @@ static axc_status dw_task_run(void *arg)
 /* Whether this backward hands its dW GEMM to the scheduler. Only where a later dX reduction can
  * hide it (overlap_all_reduce, a tensor-parallel grid: else nothing runs the queue before the
  * end of backward, and the tensors it reads pile up), and not when a depth reduce-scatter
- * follows it, which should start as early as it can. axonn_c/linear.py's _defers mirrors
- * this. */
+ * follows it, which should start as early as it can; nor without dX (no reduction in this
+ * layer). axonn_c/linear.py's _defers mirrors this (but for the dX case: the layer then
+ * computes dW in the call, which the caller's bookkeeping allows). */
 static int defers_dw(const ctx *c)
 {
-    return c->d->defer_dw_gemm && c->io->defer && c->d->overlap_all_reduce &&
+    return c->d->defer_dw_gemm && c->io->defer && c->io->dx && c->d->overlap_all_reduce &&
            c->s.depth_size == 1 && c->s.gin_size * c->s.gout_size > 1;
 }
 
@@ -534,8 +535,8 @@ static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, i
 
 /* The rest of a backward whose dW is deferred: db; then, when `flush` (a reduction of this
  * layer is in flight), the queued dW GEMMs (earlier layers' and this one's) run under it; then
- * pending[0..npending) completes. `flush` must be the same on every rank (it is decided by the
- * grid and the knobs, not by timing): the tasks start collectives. */
+ * pending[0..npending) completes. `flush` is decided by the grid and the knobs, not by timing,
+ * so the queue runs at the same points on every rank. */
 static axc_status bias_flush_finish(ctx *c, const void *dy, int64_t rows, int flush,
                                     axc_work **pending, int64_t npending)
 {

@@ -102,6 +102,13 @@ static PyObject *py_sched_step_end(PyObject *self, PyObject *noargs)
     return run_blocking(axc_sched_step_end);
 }
 
+static PyObject *py_sched_step_abort(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return run_blocking(axc_sched_step_abort);
+}
+
 /* sched_reduce_after_deferred(group, ptr, count, dtype, device, stream): all-reduce (sum) in
  * place on `group`, after everything deferred so far; completed by sched_finish */
 static PyObject *py_sched_reduce(PyObject *self, PyObject *args)
@@ -232,6 +239,8 @@ PyMethodDef axc_py_sched_methods[] = {
     {"sched_forget", py_sched_forget, METH_VARARGS, "Drops a layer's gathered weight."},
     {"sched_finish", py_sched_finish, METH_NOARGS, "Waits for every deferred collective."},
     {"sched_step_end", py_sched_step_end, METH_NOARGS, "Ends the step (learns the order)."},
+    {"sched_step_abort", py_sched_step_abort, METH_NOARGS,
+     "Ends a step that did not complete (does not learn its order)."},
     {"sched_reduce_after_deferred", py_sched_reduce, METH_VARARGS,
      "Starts an in-place sum all-reduce after the deferred collectives; finished by sched_finish."},
     {"sched_stats", py_sched_stats, METH_VARARGS, "Scheduler counters."},

@@ -212,10 +212,11 @@ static int fresh(const layer_slot *L)
 
 /* ------------------------------------------------------------------ order learning */
 
-static axc_status step_boundary(axc_sched *s)
+/* `learn`: the trace may become the learned order (0: a step that did not complete) */
+static axc_status step_boundary(axc_sched *s, int learn)
 {
     axc_status st = AXC_OK;
-    if (s->trace.len > 0) {
+    if (learn && s->trace.len > 0) {
         int differs = s->trace.len != s->order.len ||
                       memcmp(s->trace.v, s->order.v, s->trace.len * sizeof(visit)) != 0;
         if (differs) {
@@ -247,7 +248,7 @@ static axc_status record(axc_sched *s, visit v, int64_t *pos)
      * forwards inside backward */
     if (v.phase == AXC_PHASE_FWD && s->trace.len > 0 && !s->trace_has_bwd &&
         same(v, s->trace.v[0]))
-        AXC_TRY(step_boundary(s));
+        AXC_TRY(step_boundary(s, 1));
     size_t i = s->trace.len;
     AXC_TRY(list_push(&s->trace, v));
     if (v.phase == AXC_PHASE_BWD)
@@ -461,7 +462,15 @@ axc_status axc_sched_release(axc_sched *s, int layer, void *stream)
 axc_status axc_sched_step_end(axc_sched *s)
 {
     pthread_mutex_lock(&s->mu);
-    axc_status st = step_boundary(s);
+    axc_status st = step_boundary(s, 1);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+axc_status axc_sched_step_abort(axc_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = step_boundary(s, 0);
     pthread_mutex_unlock(&s->mu);
     return st;
 }

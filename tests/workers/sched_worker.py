@@ -449,6 +449,10 @@ def check_deferred_wgrad(g):
         assert "boom" in str(e), e
     for m, r in zip(model, ref):
         m.weight.grad = m.bias.grad = r.weight.grad = r.bias.grad = None
+    # sync_gradients straight after (a micro-batch loop that caught the error): the half
+    # pass's deferred weight gradients are dropped, not set
+    axonn_c.sync_gradients(model)
+    assert all(m.weight.grad is None for m in model), f"{what}: stale dW after sync_gradients"
     run(model, x, dy, [])
     h = X
     for r in ref:

@@ -109,6 +109,9 @@ axc_status axc_sched_acquire(axc_sched *s, const axc_sched_weight *w, const void
 axc_status axc_sched_release(axc_sched *s, int layer, void *stream);
 /* Ends the step: learns the order, frees buffers no longer wanted. */
 axc_status axc_sched_step_end(axc_sched *s);
+/* Ends a step that did not complete (a backward pass that raised): like step_end, but the
+ * trace is discarded instead of learned. */
+axc_status axc_sched_step_abort(axc_sched *s);
 
 /* Takes ownership of a started collective; axc_sched_finish waits for it. */
 axc_status axc_sched_defer(axc_sched *s, axc_work *w);
