@@ -397,7 +397,6 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
                              f"{dim}, but got an input of shape {list(t.shape)}")
     from . import grads
 
-    grads.drop_if_abandoned()  # (a backward that raised: its half gradients are dropped)
     grads.finish()  # nothing deferred may still be in flight on channel 0
     reducer = _Reducer(model, n) if model is not None and runtime.grad_sync_enabled else None
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]

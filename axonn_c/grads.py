@@ -244,6 +244,7 @@ def finish() -> None:
     """Completes every deferred gradient: closes open buckets, waits for the collectives, sets
     .grad. Called at the end of backward, by sync_gradients, and before a layer's second
     backward within one pass."""
+    drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
     if not _records and not _open:
         return
     records = list(_records)
@@ -280,8 +281,8 @@ def drop_if_abandoned() -> None:
     backward or sync_gradients does not find a half pass's values in .grad. (A hooked
     parameter, e.g. a bias, keeps what autograd accumulated into its .grad before the error, as
     without overlap.) Called by a Linear's forward, by the first gradient of a pass, and by
-    sync_gradients / run_concurrent / finish_grads; a pass still running, on any thread,
-    keeps its records."""
+    finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
+    thread, keeps its records."""
     global _queued_task
     if not (_records or _open) or (_pass_alive is not None and _pass_alive() is not None):
         return

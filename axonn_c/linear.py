@@ -412,7 +412,7 @@ class Linear(nn.Module):
         elif x.dtype != w.dtype:
             raise TypeError(f"input dtype {x.dtype} does not match the layer's {w.dtype} "
                             "(cast the input, or use torch.autocast)")
-        if not torch.compiler.is_compiling() and (grads._records or grads._open):
+        if not torch.compiler.is_compiling():
             grads.drop_if_abandoned()  # a backward pass that raised left its gradients behind
         flat = x.dim() == 2 and x.is_contiguous()  # the common case needs no reshaping
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()

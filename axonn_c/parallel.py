@@ -91,7 +91,6 @@ no_sync = no_grad_sync
 def finish_grads() -> None:
     """Waits for every gradient reduction still in flight and sets the weights' .grad (backward
     does this itself when it ends; for code that reads .grad from inside backward hooks)."""
-    grads.drop_if_abandoned()
     grads.finish()
 
 
@@ -156,7 +155,6 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     """
     if not runtime.grad_sync_enabled:
         return
-    grads.drop_if_abandoned()  # a backward that raised: its half gradients are not summed
     grads.finish()
     expert = _model_expert_mode(model, expert_mode)
     if any(not hasattr(m.weight, "_axonn_norm_groups") for m in _axonn_layers(model)):

@@ -533,8 +533,8 @@ static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, i
                               c->io->task_number);
 }
 
-/* The rest of a backward whose dW is deferred: db; then, when `flush` (a reduction of this
- * layer is in flight), the queued dW GEMMs (earlier layers' and this one's) run under it; then
+/* The rest of a backward whose dW is deferred (so overlap_all_reduce is on): db; then, when
+ * `flush` (a reduction of this layer is in flight), the queued dW GEMMs (earlier layers' and this one's) run under it; then
  * pending[0..npending) completes. `flush` is decided by the grid and the knobs, not by timing,
  * so the queue runs at the same points on every rank. */
 static axc_status bias_flush_finish(ctx *c, const void *dy, int64_t rows, int flush,
@@ -563,8 +563,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         axc_work *ar[64] = {0};
         int64_t n = 1;
         axc_status st = AXC_OK;
-        int reduces = io->dx && s->gout_size > 1; /* (no dx: the input needs no gradient) */
-        if (!io->dx) {
+        if (!io->dx) { /* the input needs no gradient */
             n = 0;
         } else if (s->gout_size == 1) {
             st = gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL);
@@ -579,7 +578,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
                 st = dw_defer(&c, &w, io->dy, io->x, rows);
             if (st != AXC_OK)
                 return finish_all(ar, n, st);
-            return bias_flush_finish(&c, io->dy, rows, reduces && d->overlap_all_reduce, ar, n);
+            return bias_flush_finish(&c, io->dy, rows, s->gout_size > 1, ar, n);
         }
         if (st == AXC_OK)
             st = dw_gemm(&c, &w, io->dy, io->x, rows);
@@ -602,12 +601,9 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
     AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_TO_ALL, w.dypack, w.dyr, rows * Nl, &dyr));
     AXC_TRY(through(&c, s->gin, AXC_COLL_ALL_GATHER, dyr, w.dye, grows * Nl, &dye));
     /* dye rows match `saved`: (gin source, gout source, token) */
-    if (!io->dx) { /* the input needs no gradient: dW and db only */
-        int later = defers_dw(&c);
-        AXC_TRY(later ? dw_defer(&c, &w, dye, io->saved, P_rows)
-                      : dw_gemm(&c, &w, dye, io->saved, P_rows));
-        return later ? bias_flush_finish(&c, dye, P_rows, 0, NULL, 0)
-                     : dw_finish(&c, &w, dye, P_rows, NULL, 0);
+    if (!io->dx) { /* the input needs no gradient: dW and db only (never deferred) */
+        AXC_TRY(dw_gemm(&c, &w, dye, io->saved, P_rows));
+        return dw_finish(&c, &w, dye, P_rows, NULL, 0);
     }
     AXC_TRY(gemm(&c, 0, 0, P_rows, Kl, Nl, dye, Nl, wt, Kl, w.dxe, Kl, NULL));
     /* regroup rows by gout source so the reduce-scatter over gout hands each its tokens */
@@ -632,7 +628,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
             AXC_TRY(coll_finish(&rs, AXC_OK));
     }
     /* deferred dW: the queued GEMMs run under the first reduction waited for */
-    int defers = defers_dw(&c), flush_rs = defers && G_out > 1 && d->overlap_all_reduce;
+    int defers = defers_dw(&c), flush_rs = defers && G_out > 1;
     axc_status st = defers ? dw_defer(&c, &w, dye, io->saved, P_rows)
                            : dw_gemm(&c, &w, dye, io->saved, P_rows);
     if (st == AXC_OK && flush_rs)
@@ -649,8 +645,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
     if (st != AXC_OK)
         st = coll_finish(&a2a, st);
     else if (defers)
-        st = bias_flush_finish(&c, dye, P_rows, !flush_rs && G_in > 1 && d->overlap_all_reduce,
-                               &a2a, 1);
+        st = bias_flush_finish(&c, dye, P_rows, !flush_rs && G_in > 1, &a2a, 1);
     else
         st = dw_finish(&c, &w, dye, P_rows, &a2a, 1);
     for (int i = 0; i < G_in && st == AXC_OK; i++)

@@ -514,43 +514,47 @@ axc_status axc_sched_defer(axc_sched *s, axc_work *w)
     return st;
 }
 
+/* Runs one task taken off the queue (outside the lock: it may defer collectives or add tasks)
+ * and counts it done. */
+static axc_status run_task(axc_sched *s, axc_sched_task t)
+{
+    axc_status st = t.run(t.arg);
+    if (t.drop)
+        t.drop(t.arg);
+    pthread_mutex_lock(&s->mu);
+    s->tasks_done++;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 axc_status axc_sched_add_task(axc_sched *s, axc_sched_task t, uint64_t *number)
 {
     pthread_mutex_lock(&s->mu);
     if (s->task_head > 0 && s->task_head == s->ntasks)
         s->task_head = s->ntasks = 0; /* empty: start over at the front */
-    if (!room_for_one((void **)&s->tasks, &s->task_cap, s->ntasks, sizeof *s->tasks)) {
-        /* run it now, after the queued ones: tasks_run stays "every task up to this number" */
-        pthread_mutex_unlock(&s->mu);
-        axc_status st = axc_sched_run_tasks(s);
-        axc_status ts = t.run(t.arg);
-        if (t.drop)
-            t.drop(t.arg);
-        pthread_mutex_lock(&s->mu);
-        s->tasks_added++;
-        s->tasks_done++;
-        if (number)
-            *number = s->tasks_added;
-        pthread_mutex_unlock(&s->mu);
-        if (st == AXC_OK)
-            st = ts;
-        return st != AXC_OK ? st
-                            : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring "
-                                                      "a task (it was run now)");
-    }
-    s->tasks[s->ntasks++] = t;
+    int queued = room_for_one((void **)&s->tasks, &s->task_cap, s->ntasks, sizeof *s->tasks);
+    if (queued)
+        s->tasks[s->ntasks++] = t;
     s->tasks_added++;
     if (number)
         *number = s->tasks_added;
     pthread_mutex_unlock(&s->mu);
-    return AXC_OK;
+    if (queued)
+        return AXC_OK;
+    /* out of memory: run it now, after the queued ones (tasks_run stays "every task up to this
+     * number") */
+    axc_status st = axc_sched_run_tasks(s);
+    axc_status ts = run_task(s, t);
+    st = st != AXC_OK ? st : ts;
+    return st != AXC_OK ? st
+                        : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory deferring a task "
+                                                  "(it was run now)");
 }
 
 axc_status axc_sched_run_tasks(axc_sched *s)
 {
     axc_status st = AXC_OK;
     for (;;) {
-        /* one at a time, outside the lock: a task defers collectives (and may add tasks) */
         pthread_mutex_lock(&s->mu);
         if (s->task_head == s->ntasks) {
             pthread_mutex_unlock(&s->mu);
@@ -558,12 +562,7 @@ axc_status axc_sched_run_tasks(axc_sched *s)
         }
         axc_sched_task t = s->tasks[s->task_head++];
         pthread_mutex_unlock(&s->mu);
-        axc_status ts = t.run(t.arg);
-        if (t.drop)
-            t.drop(t.arg);
-        pthread_mutex_lock(&s->mu);
-        s->tasks_done++;
-        pthread_mutex_unlock(&s->mu);
+        axc_status ts = run_task(s, t);
         if (st == AXC_OK)
             st = ts;
     }
