@@ -56,6 +56,8 @@ class _Bucket:
 _records: List[_Record] = []
 # (task number, tensors) for deferred dW GEMMs (defer_wgrad): alive until the task has run
 _task_keeps: List[Tuple[int, tuple]] = []
+# (result number, dx) for held backward all-reduces (axonn_c.Sequential): alive until awaited
+_result_keeps: List[Tuple[int, Tensor]] = []
 _params_pending: set = set()
 _open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
 _queued_task = None  # graph task whose end runs _end_of_backward
@@ -134,13 +136,28 @@ def keep_for_task(task: int, tensors: tuple) -> None:
     _task_keeps.append((task, tensors))
 
 
+def keep_for_result(number: int, dx: Tensor) -> None:
+    """Keeps dx, which a held all-reduce (result `number`) writes, until it is awaited (by
+    the consumer's gradient hook, axonn_c/pipeline.py, or at the end of backward)."""
+    release_run_tasks()
+    _result_keeps.append((number, dx))
+    queue_finish()  # the end of backward awaits what no hook did
+
+
+def _release(keeps: list, done: int) -> None:
+    i = 0
+    while i < len(keeps) and keeps[i][0] <= done:
+        i += 1
+    del keeps[:i]
+
+
 def release_run_tasks() -> None:
-    if _task_keeps and runtime.is_initialized():
-        done = _C.sched_tasks_run()
-        i = 0
-        while i < len(_task_keeps) and _task_keeps[i][0] <= done:
-            i += 1
-        del _task_keeps[:i]
+    """Releases what tasks that have run, and results that have been awaited, kept alive."""
+    if (_task_keeps or _result_keeps) and runtime.is_initialized():
+        if _task_keeps:
+            _release(_task_keeps, _C.sched_counters()[0])
+        if _result_keeps:
+            _release(_result_keeps, _C.sched_counters()[2])
 
 
 def accumulates(param: Tensor) -> bool:
@@ -246,6 +263,11 @@ def finish() -> None:
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
     if not _records and not _open:
+        if _result_keeps:  # held all-reduces that no hook awaited
+            try:
+                _C.sched_finish()
+            finally:
+                release_run_tasks()
         return
     records = list(_records)
     _records.clear()
@@ -284,7 +306,8 @@ def drop_if_abandoned() -> None:
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
     thread, keeps its records."""
     global _queued_task
-    if not (_records or _open) or (_pass_alive is not None and _pass_alive() is not None):
+    if (not (_records or _open or _result_keeps)
+            or (_pass_alive is not None and _pass_alive() is not None)):
         return
     _queued_task = None
     try:
@@ -305,3 +328,4 @@ def reset() -> None:
     _params_pending.clear()
     _open.clear()
     _task_keeps.clear()
+    _result_keeps.clear()

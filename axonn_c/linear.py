@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C, concurrent, grads, runtime
+from . import _C, concurrent, grads, pipeline, runtime
 from .comm import _stream
 from .runtime import grid
 
@@ -27,8 +27,16 @@ def _dev(t: Tensor) -> int:
 _desc_cache: dict = {}
 
 # cfg: (in_features, out_features, transpose, has_bias, layout[, overlap_all_reduce,
-#       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad])
-_SCHED, _OV_DATA, _LAYER, _DEFER_DW = 8, 9, 10, 11
+#       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad,
+#       hold])
+_SCHED, _OV_DATA, _LAYER, _DEFER_DW, _HOLD = 8, 9, 10, 11, 12
+# hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/pipeline.py): the forward all-reduce
+# of y, the backward all-reduce of dx, are left in flight for the next consumer to await
+HOLD_FWD, HOLD_BWD = 1, 2
+
+
+def _hold(cfg) -> int:
+    return cfg[_HOLD] if len(cfg) > _HOLD else 0
 
 
 def _desc(cfg, dtype: torch.dtype) -> tuple:
@@ -99,7 +107,7 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
                       b.data_ptr() if b is not None else 0, y.data_ptr(),
                       saved.data_ptr() if saved is not None else 0, ws, *_sched_args(w, cfg),
-                      wf.data_ptr() if wf is not None else 0)
+                      wf.data_ptr() if wf is not None else 0, bool(_hold(cfg) & HOLD_FWD))
     return y, saved
 
 
@@ -132,12 +140,15 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     wf = _shared_gather(w, cfg, s, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, cfg, s) if param is None else None
+    hold = need_dx and bool(_hold(cfg) & HOLD_BWD)
     task = _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(),
                               w.data_ptr(), dy.data_ptr(), dx.data_ptr() if need_dx else 0,
                               dw.data_ptr(),
                               db.data_ptr() if db is not None else 0, ws, *tail,
                               wf.data_ptr() if wf is not None else 0,
-                              dwf.data_ptr() if dwf is not None else 0)
+                              dwf.data_ptr() if dwf is not None else 0, hold)
+    if hold and cfg[5] and s["gout_size"] > 1:  # dx's all-reduce is still running
+        grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
         concurrent.shared_reduce_scatter(cfg[_LAYER], w, dwf)
         return dx, None, db
@@ -182,6 +193,8 @@ def _defers(w: Tensor, cfg) -> bool:
     itself (not a per-call cast), there is a deferred reduction or a deferred dW GEMM
     (defer_wgrad) to run, and the pass accumulates into .grad (not torch.autograd.grad)."""
     if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
+        return False
+    if _hold(cfg):  # one call per chunk: autograd sums the chunks' dW (data sum: grads.hook)
         return False
     if concurrent.active():  # autograd accumulates each micro-batch's dW (axonn_c/concurrent.py)
         concurrent.check_unsynced(w)
@@ -421,6 +434,13 @@ class Linear(nn.Module):
         if concurrent.active():  # micro-batch threads leave the scheduler's shared state alone
             ov_ag = ov_data = defer_dw = 0
             chunks = chunks or 1  # the other micro-batches hide the all-reduce: no auto split
+        hold = 0 if torch.compiler.is_compiling() else pipeline.hold_flags(self)
+        if hold:  # a chunk of axonn_c.Sequential: the other chunks hide the all-reduces
+            chunks, defer_dw = chunks or 1, 0
+            if x.dtype != self.weight.dtype or not x.is_contiguous():
+                hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
+            if ov_data:  # the chunks' dW reach .grad through autograd: summed by the hook
+                grads.hook(self.weight, self.weight._axonn_grad_groups)
         if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
                 and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(
@@ -435,7 +455,7 @@ class Linear(nn.Module):
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast
             scheduled = ov_ag and w is self.weight
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
-                   int(scheduled), ov_data, self._layer_id(), defer_dw)
+                   int(scheduled), ov_data, self._layer_id(), defer_dw, hold)
         y = linear_op(x2, w, b if use_bias else None, cfg)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])

@@ -26,6 +26,11 @@ bytes_sent / AXONN_C_SIM_GBPS + AXONN_C_SIM_US (csrc/comm/shm.c, sim_link_sleep)
   concurrent_microbatches=N, the step's forward + backward run as
   axonn_c.run_concurrent(fn, x, model=model), N micro-batches at once in threads;
   exposed_concurrent_s is its exposed communication.
+- t_pipelined_s (with --pipeline N > 1, default 2): overlap=True with the layer stack in an
+  axonn_c.Sequential(chunks=N): the batch runs in N chunks pipelined across the layers (one
+  chunk's all-reduce under another chunk's GEMMs, also of the next layers); exposed_pipelined_s
+  is its exposed communication. On grids where it does not pipeline (depth, data only) it is
+  the overlap step again.
 
 The C core looks AXONN_C_BENCH_SKIP up once; when it is unset (every real job) it never reads it
 again, when it is set (here: the launcher sets it to "none" before the ranks start) it re-reads
@@ -92,7 +97,9 @@ def parse_grid(s):
 
 # ----------------------------------------------------------------------------- worker (per rank)
 
-def build_model(h, blocks):
+def build_model(h, blocks, chunks=0):
+    """The layer stack; chunks > 1: in an axonn_c.Sequential that pipelines that many chunks
+    of the batch across its layers (plain nn.Sequential otherwise)."""
     import torch
     import axonn_c
 
@@ -102,6 +109,8 @@ def build_model(h, blocks):
                    axonn_c.Linear(3 * h, h, bias=False, transpose=True, expert_mode=True),   # proj
                    axonn_c.Linear(h, 4 * h, bias=False, expert_mode=True),                  # fc1
                    axonn_c.Linear(4 * h, h, bias=False, transpose=True, expert_mode=True)]  # fc2
+    if chunks > 1:
+        return axonn_c.Sequential(*layers, chunks=chunks)
     return torch.nn.Sequential(*layers)
 
 
@@ -111,10 +120,12 @@ BASE_MODES = (("compute", "comm", False, 0), ("comm", "compute", False, 0),
 
 
 def modes(spec):
-    """The four modes; overlap with --concurrent micro-batches run at once (> 1); and with
-    --ablate-defer, overlap=True with every layer's defer_wgrad off."""
+    """The four modes; overlap with --concurrent micro-batches run at once (> 1); overlap with
+    the model in an axonn_c.Sequential of --pipeline chunks (> 1); and with --ablate-defer,
+    overlap=True with every layer's defer_wgrad off."""
     n = spec.get("concurrent", 0)
     return (BASE_MODES + ((("concurrent", "none", True, n),) if n > 1 else ())
+            + ((("pipelined", "none", "pipelined", 0),) if spec.get("pipeline", 0) > 1 else ())
             + ((("overlap_nodefer", "none", "nodefer", 0),) if spec.get("ablate_defer") else ()))
 
 
@@ -134,7 +145,8 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
                      backend="shm", overlap=bool(overlap),
                      concurrent_microbatches=max(concurrent, 1))
     torch.manual_seed(0)
-    model = build_model(spec["hidden"], spec["blocks"])
+    model = build_model(spec["hidden"], spec["blocks"],
+                        spec.get("pipeline", 0) if overlap == "pipelined" else 0)
     if overlap == "nodefer":  # the ablation: every overlap but the deferred dW GEMM
         for m in model.modules():
             if isinstance(m, axonn_c.Linear):
@@ -226,13 +238,15 @@ def worker(spec_path):
             for mode, skip, overlap, conc in order:
                 # the timeline also runs in compute-alone mode: its GEMM time there is the
                 # reference for how much the overlap run's GEMMs were slowed down
-                record = mode in ("overlap", "compute", "concurrent", "overlap_nodefer")
+                record = mode in ("overlap", "compute", "concurrent", "pipelined",
+                                  "overlap_nodefer")
                 _, _, out = run_block(spec, G, gbps, spec["sim_us"], skip, overlap,
                                       spec["steps"], record, conc)
                 for k, v in out.items():
                     if isinstance(v, list):
                         acc[mode].setdefault(k, []).extend(v)
-                target = row.get({"overlap": "trace", "concurrent": "trace_concurrent"}.get(mode))
+                target = row.get({"overlap": "trace", "concurrent": "trace_concurrent",
+                                  "pipelined": "trace_pipelined"}.get(mode))
                 if target and rnd == spec["rounds"] - 1:
                     # the spans of the last timed step are still there: one file per rank
                     pattern = os.path.join(spec["tmpdir"], "trace.{rank}.json")
@@ -298,7 +312,8 @@ def phase_bound(compute, comm):
 
 
 def check(r, mode="overlap"):
-    """(target applicable, target met, exposed agrees) for mode "overlap" or "concurrent"."""
+    """(target applicable, target met, exposed agrees) for mode "overlap", "concurrent" or
+    "pipelined"."""
     t, exposed = r[f"t_{mode}_s"], r[f"exposed_{mode}_s" if mode != "overlap" else "exposed_comm_s"]
     hi, lo = max(r["t_compute_s"], r["t_comm_s"]), min(r["t_compute_s"], r["t_comm_s"])
     applicable = lo >= 0.2 * hi
@@ -315,13 +330,14 @@ def explained(r):
     return abs(r["exposed_comm_s"] + r["gemm_slowdown_s"] - diff) <= 0.1 * abs(diff)
 
 
-def concurrent_cells(r, hi):
-    if "t_concurrent_s" not in r:
-        return ""
-    applicable, ok, agree = check(r, "concurrent")
+def mode_cells(r, hi, mode):
+    """time, exposed, /max, target, exp~ of mode "concurrent" or "pipelined" (blank: not run)."""
+    if f"t_{mode}_s" not in r:
+        return f" {'':>8} {'':>7} {'':>8} {'':>8} {'':>6}"
+    applicable, ok, agree = check(r, mode)
     target = ("ok" if ok else "MISS") if applicable else "n/a"
-    return (f" {r['t_concurrent_s'] * 1e3:>8.1f} {r['exposed_concurrent_s'] * 1e3:>7.1f} "
-            f"{r['t_concurrent_s'] / hi:>8.2f} {target:>8} {'yes' if agree else 'no':>6}")
+    return (f" {r[f't_{mode}_s'] * 1e3:>8.1f} {r[f'exposed_{mode}_s'] * 1e3:>7.1f} "
+            f"{r[f't_{mode}_s'] / hi:>8.2f} {target:>8} {'yes' if agree else 'no':>6}")
 
 
 def print_table(rows):
@@ -331,6 +347,9 @@ def print_table(rows):
            f"{'exp~':>5} {'+slow~':>6} {'bnd/max':>7}")
     if conc:
         hdr += f" {'conc':>8} {'c-exp':>7} {'conc/max':>8} {'c-target':>8} {'c-exp~':>6}"
+    pipe = any("t_pipelined_s" in r for r in rows)
+    if pipe:
+        hdr += f" {'pipe':>8} {'p-exp':>7} {'pipe/max':>8} {'p-target':>8} {'p-exp~':>6}"
     nodefer = any("t_overlap_nodefer_s" in r for r in rows)
     if nodefer:
         hdr += f" {'nodefer':>8} {'nd-exp':>7} {'nd/max':>7}"
@@ -348,7 +367,8 @@ def print_table(rows):
               f"{r['t_overlap_s'] / r['t_no_overlap_s']:>7.2f} "
               f"{r['t_overlap_s'] / hi:>8.2f} {target:>7} {'yes' if agree else 'no':>5} "
               f"{'yes' if explained(r) else 'no':>6} {r['phase_bound_s'] / hi:>7.2f}"
-              + (concurrent_cells(r, hi) if conc else "")
+              + (mode_cells(r, hi, "concurrent") if conc else "")
+              + (mode_cells(r, hi, "pipelined") if pipe else "")
               + (f" {r['t_overlap_nodefer_s'] * 1e3:>8.1f} {r['exposed_nodefer_s'] * 1e3:>7.1f} "
                  f"{r['t_overlap_nodefer_s'] / hi:>7.2f}" if nodefer else ""))
     print("target: t_overlap <= 1.15 * max(t_compute, t_comm) (n/a when min < 0.2 * max); "
@@ -361,6 +381,10 @@ def print_table(rows):
         print("conc: overlap=True with the batch split into concurrent micro-batches "
               "(axonn_c.run_concurrent); c-exp: its exposed communication; conc/max, c-target, "
               "c-exp~: as ovl/max, target, exp~ for it")
+    if pipe:
+        print("pipe: overlap=True with the layer stack in an axonn_c.Sequential that pipelines "
+              "--pipeline chunks of the batch across layers (plain where it does not pipeline: "
+              "depth or data-only grids); p-exp, pipe/max, p-target, p-exp~: as for conc")
     if nodefer:
         print("nodefer: overlap=True with defer_wgrad=False on every layer (each dW GEMM runs "
               "in its own layer's backward); nd-exp: its exposed communication")
@@ -392,6 +416,12 @@ def main():
     p.add_argument("--concurrent", type=int, default=2,
                    help="also time overlap=True with the batch split into this many micro-batches "
                    "run at once (axonn_c.run_concurrent; 0 or 1: not)")
+    p.add_argument("--pipeline", type=int, default=2,
+                   help="also time overlap=True with the layers in an axonn_c.Sequential of this "
+                   "many chunks (cross-layer chunk pipelining; 0 or 1: not)")
+    p.add_argument("--trace-pipelined", help="write a merged Chrome trace of one pipelined step "
+                   "here (grid: --trace-pipelined-grid, default 1x1x2x1)")
+    p.add_argument("--trace-pipelined-grid", type=parse_grid, default=(1, 1, 2, 1))
     p.add_argument("--ablate-defer", action="store_true",
                    help="also time overlap=True with defer_wgrad off (t_overlap_nodefer_s)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -406,7 +436,7 @@ def main():
             "steps": a.steps or (2 if q else 3), "warmup": a.warmup if a.warmup is not None
             else (1 if q else 2), "cal_steps": 2 if q else 3, "sim_gbps": a.sim_gbps or 0.0,
             "sim_us": a.sim_us, "comm_ratio": a.comm_ratio, "concurrent": a.concurrent,
-            "ablate_defer": a.ablate_defer}
+            "pipeline": a.pipeline, "ablate_defer": a.ablate_defer}
     ranks = [int(v) for v in a.ranks.split(",")]
     grids = {n: list((QUICK_GRIDS if q else GRIDS).get(n, [])) for n in ranks}
     if a.grids:
@@ -433,6 +463,10 @@ def main():
             a.trace_concurrent_grid in grids[n] for n in ranks)):
         p.error(f"--trace-concurrent needs --concurrent >= 2 and the grid "
                 f"{grid_name(a.trace_concurrent_grid)} among the grids run")
+    if a.trace_pipelined and (a.pipeline < 2 or not any(
+            a.trace_pipelined_grid in grids[n] for n in ranks)):
+        p.error(f"--trace-pipelined needs --pipeline >= 2 and the grid "
+                f"{grid_name(a.trace_pipelined_grid)} among the grids run")
     load = os.getloadavg()[0]
     print(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores"
           + (" -- something else is running: timings will be noisy" if load > 0.5 else ""))
@@ -445,7 +479,9 @@ def main():
         spec_rows = [{"grid": list(g), **({"trace": os.path.abspath(a.trace)}
                                           if a.trace and g == trace_grid else {}),
                       **({"trace_concurrent": os.path.abspath(a.trace_concurrent)}
-                         if a.trace_concurrent and g == a.trace_concurrent_grid else {})}
+                         if a.trace_concurrent and g == a.trace_concurrent_grid else {}),
+                      **({"trace_pipelined": os.path.abspath(a.trace_pipelined)}
+                         if a.trace_pipelined and g == a.trace_pipelined_grid else {})}
                      for g in grids[n]]
         for g, r in zip(grids[n], launch(n, dict(spec, rows=spec_rows))):
             ov = r["overlap"]
@@ -464,6 +500,9 @@ def main():
                 **({"t_concurrent_s": r["concurrent"]["t"],
                     "exposed_concurrent_s": r["concurrent"]["exposed"],
                     "concurrent_microbatches": spec["concurrent"]} if "concurrent" in r else {}),
+                **({"t_pipelined_s": r["pipelined"]["t"],
+                    "exposed_pipelined_s": r["pipelined"]["exposed"],
+                    "pipeline_chunks": spec["pipeline"]} if "pipelined" in r else {}),
                 **({"t_overlap_nodefer_s": r["overlap_nodefer"]["t"],
                     "exposed_nodefer_s": r["overlap_nodefer"]["exposed"]}
                    if "overlap_nodefer" in r else {}),
@@ -483,6 +522,9 @@ def main():
     if a.trace_concurrent:
         print(f"trace of one concurrent micro-batch step of "
               f"{grid_name(a.trace_concurrent_grid)}: {a.trace_concurrent}")
+    if a.trace_pipelined:
+        print(f"trace of one pipelined step of {grid_name(a.trace_pipelined_grid)}: "
+              f"{a.trace_pipelined}")
     return 0
 
 

@@ -137,3 +137,23 @@ def test_defer_wgrad_needs_a_reduction_to_hide_under():
     with pytest.raises(TypeError, match="defer_wgrad must be a bool or None"):
         with axonn_c.optimize_communication(defer_wgrad="yes"):
             pass
+
+
+def test_sequential_is_nn_sequential_where_it_cannot_pipeline():
+    """axonn_c.Sequential pipelines chunks across layers only where a row or column group has
+    several ranks (tests/workers/pipeline_worker.py); in a world of one it is nn.Sequential:
+    same output and gradients, nothing held. chunks is validated."""
+    axonn_c.finalize()
+    axonn_c.init(overlap=True)
+    ours, ref = pair()
+    seq = axonn_c.Sequential(ours, torch.nn.GELU(), chunks=2)
+    assert "chunks=2" in repr(seq) and isinstance(seq, torch.nn.Sequential)
+    x = torch.randn(6, 48)
+    assert not seq._pipelines(x)
+    held = axonn_c.scheduler_stats()["results_held"]
+    seq(x).square().sum().backward()
+    torch.nn.functional.gelu(ref(x)).square().sum().backward()
+    assert axonn_c.scheduler_stats()["results_held"] == held
+    assert torch.allclose(ours.weight.grad.view_as(ref.weight), ref.weight.grad, atol=1e-5)
+    with pytest.raises(ValueError, match="chunks must be >= 1, got 0"):
+        axonn_c.Sequential(ours, chunks=0)

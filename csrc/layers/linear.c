@@ -328,6 +328,22 @@ static axc_status gemm_reduce_chunks(ctx *c, int64_t n, int64_t rows, int tb, in
     return st;
 }
 
+/* Hands works[0..n) (all writing [out, out + elems)) to the scheduler as held results: a later
+ * call awaits them (axc_linear_io.hold_result). On an earlier error they are finished here. */
+static axc_status hold_all(ctx *c, axc_work **works, int64_t n, const void *out, int64_t elems,
+                           axc_status st)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (st != AXC_OK) {
+            st = coll_finish(&works[i], st);
+            continue;
+        }
+        st = axc_sched_hold_result(c->io->sched, out, (size_t)elems * c->es, works[i], NULL);
+        works[i] = NULL; /* the scheduler owns it now, also when holding failed */
+    }
+    return st;
+}
+
 /* Finishes works[0..n); keeps the first error. */
 static axc_status finish_all(axc_work **works, int64_t n, axc_status st)
 {
@@ -361,6 +377,8 @@ static axc_status forward_body(ctx *pc, fwd_bufs *pf, const void *w)
         axc_work *works[64] = {0};
         axc_status st = gemm_reduce_chunks(&c, n, rows, 1, Nl, Kl, io->x, w, io->y, bias, s->gin,
                                            works);
+        if (io->hold_result) /* the next layer awaits y (axonn_c.Sequential) */
+            return hold_all(&c, works, n, io->y, rows * Nl, st);
         return finish_all(works, n, st);
     }
 
@@ -407,6 +425,8 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
         return axc_fail(AXC_ERR_INVALID, "t_max %lld < rows %lld", (long long)io->t_max,
                         (long long)io->rows);
     AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
+    if (io->hold_result && !io->sched)
+        return axc_fail(AXC_ERR_STATE, "Linear: held forward result without a scheduler");
     bump b = {io->workspace, 0, c.es};
     fwd_bufs f;
     layout_fwd(d, &c.s, rows, &b, &f);
@@ -519,7 +539,7 @@ static axc_status dw_task_run(void *arg)
 static int defers_dw(const ctx *c)
 {
     return c->d->defer_dw_gemm && c->io->defer && c->io->dx && c->d->overlap_all_reduce &&
-           c->s.depth_size == 1 && c->s.gin_size * c->s.gout_size > 1;
+           !c->io->hold_result && c->s.depth_size == 1 && c->s.gin_size * c->s.gout_size > 1;
 }
 
 static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)
@@ -570,8 +590,12 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         } else {
             n = reduce_chunks(&c, rows, Kl);
             st = gemm_reduce_chunks(&c, n, rows, 0, Kl, Nl, io->dy, wt, io->dx, NULL, s->gout, ar);
-            if (!d->overlap_all_reduce)
+            if (!d->overlap_all_reduce) {
                 st = finish_all(ar, n, st);
+            } else if (io->hold_result) { /* the previous layer's backward awaits dx */
+                st = hold_all(&c, ar, n, io->dx, rows * Kl, st);
+                n = 0;
+            }
         }
         if (defers_dw(&c)) {
             if (st == AXC_OK)
@@ -661,7 +685,7 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
     AXC_TRY(axc_linear_shapes_for(comm, d, rows, &c.s));
     if (io->task_number)
         *io->task_number = 0;
-    if (io->defer && !io->sched)
+    if ((io->defer || io->hold_result) && !io->sched)
         return axc_fail(AXC_ERR_STATE, "Linear: deferred backward without a scheduler");
     bump b = {io->workspace, 0, c.es};
     bwd_bufs w;

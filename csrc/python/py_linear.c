@@ -111,7 +111,7 @@ axc_sched *axc_py_sched(void); /* py_sched.c */
  * version, prefetch_ok[, defer, dw_prev]) */
 typedef struct layer_args {
     PyObject *desc;
-    int device, layer, prefetch_ok, defer;
+    int device, layer, prefetch_ok, defer, hold_result;
     unsigned long long stream, dw_prev, w_full, dw_full, p[7];
     long long rows, t_max, version;
 } layer_args;
@@ -146,6 +146,7 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
     io->dw_prev = ptr(a->dw_prev);
     io->w_full = ptr(a->w_full);
     io->dw_full = ptr(a->dw_full);
+    io->hold_result = a->hold_result;
     uint64_t task = 0;
     io->task_number = &task;
     axc_status st;
@@ -155,15 +156,15 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
 }
 
 /* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace
- *                [, layer, version, prefetch_ok, w_full]) */
+ *                [, layer, version, prefetch_ok, w_full, hold_result]) */
 static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 {
     (void)self;
     layer_args a = {.layer = -1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK|iLpK", &PyTuple_Type, &a.desc, &a.device,
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK|iLpKp", &PyTuple_Type, &a.desc, &a.device,
                           &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
-                          &a.layer, &a.version, &a.prefetch_ok, &a.w_full))
+                          &a.layer, &a.version, &a.prefetch_ok, &a.w_full, &a.hold_result))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]);
@@ -176,16 +177,17 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 }
 
 /* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
- *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full, dw_full]) */
+ *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full, dw_full,
+ *                  hold_result]) */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
     layer_args a = {.layer = -1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKK", &PyTuple_Type, &a.desc, &a.device,
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKKp", &PyTuple_Type, &a.desc, &a.device,
                           &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
                           &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev,
-                          &a.w_full, &a.dw_full))
+                          &a.w_full, &a.dw_full, &a.hold_result))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */

@@ -155,18 +155,21 @@ static PyObject *py_sched_stats(PyObject *self, PyObject *args)
     if (reset)
         axc_sched_stats_reset(s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:L,s:L,s:K,s:K}", "visits",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:L,s:L,s:K,s:K,s:K,s:K}",
+        "visits",
         t.visits,
         "hits", t.hits, "waits", t.waits, "misses", t.misses, "prefetches", t.prefetches,
         "budget_skips", t.budget_skips, "stale", t.stale, "relearned", t.relearned, "off_order",
         t.off_order, "deferred", t.deferred, "alive_bytes", t.alive_bytes, "peak_bytes",
         t.peak_bytes, "alive_buffers", t.alive_buffers, "peak_buffers", t.peak_buffers,
         "order_len", (long long)t.order_len, "pending", (long long)t.pending, "tasks", t.tasks,
-        "tasks_run", t.tasks_run);
+        "tasks_run", t.tasks_run, "results_held", t.results_held, "results_done",
+        t.results_done);
 }
 
-/* sched_tasks_run() -> how many deferred tasks have run (task number k is done once k <= it) */
-static PyObject *py_sched_tasks_run(PyObject *self, PyObject *args)
+/* sched_counters() -> (tasks_run, results_held, results_done): the never-reset numbers that say
+ * which deferred tasks have run (task k once k <= tasks_run) and which held results are done */
+static PyObject *py_sched_counters(PyObject *self, PyObject *args)
 {
     (void)self;
     (void)args;
@@ -175,7 +178,32 @@ static PyObject *py_sched_tasks_run(PyObject *self, PyObject *args)
         return NULL;
     axc_sched_stats t;
     axc_sched_stats_get(s, &t);
-    return PyLong_FromUnsignedLongLong(t.tasks_run);
+    return Py_BuildValue("(KKK)", t.tasks_run, t.results_held, t.results_done);
+}
+
+/* sched_await_result(ptr, bytes): completes the held results up to the newest one writing
+ * [ptr, ptr + bytes) */
+static PyObject *py_sched_await_result(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long p, bytes;
+    if (!PyArg_ParseTuple(args, "KK", &p, &bytes))
+        return NULL;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_await_result(s, (const void *)(uintptr_t)p,
+                                                       (size_t)bytes);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sched_await_results(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return run_blocking(axc_sched_await_results);
 }
 
 static const char *const event_names[] = {"hit", "wait", "miss", "prefetch"};
@@ -244,7 +272,11 @@ PyMethodDef axc_py_sched_methods[] = {
     {"sched_reduce_after_deferred", py_sched_reduce, METH_VARARGS,
      "Starts an in-place sum all-reduce after the deferred collectives; finished by sched_finish."},
     {"sched_stats", py_sched_stats, METH_VARARGS, "Scheduler counters."},
-    {"sched_tasks_run", py_sched_tasks_run, METH_NOARGS, "Deferred tasks run so far."},
+    {"sched_counters", py_sched_counters, METH_NOARGS,
+     "(tasks_run, results_held, results_done): deferred tasks run, results held and awaited."},
+    {"sched_await_result", py_sched_await_result, METH_VARARGS,
+     "Completes the held results up to the newest one writing [ptr, ptr + bytes)."},
+    {"sched_await_results", py_sched_await_results, METH_NOARGS, "Completes every held result."},
     {"sched_log", py_sched_log, METH_NOARGS, "Events since the last call."},
     {"sched_order", py_sched_order, METH_NOARGS, "The learned layer order."},
     {NULL, NULL, 0, NULL}};

@@ -35,6 +35,13 @@ typedef struct visit_list {
     size_t len, cap;
 } visit_list;
 
+/* A collective whose output a later call reads (axc_sched_hold_result). */
+typedef struct held_result {
+    const unsigned char *lo;
+    size_t bytes;
+    axc_work *w;
+} held_result;
+
 struct axc_sched {
     pthread_mutex_t mu;
     axc_comm *comm;
@@ -49,6 +56,9 @@ struct axc_sched {
     axc_sched_task *tasks; /* a FIFO: [task_head, ntasks) */
     size_t task_head, ntasks, task_cap;
     uint64_t tasks_added, tasks_done; /* monotonic (not reset with the stats): task numbers */
+    held_result *held; /* a FIFO: [held_head, nheld) */
+    size_t held_head, nheld, held_cap;
+    uint64_t held_added, held_done; /* monotonic: result numbers */
     axc_sched_stats st;
     axc_sched_event log[AXC_SCHED_LOG_CAP];
     size_t log_len, log_head;
@@ -298,6 +308,7 @@ void axc_sched_destroy(axc_sched *s)
     free(s->order.v);
     free(s->trace.v);
     free(s->pending);
+    free(s->held);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -584,9 +595,87 @@ axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, co
     return ts != AXC_OK ? ts : st;
 }
 
+/* ------------------------------------------------------------------ held results */
+
+axc_status axc_sched_hold_result(axc_sched *s, const void *ptr, size_t bytes, axc_work *w,
+                                 uint64_t *number)
+{
+    if (!w)
+        return AXC_OK;
+    pthread_mutex_lock(&s->mu);
+    if (s->held_head > 0 && s->held_head == s->nheld)
+        s->held_head = s->nheld = 0; /* empty: start over at the front */
+    int kept = room_for_one((void **)&s->held, &s->held_cap, s->nheld, sizeof *s->held);
+    if (kept)
+        s->held[s->nheld++] = (held_result){ptr, bytes, w};
+    s->held_added++;
+    if (number)
+        *number = s->held_added;
+    pthread_mutex_unlock(&s->mu);
+    if (kept)
+        return AXC_OK;
+    /* out of memory: complete the older ones and this one now (numbers stay in order) */
+    axc_status st = axc_sched_await_results(s);
+    axc_status ws = axc_work_wait(w);
+    axc_work_free(w);
+    pthread_mutex_lock(&s->mu);
+    s->held_done = s->held_added;
+    pthread_mutex_unlock(&s->mu);
+    st = st != AXC_OK ? st : ws;
+    return st != AXC_OK ? st
+                        : axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory holding a result "
+                                                  "(it was completed now)");
+}
+
+/* Takes held[head, head + n) off the FIFO, waits for them outside the lock (the progress of
+ * other groups needs none of it) and counts them done; keeps the first error. */
+static axc_status await_first(axc_sched *s, size_t n)
+{
+    axc_status st = AXC_OK;
+    for (size_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&s->mu);
+        axc_work *w = s->held[s->held_head++].w;
+        pthread_mutex_unlock(&s->mu);
+        axc_status ws = axc_work_wait(w);
+        axc_work_free(w);
+        pthread_mutex_lock(&s->mu);
+        s->held_done++;
+        pthread_mutex_unlock(&s->mu);
+        if (st == AXC_OK)
+            st = ws;
+    }
+    return st;
+}
+
+axc_status axc_sched_await_result(axc_sched *s, const void *ptr, size_t bytes)
+{
+    const unsigned char *lo = ptr, *hi = lo + bytes;
+    size_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = s->held_head; i < s->nheld; i++) {
+        const held_result *h = &s->held[i];
+        if (h->lo < hi && lo < h->lo + h->bytes)
+            n = i - s->held_head + 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return await_first(s, n);
+}
+
+axc_status axc_sched_await_results(axc_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->nheld - s->held_head;
+    pthread_mutex_unlock(&s->mu);
+    return await_first(s, n);
+}
+
+/* ------------------------------------------------------------------ finish */
+
 axc_status axc_sched_finish(axc_sched *s)
 {
     axc_status st = axc_sched_run_tasks(s);
+    axc_status hs = axc_sched_await_results(s);
+    st = st != AXC_OK ? st : hs;
     pthread_mutex_lock(&s->mu);
     /* all waited before any is freed: a pending work may be another's `after` */
     for (size_t i = 0; i < s->npending; i++) {
@@ -609,6 +698,8 @@ void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out)
     out->pending = (int64_t)s->npending;
     out->tasks = s->tasks_added;
     out->tasks_run = s->tasks_done;
+    out->results_held = s->held_added;
+    out->results_done = s->held_done;
     pthread_mutex_unlock(&s->mu);
 }
 

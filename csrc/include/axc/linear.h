@@ -109,6 +109,12 @@ typedef struct axc_linear_io {
      * zeroed) goes here and the depth reduce-scatter is left to the caller (io->dw untouched),
      * or NULL: reduce-scattered into io->dw */
     void *dw_full;
+    /* expert layout, cross-layer chunk pipelining (axonn_c.Sequential): the forward all-reduce of
+     * y, and with overlap_all_reduce the backward all-reduce of dx, are started and handed to
+     * io->sched as held results (axc_sched_hold_result) instead of being waited for: the
+     * caller awaits them before anything reads y / dx, and keeps them alive until then. The
+     * dW GEMM is then never deferred (the chunks of other layers hide the reduction). */
+    int hold_result;
 } axc_linear_io;
 
 axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);

@@ -29,6 +29,14 @@
  * points are in program order, so a task that starts collectives starts them in the same order
  * on every rank. Task numbers and stats.tasks_run assume one thread drives the queue.
  *
+ * Held results: a collective whose output a *later call* reads (cross-layer chunk pipelining,
+ * axonn_c.Sequential: a layer's forward all-reduce of one chunk runs while other chunks and
+ * layers compute). The layer hands the started work over with the memory it writes
+ * (axc_sched_hold_result) and returns; the reader calls axc_sched_await_result on that memory
+ * first. Results are awaited in the order held (FIFO): awaiting one also completes every older
+ * one. axc_sched_finish awaits them all. The caller keeps the memory alive until its number is
+ * done (stats.results_done).
+ *
  * Thread-safe (one mutex); meant to be driven from one thread at a time. */
 #ifndef AXC_SCHED_H
 #define AXC_SCHED_H
@@ -69,6 +77,8 @@ typedef struct axc_sched_stats {
     int64_t pending;       /* deferred collectives not yet finished */
     uint64_t tasks;        /* tasks added (axc_sched_add_task; never reset) */
     uint64_t tasks_run;    /* ... run or dropped: task number k is done once k <= this */
+    uint64_t results_held; /* results held (axc_sched_hold_result; never reset) */
+    uint64_t results_done; /* ... awaited: result number k is done once k <= this */
 } axc_sched_stats;
 
 /* A deferred task: run(arg) once, then drop(arg) (also when it is discarded without running). */
@@ -128,6 +138,17 @@ axc_status axc_sched_add_task(axc_sched *s, axc_sched_task t, uint64_t *number);
 /* Runs every queued task, oldest first; all run even after a failure (their collectives stay
  * matched across ranks), and the first failure is returned. */
 axc_status axc_sched_run_tasks(axc_sched *s);
+
+/* Takes ownership of a started collective that writes [ptr, ptr + bytes), which a later call
+ * reads after axc_sched_await_result; *number (may be NULL) is its result number. w NULL: no-op
+ * (*number unchanged). */
+axc_status axc_sched_hold_result(axc_sched *s, const void *ptr, size_t bytes, axc_work *w,
+                                 uint64_t *number);
+/* Completes the held results up to the newest one whose memory overlaps [ptr, ptr + bytes)
+ * (none overlapping: nothing to wait for); keeps the first error. */
+axc_status axc_sched_await_result(axc_sched *s, const void *ptr, size_t bytes);
+/* Completes every held result. */
+axc_status axc_sched_await_results(axc_sched *s);
 
 void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out);
 /* Zeroes the event counters and the peaks (peaks restart from what is alive now). */

@@ -1,0 +1,187 @@
+"""axonn_c.Sequential (cross-layer chunk pipelining) against serial PyTorch: outputs, input
+gradients and parameter gradients over two SGD steps, on grids where it pipelines and where it
+falls back to nn.Sequential; how many reductions were held and that all were awaited; a nested
+block's Linears hold nothing; an in-place activation after a Linear; a backward that raises
+midway, then a clean step; inference under no_grad. Run with a slow simulated link
+(AXONN_C_SIM_US) so that a reduction that nobody awaited would be read unfinished."""
+import os
+import sys
+
+import torch
+from torch import nn
+
+import axonn_c
+from linear_worker import shard_of
+
+H = 32
+
+
+def close(got, want, what):
+    got, want = got.double(), want.double()
+    scale = want.abs().max().clamp_min(1e-12)
+    if not torch.allclose(got / scale, want / scale, rtol=1e-4, atol=2e-5):
+        raise AssertionError(f"{what}: max |diff| {(got - want).abs().max().item():.3e}, "
+                             f"scale {scale.item():.3e}")
+
+
+class Boom(torch.autograd.Function):
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if Boom.armed:
+            raise RuntimeError("boom")
+        return g
+
+
+def build(chunks):
+    """Linear(H, 2H) GELU Linear(2H, H, T) | a nested block | Linear(H, 2H) ReLU(inplace)
+    Boom Linear(2H, H, T)."""
+    torch.manual_seed(5)
+
+    def lin(i, o, t=False):
+        return axonn_c.Linear(i, o, transpose=t, expert_mode=True)
+    return axonn_c.Sequential(
+        lin(H, 2 * H), nn.GELU(), lin(2 * H, H, True),
+        nn.Sequential(lin(H, 2 * H), nn.Tanh(), lin(2 * H, H, True)),
+        lin(H, 2 * H), nn.ReLU(inplace=True), _BoomModule(), lin(2 * H, H, True),
+        chunks=chunks)
+
+
+class _BoomModule(nn.Module):
+    def forward(self, x):
+        return Boom.apply(x)
+
+
+def serial_of(model):
+    def lin(m):
+        r = nn.Linear(m.in_features, m.out_features)
+        with torch.no_grad():
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+        return r
+    return nn.Sequential(lin(model[0]), nn.GELU(), lin(model[2]),
+                         nn.Sequential(lin(model[3][0]), nn.Tanh(), lin(model[3][2])),
+                         lin(model[4]), nn.ReLU(), lin(model[7]))
+
+
+def linears(model):
+    return [model[0], model[2], model[3][0], model[3][2], model[4], model[7]]
+
+
+def expected_holds(model, chunks, pipelines):
+    """(forward, backward) reductions held per step: a direct Linear child holds its forward
+    all-reduce per chunk when its input group has several ranks, and (not the first child) its
+    dX all-reduce when its output group has."""
+    if not pipelines:
+        return 0, 0
+    fwd = bwd = 0
+    for i in (0, 2, 4, 7):
+        s = model[i]._shapes
+        fwd += chunks * (s["gin_size"] > 1)
+        bwd += chunks * (s["gout_size"] > 1 and i > 0)
+    return fwd, bwd
+
+
+def check(g, chunks):
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} chunks {chunks} " \
+           f"rank {g.rank}"
+    model = build(chunks)
+    ref = serial_of(model)
+    pipelines = model._pipelines(torch.zeros(5, 1))
+    assert pipelines == (g.G_intra_d == 1 and g.G_intra_r * g.G_intra_c > 1 and chunks > 1
+                         and axonn_c.runtime.overlap_defaults["overlap_all_reduce"]), what
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    s0, s7 = model[0]._shapes, model[7]._shapes
+    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
+    kout = slice(s7["gout_rank"] * s7["n_local"], (s7["gout_rank"] + 1) * s7["n_local"])
+    shards = g.G_data * g.G_intra_d
+    T = 5 * shards  # 5 rows per rank: chunks of unequal size
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    tok = slice(blk * 5, (blk + 1) * 5)
+    want_fwd, want_bwd = expected_holds(model, chunks, pipelines)
+    for step in range(2):
+        gen = torch.Generator().manual_seed(40 + step)
+        X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+        x = X[tok][:, kin].clone().requires_grad_()
+        h0 = axonn_c.scheduler_stats()["results_held"]
+        y = model(x)
+        h1 = axonn_c.scheduler_stats()["results_held"]
+        assert h1 - h0 == want_fwd, f"{what}: forward held {h1 - h0}, expected {want_fwd}"
+        y.backward(dY[tok][:, kout])
+        st = axonn_c.scheduler_stats()
+        assert st["results_held"] - h1 == want_bwd, \
+            f"{what}: backward held {st['results_held'] - h1}, expected {want_bwd}"
+        assert st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps, \
+            f"{what}: not every held result awaited: {st}"
+        axonn_c.sync_gradients(model)
+        Xr = X.clone().requires_grad_()
+        yr = ref(Xr)
+        yr.backward(dY)
+        close(y, yr[tok][:, kout], f"{what} step {step} y")
+        close(x.grad, Xr.grad[tok][:, kin], f"{what} step {step} dX")
+        for m, r in zip(linears(model), [ref[0], ref[2], ref[3][0], ref[3][2], ref[4], ref[6]]):
+            close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} step {step} dW")
+            s = m._shapes
+            rows = slice(s["gout_rank"] * s["n_local"], (s["gout_rank"] + 1) * s["n_local"])
+            close(m.bias.grad, r.bias.grad[rows], f"{what} step {step} db")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    # inference: nothing left held, same output as serial
+    with torch.no_grad():
+        y = model(X[tok][:, kin])
+        close(y, ref(X)[tok][:, kout], f"{what} no_grad y")
+    st = axonn_c.scheduler_stats()
+    assert st["results_done"] == st["results_held"], f"{what}: no_grad left {st}"
+    # a backward that raises midway (before the first children's dX were awaited), then a
+    # clean step: nothing stale, nothing left in flight
+    Boom.armed = True
+    x = X[tok][:, kin].clone().requires_grad_()
+    try:
+        model(x).backward(dY[tok][:, kout])
+        raise AssertionError(f"{what}: the backward did not raise")
+    except RuntimeError as e:
+        assert "boom" in str(e), e
+    finally:
+        Boom.armed = False
+    opt.zero_grad()
+    ref_opt.zero_grad()
+    y = model(x)
+    y.backward(dY[tok][:, kout])
+    axonn_c.sync_gradients(model)
+    Xr = X.clone().requires_grad_()
+    ref(Xr).backward(dY)
+    st = axonn_c.scheduler_stats()
+    assert st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps, \
+        f"{what}: after the raised backward: {st}"
+    for m, r in zip(linears(model), [ref[0], ref[2], ref[3][0], ref[3][2], ref[4], ref[6]]):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} after raise dW")
+
+
+def main():
+    world = int(os.environ["WORLD_SIZE"])
+    grids = [(1, 1, world, 1), (1, world, 1, 1), (world, 1, 1, 1), (1, 1, 1, world)]
+    if world == 4:
+        grids += [(1, 2, 2, 1), (2, 1, 2, 1), (1, 2, 1, 2)]
+    for sizes in grids:
+        g = axonn_c.init(*sizes, overlap=True, bucket_size=H * H * 4)
+        for chunks in (2, 3):
+            check(g, chunks)
+        axonn_c.finalize()
+    g = axonn_c.init(1, 1, world, 1, overlap=False)  # overlap off: plain nn.Sequential
+    check(g, 2)
+    axonn_c.finalize()
+    if int(os.environ["RANK"]) == 0:
+        print(f"world {world}: pipeline checks pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
