@@ -35,6 +35,33 @@ def hold_flags(layer) -> int:
     return t[1] if t is not None and t[0] is layer else 0
 
 
+def dw_sum(layer):
+    """For axonn_c.Linear's forward: the DwSum shared by this child's chunk calls."""
+    t = getattr(_state, "target", None)
+    return t[2] if t is not None and t[0] is layer else None
+
+
+class DwSum:
+    """The chunks of one child share one weight gradient: the first chunk whose backward runs
+    writes it and hands it to autograd, the later ones add to it in place (C's dW GEMM with
+    beta = 1) and hand back None. Autograd accumulates the weight only once all of them have run,
+    so it sees the total, without allocating and summing one gradient per chunk. Per backward
+    pass (a retained graph's second pass starts a new sum)."""
+
+    __slots__ = ("dw", "task")
+
+    def __init__(self):
+        self.dw, self.task = None, None
+
+    def running(self, w: Tensor) -> bool:
+        """Whether this pass's sum is started (for this weight's shape and dtype)."""
+        return (self.dw is not None and self.task == torch._C._current_graph_task_id()
+                and self.dw.shape == w.shape and self.dw.dtype == w.dtype)
+
+    def start(self, dw: Tensor) -> None:
+        self.dw, self.task = dw, torch._C._current_graph_task_id()
+
+
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -94,6 +121,7 @@ class Sequential(nn.Sequential):
         mods = list(self)
         vals = list(x.chunk(self.chunks, dim=0))
         n, L = len(vals), len(mods)
+        sums = [DwSum() for _ in mods]  # per child: its chunks' weight gradient
         nxt = [0] * n  # the next child of each chunk
         held = [0] * n  # the result number a chunk's value waits for (0: none)
         hooks = torch.is_grad_enabled()
@@ -113,7 +141,7 @@ class Sequential(nn.Sequential):
                 if l > 0 and hooks and v.requires_grad:
                     v.register_hook(_await_grad)  # the child's dX may be held
                 flags = HOLD_FWD | (HOLD_BWD if l > 0 else 0)
-                _state.target = (mods[l], flags) if isinstance(mods[l], Linear) else None
+                _state.target = (mods[l], flags, sums[l]) if isinstance(mods[l], Linear) else None
                 before = _C.sched_counters()[1]
                 try:
                     out = mods[l](v)

@@ -1,6 +1,6 @@
 """axonn_c.Sequential (cross-layer chunk pipelining) against serial PyTorch: outputs, input
-gradients and parameter gradients over two SGD steps, on grids where it pipelines and where it
-falls back to nn.Sequential; how many reductions were held and that all were awaited; a nested
+gradients and parameter gradients over two SGD steps and a retained graph's second backward, on
+grids where it pipelines and where it falls back to nn.Sequential; how many reductions were held and that all were awaited; a nested
 block's Linears hold nothing; an in-place activation after a Linear; a backward that raises
 midway, then a clean step; inference under no_grad. Run with a slow simulated link
 (AXONN_C_SIM_US) so that a reduction that nobody awaited would be read unfinished."""
@@ -134,6 +134,21 @@ def check(g, chunks):
         ref_opt.step()
         opt.zero_grad()
         ref_opt.zero_grad()
+    # a retained graph's second backward: each pass sums its own chunks (2x the gradient)
+    x = X[tok][:, kin].clone().requires_grad_()
+    y = model(x)
+    for _ in range(2):
+        y.backward(dY[tok][:, kout], retain_graph=True)
+    axonn_c.sync_gradients(model)
+    Xr = X.clone().requires_grad_()
+    yr = ref(Xr)
+    for _ in range(2):
+        yr.backward(dY, retain_graph=True)
+    close(x.grad, Xr.grad[tok][:, kin], f"{what} twice dX")
+    for m, r in zip(linears(model), [ref[0], ref[2], ref[3][0], ref[3][2], ref[4], ref[6]]):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} twice dW")
+    opt.zero_grad()
+    ref_opt.zero_grad()
     # inference: nothing left held, same output as serial
     with torch.no_grad():
         y = model(X[tok][:, kin])
