@@ -197,6 +197,8 @@ def _on_grad(ref, g: Tensor) -> None:
     earlier pass (no sync_gradients since) is identical on all ranks of the groups, so it enters
     divided by their rank count."""
     p = ref()
+    if g is None:  # (a Linear weight whose gradient this pass deferred: nothing reached autograd)
+        return
     if p is not None and concurrent.active():  # autograd accumulates it; sync_gradients sums
         concurrent.check_unsynced(p)
         return
@@ -211,6 +213,8 @@ def _on_grad(ref, g: Tensor) -> None:
         finish()
     prev = p.grad
     done = getattr(p, "_axonn_reduced_groups", ())
+    if not done and getattr(p, "_axonn_data_reduced", False):  # (a deferred Linear weight)
+        done = ("data",)
     view = _bucket_view(p.numel(), p, groups)
     view.copy_(g.reshape(-1))
     if prev is not None:

@@ -31,8 +31,9 @@ _desc_cache: dict = {}
 #       hold])
 _SCHED, _OV_DATA, _LAYER, _DEFER_DW, _HOLD = 8, 9, 10, 11, 12
 # hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/pipeline.py): the forward all-reduce
-# of y, the backward all-reduce of dx, are left in flight for the next consumer to await
-HOLD_FWD, HOLD_BWD = 1, 2
+# of y, the backward all-reduce of dx, are left in flight for the next consumer to await; a
+# chunk call (several per layer and pass) takes no deferred-gradient path
+HOLD_FWD, HOLD_BWD, HOLD_CHUNK = pipeline.HOLD_FWD, pipeline.HOLD_BWD, pipeline.HOLD_CHUNK
 
 
 def _hold(cfg) -> int:
@@ -112,14 +113,12 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
 
 
 def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=None,
-                   need_dx: bool = True, acc=None):
+                   need_dx: bool = True):
     """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
     parameter itself, eager mode with deferral on) dW is deferred: it is completed into
     param.grad at the end of backward (axonn_c/grads.py) and dw is None. need_dx=False (the
     input needs no gradient, e.g. a first layer on raw data): no dX GEMM and no dX collectives,
-    dx is None. With `acc` (the chunks of one axonn_c.Sequential child, pipeline.DwSum) the
-    chunks' dW add up in one tensor, handed to autograd by the first chunk to run (the others
-    return None)."""
+    dx is None."""
     desc = _desc(cfg, dy.dtype)
     dy = dy.contiguous()
     rows = x.shape[0]
@@ -134,17 +133,11 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
     ws = ws_t.data_ptr() if n_ws else 0
     src = saved if cfg[4] == _EASY else x
-    ret_dw = True
     if param is not None:
         dw, fold, replace, reduced = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
         tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
-    elif acc is not None and acc.running(w):  # a later chunk: added to the first one's dW
-        dw, ret_dw = acc.dw, False
-        tail = (*_sched_args(w, cfg), False, dw.data_ptr())
     else:
         dw, tail = torch.empty_like(w), (*_sched_args(w, cfg), False, 0)
-        if acc is not None:
-            acc.start(dw)
     wf = _shared_gather(w, cfg, s, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, cfg, s) if param is None else None
@@ -168,7 +161,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
         return dx, None, db
     if len(cfg) > _LAYER and cfg[_SCHED]:
         grads.queue_finish()  # the end of backward ends the scheduler's step
-    return dx, (dw if ret_dw else None), db
+    return dx, dw, db
 
 
 def _shares_depth(cfg, s: dict) -> bool:
@@ -269,10 +262,10 @@ class _EagerLinear(torch.autograd.Function):
     path (tens of microseconds less per call). torch.compile uses the custom ops above."""
 
     @staticmethod
-    def forward(ctx, x, w, b, cfg, acc=None):
+    def forward(ctx, x, w, b, cfg):
         y, saved = _forward_impl(x, w, b, cfg)
         ctx.save_for_backward(x, saved, w)
-        ctx.cfg, ctx.has_bias, ctx.acc = cfg, b is not None, acc
+        ctx.cfg, ctx.has_bias = cfg, b is not None
         return y
 
     @staticmethod
@@ -281,14 +274,14 @@ class _EagerLinear(torch.autograd.Function):
         cfg = ctx.cfg
         # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
         dx, dw, db = _backward_impl(dy, x, saved, w, cfg, w if _defers(w, cfg) else None,
-                                    ctx.needs_input_grad[0], ctx.acc)
-        return dx, dw, (db if ctx.has_bias else None), None, None
+                                    ctx.needs_input_grad[0])
+        return dx, dw, (db if ctx.has_bias else None), None
 
 
-def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg, acc=None) -> Tensor:
+def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg) -> Tensor:
     if torch.compiler.is_compiling():
         return _linear_fwd(x, w, b, list(cfg))[0]
-    return _EagerLinear.apply(x, w, b, cfg, acc)
+    return _EagerLinear.apply(x, w, b, cfg)
 
 
 class Linear(nn.Module):
@@ -424,6 +417,7 @@ class Linear(nn.Module):
             raise ValueError(f"axonn_c.Linear expects the last input dimension to be {want} "
                              f"({layout}), got input of shape {list(x.shape)}")
         w, b = self.weight, self.bias
+        in_dtype = x.dtype
         if x.device != w.device:
             raise ValueError(f"input is on {x.device} but the layer's weights are on {w.device}")
         if torch.is_autocast_enabled(x.device.type):
@@ -445,7 +439,7 @@ class Linear(nn.Module):
         hold = 0 if torch.compiler.is_compiling() else pipeline.hold_flags(self)
         if hold:  # a chunk of axonn_c.Sequential: the other chunks hide the all-reduces
             chunks, defer_dw = chunks or 1, 0
-            if x.dtype != self.weight.dtype or not x.is_contiguous():
+            if x.dtype != in_dtype or not x.is_contiguous():
                 hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
             if ov_data:  # the chunks' dW reach .grad through autograd: summed by the hook
                 grads.hook(self.weight, self.weight._axonn_grad_groups)
@@ -464,8 +458,7 @@ class Linear(nn.Module):
             scheduled = ov_ag and w is self.weight
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
                    int(scheduled), ov_data, self._layer_id(), defer_dw, hold)
-        y = linear_op(x2, w, b if use_bias else None, cfg,
-                      pipeline.dw_sum(self) if hold and w is self.weight else None)
+        y = linear_op(x2, w, b if use_bias else None, cfg)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
         if self.skip_bias_add:

@@ -9,9 +9,10 @@ chunk by chunk and layer by layer, and leaves each axonn_c.Linear child's all-re
 it. While chunk 0 waits for its reduction, chunk 1 computes, in this layer or the next ones.
 
 Backward follows by itself: autograd runs the chunks' nodes in reverse creation order, a
-Linear child leaves its dX all-reduce held, and a gradient hook on the child's input awaits it
-just before the previous child reads it. The weight gradients of the chunks are summed by
-autograd (with the data overlap on, summed over data by the gradient hook of axonn_c/grads.py).
+Linear child leaves its dX all-reduce held, and an identity node in front of the child's input
+(_AwaitGrad) awaits it before anything else can read it. The weight gradients of the chunks are
+summed by autograd (with the data overlap on, summed over data by the gradient hook of
+axonn_c/grads.py).
 
 The order in which chunks advance depends only on which children hold a result, which the grid
 and the knobs decide: it is the same on every rank, as collective matching requires.
@@ -28,38 +29,34 @@ from . import _C, concurrent, grads, runtime
 _state = threading.local()
 
 
+# hold bits (axonn_c/linear.py reads them): a direct child leaves its forward all-reduce
+# (HOLD_FWD) and its dX all-reduce (HOLD_BWD) in flight; every Linear call while a container
+# pipelines on this thread is one of several chunk calls (HOLD_CHUNK: no deferred gradient, which
+# expects one call per layer and pass)
+HOLD_FWD, HOLD_BWD, HOLD_CHUNK = 1, 2, 4
+
+
 def hold_flags(layer) -> int:
-    """For axonn_c.Linear's forward: which reductions this call leaves held (linear.HOLD_FWD,
-    HOLD_BWD), 0 unless it is a direct child call of a pipelining axonn_c.Sequential."""
+    """For axonn_c.Linear's forward: which reductions this call leaves held, and HOLD_CHUNK for
+    any call made while an axonn_c.Sequential pipelines on this thread (0 outside)."""
     t = getattr(_state, "target", None)
-    return t[1] if t is not None and t[0] is layer else 0
+    if t is not None and t[0] is layer:
+        return t[1]
+    return HOLD_CHUNK if getattr(_state, "depth", 0) else 0
 
 
-def dw_sum(layer):
-    """For axonn_c.Linear's forward: the DwSum shared by this child's chunk calls."""
-    t = getattr(_state, "target", None)
-    return t[2] if t is not None and t[0] is layer else None
+def _plain_call(m) -> bool:
+    """Whether calling m is exactly axonn_c.Linear.forward: no module hooks (a forward hook could
+    read or replace the output before its all-reduce is awaited, a backward hook would see dX
+    before its all-reduce is), no override of forward."""
+    from torch.nn.modules import module as M
 
+    from .linear import Linear
 
-class DwSum:
-    """The chunks of one child share one weight gradient: the first chunk whose backward runs
-    writes it and hands it to autograd, the later ones add to it in place (C's dW GEMM with
-    beta = 1) and hand back None. Autograd accumulates the weight only once all of them have run,
-    so it sees the total, without allocating and summing one gradient per chunk. Per backward
-    pass (a retained graph's second pass starts a new sum)."""
-
-    __slots__ = ("dw", "task")
-
-    def __init__(self):
-        self.dw, self.task = None, None
-
-    def running(self, w: Tensor) -> bool:
-        """Whether this pass's sum is started (for this weight's shape and dtype)."""
-        return (self.dw is not None and self.task == torch._C._current_graph_task_id()
-                and self.dw.shape == w.shape and self.dw.dtype == w.dtype)
-
-    def start(self, dw: Tensor) -> None:
-        self.dw, self.task = dw, torch._C._current_graph_task_id()
+    return (type(m).forward is Linear.forward and not (
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
+        or M._global_backward_pre_hooks))
 
 
 def _nbytes(t: Tensor) -> int:
@@ -70,12 +67,21 @@ def _await(t: Tensor) -> None:
     _C.sched_await_result(t.data_ptr(), _nbytes(t))
 
 
-def _await_grad(g: Tensor) -> None:
-    """Gradient hook on a child's input: dX's all-reduce, held by the child, completes before
-    the previous child reads the gradient."""
-    if runtime.is_initialized():
-        _await(g)
-        grads.release_run_tasks()
+class _AwaitGrad(torch.autograd.Function):
+    """Identity in front of a Linear child's input: in backward, the child's dX all-reduce (held
+    by the child) completes here, before the gradient reaches anything else (the previous
+    child, or other uses of the same tensor, whose gradients autograd would add to it)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if runtime.is_initialized():
+            _await(g)
+            grads.release_run_tasks()
+        return g
 
 
 class Sequential(nn.Sequential):
@@ -100,8 +106,10 @@ class Sequential(nn.Sequential):
         self.chunks = chunks
 
     def _pipelines(self, x) -> bool:
+        # (not decided by the number of rows: data-parallel ranks with uneven batches must take
+        # the same gradient path; a batch of one row is one chunk)
         if (self.chunks < 2 or len(self) == 0 or not isinstance(x, Tensor) or x.dim() < 1
-                or x.shape[0] < 2 or not runtime.is_initialized()):
+                or not runtime.is_initialized()):
             return False
         if torch.compiler.is_compiling() or concurrent.active():
             return False
@@ -116,15 +124,14 @@ class Sequential(nn.Sequential):
     def forward(self, x):
         if not self._pipelines(x):
             return super().forward(x)
-        from .linear import HOLD_BWD, HOLD_FWD, Linear
-
         mods = list(self)
+        plain = [_plain_call(m) for m in mods]
         vals = list(x.chunk(self.chunks, dim=0))
         n, L = len(vals), len(mods)
-        sums = [DwSum() for _ in mods]  # per child: its chunks' weight gradient
         nxt = [0] * n  # the next child of each chunk
         held = [0] * n  # the result number a chunk's value waits for (0: none)
-        hooks = torch.is_grad_enabled()
+        grad_on = torch.is_grad_enabled()
+        _state.depth = getattr(_state, "depth", 0) + 1
         try:
             while True:
                 # the first chunk that can go on; when all wait, the oldest reduction completes
@@ -134,14 +141,17 @@ class Sequential(nn.Sequential):
                     if not waiting:
                         break
                     c = min(waiting, key=held.__getitem__)
-                    _await(vals[c])
+                    _C.sched_await_number(held[c])  # (vals[c] keeps its memory alive)
                     held[c] = 0
                     continue
                 l, v = nxt[c], vals[c]
-                if l > 0 and hooks and v.requires_grad:
-                    v.register_hook(_await_grad)  # the child's dX may be held
-                flags = HOLD_FWD | (HOLD_BWD if l > 0 else 0)
-                _state.target = (mods[l], flags, sums[l]) if isinstance(mods[l], Linear) else None
+                flags = 0
+                if plain[l]:
+                    flags = HOLD_FWD | HOLD_CHUNK
+                    if l > 0 and grad_on and v.requires_grad:  # dX too, awaited by _AwaitGrad
+                        flags |= HOLD_BWD
+                        v = _AwaitGrad.apply(v)
+                _state.target = (mods[l], flags) if flags else None
                 before = _C.sched_counters()[1]
                 try:
                     out = mods[l](v)
@@ -159,6 +169,8 @@ class Sequential(nn.Sequential):
             except Exception:  # (e.g. the same dead peer): the first error is the one to see
                 pass
             raise
+        finally:
+            _state.depth -= 1
         return torch.cat(vals, dim=0)
 
     def extra_repr(self) -> str:

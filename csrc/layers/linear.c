@@ -352,6 +352,19 @@ static axc_status finish_all(axc_work **works, int64_t n, axc_status st)
     return st;
 }
 
+/* A failing call with held results: the caller drops what they write (y, dx) when it sees the
+ * error, so they complete now (every held one: the failing call's, and older ones it may not
+ * know about), keeping the first error. */
+static axc_status await_on_error(ctx *c, axc_status st)
+{
+    if (st == AXC_OK || !c->io->hold_result)
+        return st;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", axc_last_error());
+    (void)axc_sched_await_results(c->io->sched);
+    return axc_fail(st, "%s", msg);
+}
+
 /* ------------------------------------------------------------------ forward */
 
 /* The forward after the weight is gathered (`w`: the [n_local x k_local] block). */
@@ -433,7 +446,7 @@ axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const ax
     const void *w;
     int held;
     AXC_TRY(gather_weight(&c, AXC_PHASE_FWD, f.wfull, &w, &held));
-    return release_weight(&c, held, forward_body(&c, &f, w));
+    return await_on_error(&c, release_weight(&c, held, forward_body(&c, &f, w)));
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -693,7 +706,7 @@ axc_status axc_linear_backward(axc_comm *comm, const axc_linear_desc *d, const a
     const void *wt;
     int held;
     AXC_TRY(gather_weight(&c, AXC_PHASE_BWD, w.wfull, &wt, &held));
-    axc_status st = release_weight(&c, held, backward_body(&c, &w, wt));
+    axc_status st = await_on_error(&c, release_weight(&c, held, backward_body(&c, &w, wt)));
     if (st != AXC_OK && io->task_number && *io->task_number) {
         /* the caller frees what this call's task reads when the call fails: run the queue now
          * (dW GEMMs only, no collectives: safe on any rank), keeping the first error */

@@ -199,6 +199,22 @@ static PyObject *py_sched_await_result(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* sched_await_number(k): completes the held results numbered up to k */
+static PyObject *py_sched_await_number(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long k;
+    if (!PyArg_ParseTuple(args, "K", &k))
+        return NULL;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_await_number(s, (uint64_t)k);
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_sched_await_results(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -276,6 +292,8 @@ PyMethodDef axc_py_sched_methods[] = {
      "(tasks_run, results_held, results_done): deferred tasks run, results held and awaited."},
     {"sched_await_result", py_sched_await_result, METH_VARARGS,
      "Completes the held results up to the newest one writing [ptr, ptr + bytes)."},
+    {"sched_await_number", py_sched_await_number, METH_VARARGS,
+     "Completes the held results numbered up to k."},
     {"sched_await_results", py_sched_await_results, METH_NOARGS, "Completes every held result."},
     {"sched_log", py_sched_log, METH_NOARGS, "Events since the last call."},
     {"sched_order", py_sched_order, METH_NOARGS, "The learned layer order."},

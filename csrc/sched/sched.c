@@ -627,13 +627,18 @@ axc_status axc_sched_hold_result(axc_sched *s, const void *ptr, size_t bytes, ax
                                                   "(it was completed now)");
 }
 
-/* Takes held[head, head + n) off the FIFO, waits for them outside the lock (the progress of
- * other groups needs none of it) and counts them done; keeps the first error. */
-static axc_status await_first(axc_sched *s, size_t n)
+/* Takes the held results numbered up to `upto` off the FIFO, waits for them outside the lock
+ * (the progress of other groups needs none of it) and counts them done; keeps the first error.
+ * Each is taken under the lock, so a concurrent caller never takes one twice. */
+static axc_status await_upto(axc_sched *s, uint64_t upto)
 {
     axc_status st = AXC_OK;
-    for (size_t i = 0; i < n; i++) {
+    for (;;) {
         pthread_mutex_lock(&s->mu);
+        if (s->held_head == s->nheld || s->held_done + 1 > upto) {
+            pthread_mutex_unlock(&s->mu);
+            return st;
+        }
         axc_work *w = s->held[s->held_head++].w;
         pthread_mutex_unlock(&s->mu);
         axc_status ws = axc_work_wait(w);
@@ -644,30 +649,25 @@ static axc_status await_first(axc_sched *s, size_t n)
         if (st == AXC_OK)
             st = ws;
     }
-    return st;
 }
+
+axc_status axc_sched_await_number(axc_sched *s, uint64_t number) { return await_upto(s, number); }
 
 axc_status axc_sched_await_result(axc_sched *s, const void *ptr, size_t bytes)
 {
     const unsigned char *lo = ptr, *hi = lo + bytes;
-    size_t n = 0;
+    uint64_t upto = 0; /* the FIFO holds numbers held_done + 1 ... in order */
     pthread_mutex_lock(&s->mu);
     for (size_t i = s->held_head; i < s->nheld; i++) {
         const held_result *h = &s->held[i];
         if (h->lo < hi && lo < h->lo + h->bytes)
-            n = i - s->held_head + 1;
+            upto = s->held_done + (i - s->held_head) + 1;
     }
     pthread_mutex_unlock(&s->mu);
-    return await_first(s, n);
+    return await_upto(s, upto);
 }
 
-axc_status axc_sched_await_results(axc_sched *s)
-{
-    pthread_mutex_lock(&s->mu);
-    size_t n = s->nheld - s->held_head;
-    pthread_mutex_unlock(&s->mu);
-    return await_first(s, n);
-}
+axc_status axc_sched_await_results(axc_sched *s) { return await_upto(s, UINT64_MAX); }
 
 /* ------------------------------------------------------------------ finish */
 

@@ -697,14 +697,21 @@ static void test_held(const rank_ctx *c)
     for (int k = 0; k < 2; k++)
         CHECK_MSG(buf[k * M] == held_sum(c, k) && buf[k * M + M - 1] == held_sum(c, k),
                   "result %d: %g, expected %g", k, (double)buf[k * M], (double)held_sum(c, k));
+    /* by number: up to the third (the one left), and a number already done is a no-op */
+    CHECK_OK(axc_sched_await_number(s, 1));
+    CHECK_OK(axc_sched_await_number(s, num[2]));
+    axc_sched_stats_get(s, &st);
+    CHECK_MSG(st.results_done == 3 && buf[2 * M] == held_sum(c, 2),
+              "await_number: done %llu, value %g", (unsigned long long)st.results_done,
+              (double)buf[2 * M]);
     /* finish awaits the rest; numbers go on */
     hold_sum(c, s, buf + 3 * M, 3, &num[3]);
     CHECK_OK(axc_sched_finish(s));
     axc_sched_stats_get(s, &st);
     CHECK_MSG(st.results_done == 4 && num[3] == 4, "finish: done %llu, number %llu",
               (unsigned long long)st.results_done, (unsigned long long)num[3]);
-    CHECK_MSG(buf[2 * M] == held_sum(c, 2) && buf[3 * M + M - 1] == held_sum(c, 3),
-              "after finish: %g %g", (double)buf[2 * M], (double)buf[3 * M + M - 1]);
+    CHECK_MSG(buf[3 * M] == held_sum(c, 3) && buf[3 * M + M - 1] == held_sum(c, 3),
+              "after finish: %g %g", (double)buf[3 * M], (double)buf[3 * M + M - 1]);
     /* destroy completes a held result (no leak, no write after it returns) */
     hold_sum(c, s, buf + 4 * M, 4, &num[4]);
     axc_sched_destroy(s);

@@ -147,6 +147,8 @@ axc_status axc_sched_hold_result(axc_sched *s, const void *ptr, size_t bytes, ax
 /* Completes the held results up to the newest one whose memory overlaps [ptr, ptr + bytes)
  * (none overlapping: nothing to wait for); keeps the first error. */
 axc_status axc_sched_await_result(axc_sched *s, const void *ptr, size_t bytes);
+/* Completes the held results numbered up to `number`. */
+axc_status axc_sched_await_number(axc_sched *s, uint64_t number);
 /* Completes every held result. */
 axc_status axc_sched_await_results(axc_sched *s);
 
