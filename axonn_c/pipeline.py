@@ -131,6 +131,18 @@ class Sequential(nn.Sequential):
         nxt = [0] * n  # the next child of each chunk
         held = [0] * n  # the result number a chunk's value waits for (0: none)
         grad_on = torch.is_grad_enabled()
+        # awaits[c]: vals[c] passed through _AwaitGrad, so the next child may hold its dX. The
+        # node is made as soon as the value exists (not when the next child runs): autograd runs
+        # ready nodes newest first, so it then runs after the other chunks' nodes of the next
+        # layer, which is what lets their GEMMs hide this chunk's dX all-reduce.
+        awaits = [False] * n
+
+        def wrap(c: int, l: int) -> None:  # vals[c] is about to enter child l
+            if l < L and plain[l] and grad_on and vals[c].requires_grad:
+                vals[c], awaits[c] = _AwaitGrad.apply(vals[c]), True
+
+        for c in range(n):
+            wrap(c, 0)
         _state.depth = getattr(_state, "depth", 0) + 1
         try:
             while True:
@@ -147,10 +159,7 @@ class Sequential(nn.Sequential):
                 l, v = nxt[c], vals[c]
                 flags = 0
                 if plain[l]:
-                    flags = HOLD_FWD | HOLD_CHUNK
-                    if l > 0 and grad_on and v.requires_grad:  # dX too, awaited by _AwaitGrad
-                        flags |= HOLD_BWD
-                        v = _AwaitGrad.apply(v)
+                    flags = HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0)
                 _state.target = (mods[l], flags) if flags else None
                 before = _C.sched_counters()[1]
                 try:
@@ -162,7 +171,8 @@ class Sequential(nn.Sequential):
                                     f"returned {type(out).__name__}, expected one tensor")
                 after = _C.sched_counters()[1]
                 held[c] = after if after != before else 0
-                vals[c], nxt[c] = out, l + 1
+                vals[c], nxt[c], awaits[c] = out, l + 1, False
+                wrap(c, l + 1)
         except BaseException:
             try:  # nothing may still write into tensors being dropped
                 _C.sched_await_results()

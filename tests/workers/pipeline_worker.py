@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import axonn_c
+from axonn_c import pipeline
 from linear_worker import shard_of
 
 H = 32
@@ -75,15 +76,15 @@ def linears(model):
 
 def expected_holds(model, chunks, pipelines):
     """(forward, backward) reductions held per step: a direct Linear child holds its forward
-    all-reduce per chunk when its input group has several ranks, and (not the first child) its
-    dX all-reduce when its output group has."""
+    all-reduce per chunk when its input group has several ranks, and its dX all-reduce (the
+    input requires a gradient here) when its output group has."""
     if not pipelines:
         return 0, 0
     fwd = bwd = 0
     for i in (0, 2, 4, 7):
         s = model[i]._shapes
         fwd += chunks * (s["gin_size"] > 1)
-        bwd += chunks * (s["gout_size"] > 1 and i > 0)
+        bwd += chunks * (s["gout_size"] > 1)
     return fwd, bwd
 
 
@@ -203,6 +204,35 @@ def setup(g, chunks, rows_of=lambda data_rank: 5, dtype=None):
     return model, ref, kin, kout, slice(start, start + counts[blk]), sum(counts)
 
 
+def check_interleave(g):
+    """In a chain of Linear children, a chunk's dX all-reduce is awaited only after the other
+    chunk's backward of the same layer has started its own: two in flight at some await. (An
+    await right after each layer's backward, e.g. with the awaiting node made just before the
+    child runs, never has two: autograd runs the newest ready node first.)"""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} interleave rank {g.rank}"
+    torch.manual_seed(8)
+
+    def lin(i, o, t=False):
+        return axonn_c.Linear(i, o, transpose=t, expert_mode=True)
+    model = axonn_c.Sequential(lin(H, 2 * H), lin(2 * H, H, True), lin(H, 2 * H),
+                               lin(2 * H, H, True), chunks=2)
+    x = torch.randn(6, model[0]._shapes["k_local"], requires_grad=True)
+    y = model(x)
+    in_flight = []  # at each backward await: dX all-reduces held and not yet awaited
+    real_await = pipeline._await
+
+    def logged(t):
+        held, done = axonn_c._C.sched_counters()[1:]
+        in_flight.append(held - done)
+        real_await(t)
+    pipeline._await = logged
+    try:
+        y.square().sum().backward()
+    finally:
+        pipeline._await = real_await
+    assert in_flight and max(in_flight) >= 2, f"{what}: not interleaved: {in_flight}"
+
+
 def check_uses(g):
     """Uses the container cannot see: a forward hook that replaces a Linear child's output (that
     child then holds nothing), a second consumer of an intermediate (an auxiliary loss on the
@@ -290,6 +320,8 @@ def main():
         for chunks in (2, 3):
             check(g, chunks)
         check_uses(g)
+        if g.G_intra_d == 1 and g.G_intra_r * g.G_intra_c > 1:
+            check_interleave(g)
         if g.G_data == 1 and g.G_intra_d == 1:
             check_autocast(g)
         axonn_c.finalize()
