@@ -107,7 +107,8 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     if param in _params_pending:  # the layer ran twice in this backward (shared weights)
         finish()
     prev = param.grad
-    flagged = prev is not None and getattr(param, "_axonn_data_reduced", False)
+    flagged = prev is not None and (getattr(param, "_axonn_data_reduced", False)
+                                    or "data" in getattr(param, "_axonn_reduced_groups", ()))
     # a gradient already summed over data (a backward outside no_grad_sync, no sync_gradients
     # since) cannot absorb an unreduced one: the new part is then reduced too, and added
     reduce = runtime.grid_sizes()[0] > 1 and ((overlap_data and runtime.grad_sync_enabled)
@@ -202,8 +203,10 @@ def _on_grad(ref, g: Tensor) -> None:
     if p is not None and concurrent.active():  # autograd accumulates it; sync_gradients sums
         concurrent.check_unsynced(p)
         return
-    if (p is None or not runtime.grad_sync_enabled or not _data_overlap_on()
-            or not runtime.is_initialized() or not accumulates(p)):
+    if p is None or not runtime.is_initialized() or not accumulates(p):
+        return
+    if not runtime.grad_sync_enabled or not _data_overlap_on():
+        _unreduce(p)  # autograd adds an unsummed gradient: sync_gradients sums the total
         return
     groups = tuple(n for n in p._axonn_hook_groups if runtime.group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:
@@ -212,23 +215,38 @@ def _on_grad(ref, g: Tensor) -> None:
     if p in _params_pending:  # a second gradient in one pass (e.g. reentrant checkpointing)
         finish()
     prev = p.grad
-    done = getattr(p, "_axonn_reduced_groups", ())
-    if not done and getattr(p, "_axonn_data_reduced", False):  # (a deferred Linear weight)
-        done = ("data",)
+    copies = _copies(p)
     view = _bucket_view(p.numel(), p, groups)
     view.copy_(g.reshape(-1))
     if prev is not None:
-        if done:
-            copies = 1
-            for n in done:
-                copies *= runtime.group_size(n)
-            view.add_(prev.reshape(-1), alpha=1.0 / copies)
-        else:
-            view.add_(prev.reshape(-1))
+        view.add_(prev.reshape(-1), alpha=1.0 / copies)
     _records.append(_Record(p, view, None, True, groups))
     _params_pending.add(p)
     _close_if_full((p.dtype, p.device, groups))
     queue_finish()
+
+
+def _copies(p: Tensor) -> int:
+    """How many ranks hold p.grad as one sum: the product of the sizes of the groups it was
+    summed over during an earlier backward (1 when it was not)."""
+    done = getattr(p, "_axonn_reduced_groups", ())
+    if not done and getattr(p, "_axonn_data_reduced", False):  # (a deferred Linear weight)
+        done = ("data",)
+    copies = 1
+    for n in done:
+        copies *= runtime.group_size(n)
+    return copies
+
+
+def _unreduce(p: Tensor) -> None:
+    """A .grad summed over groups during an earlier backward, about to absorb a gradient that is
+    not summed (no_grad_sync, or the overlap off): its share of the sum, so that the later
+    sync_gradients, which sums the whole .grad again, restores it."""
+    copies = _copies(p)
+    if copies > 1:
+        if p.grad is not None:
+            p.grad.div_(copies)
+        p._axonn_reduced_groups, p._axonn_data_reduced = (), False
 
 
 class _EndOfBackward:

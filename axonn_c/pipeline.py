@@ -59,6 +59,17 @@ def _plain_call(m) -> bool:
         or M._global_backward_pre_hooks))
 
 
+def _holds_forward(m) -> bool:
+    """Whether child m's call ends with an all-reduce that a later call could await (an expert
+    Linear whose input group has several ranks): what the chunk order is planned on. Decided by
+    the layer and the grid only, never by hooks, which may be registered on some ranks only:
+    every rank must call the children in the same order."""
+    from .linear import Linear
+
+    return (isinstance(m, Linear) and m.expert_mode and m._shapes["gin_size"] > 1
+            and m._shapes["depth_size"] == 1)
+
+
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -108,7 +119,7 @@ class Sequential(nn.Sequential):
     def _pipelines(self, x) -> bool:
         # (not decided by the number of rows: data-parallel ranks with uneven batches must take
         # the same gradient path; a batch of one row is one chunk)
-        if (self.chunks < 2 or len(self) == 0 or not isinstance(x, Tensor) or x.dim() < 1
+        if (self.chunks < 2 or len(self) == 0 or not isinstance(x, Tensor) or x.dim() < 2
                 or not runtime.is_initialized()):
             return False
         if torch.compiler.is_compiling() or concurrent.active():
@@ -121,15 +132,30 @@ class Sequential(nn.Sequential):
         return bool(runtime.overlap_overrides.get("overlap_all_reduce",
                                                   runtime.overlap_defaults["overlap_all_reduce"]))
 
+    def __getitem__(self, idx):
+        out = super().__getitem__(idx)
+        if isinstance(out, Sequential):  # a slice keeps the chunk count
+            out.chunks = self.chunks
+        return out
+
     def forward(self, x):
         if not self._pipelines(x):
             return super().forward(x)
+        from .linear import Linear
+
         mods = list(self)
+        # the plan (which calls leave a chunk waiting, where dX may be awaited) is the same on
+        # every rank; whether a call really holds its result also needs it to be plain (no hooks)
+        plans = [_holds_forward(m) for m in mods]
+        linear = [isinstance(m, Linear) for m in mods]
         plain = [_plain_call(m) for m in mods]
-        vals = list(x.chunk(self.chunks, dim=0))
+        # exactly `chunks` pieces (some may be empty): every rank of a group makes the same calls
+        vals = list(torch.tensor_split(x, self.chunks, dim=0))
         n, L = len(vals), len(mods)
         nxt = [0] * n  # the next child of each chunk
-        held = [0] * n  # the result number a chunk's value waits for (0: none)
+        held = [0] * n  # when a chunk waits: its place in the order of waits (0: not waiting)
+        number = [0] * n  # ... and the result number to await (0: nothing was held)
+        ticket = 0
         grad_on = torch.is_grad_enabled()
         # awaits[c]: vals[c] passed through _AwaitGrad, so the next child may hold its dX. The
         # node is made as soon as the value exists (not when the next child runs): autograd runs
@@ -138,7 +164,7 @@ class Sequential(nn.Sequential):
         awaits = [False] * n
 
         def wrap(c: int, l: int) -> None:  # vals[c] is about to enter child l
-            if l < L and plain[l] and grad_on and vals[c].requires_grad:
+            if l < L and linear[l] and grad_on and vals[c].requires_grad:
                 vals[c], awaits[c] = _AwaitGrad.apply(vals[c]), True
 
         for c in range(n):
@@ -153,13 +179,16 @@ class Sequential(nn.Sequential):
                     if not waiting:
                         break
                     c = min(waiting, key=held.__getitem__)
-                    _C.sched_await_number(held[c])  # (vals[c] keeps its memory alive)
-                    held[c] = 0
+                    if number[c]:
+                        _C.sched_await_number(number[c])  # (vals[c] keeps its memory alive)
+                    held[c] = number[c] = 0
                     continue
                 l, v = nxt[c], vals[c]
                 flags = 0
                 if plain[l]:
                     flags = HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0)
+                elif linear[l]:
+                    flags = HOLD_CHUNK  # (it waits for its own reductions)
                 _state.target = (mods[l], flags) if flags else None
                 before = _C.sched_counters()[1]
                 try:
@@ -170,7 +199,10 @@ class Sequential(nn.Sequential):
                     raise TypeError(f"axonn_c.Sequential: child {l} ({type(mods[l]).__name__}) "
                                     f"returned {type(out).__name__}, expected one tensor")
                 after = _C.sched_counters()[1]
-                held[c] = after if after != before else 0
+                number[c] = after if after != before else 0
+                if plans[l] or number[c]:
+                    ticket += 1
+                    held[c] = ticket
                 vals[c], nxt[c], awaits[c] = out, l + 1, False
                 wrap(c, l + 1)
         except BaseException:

@@ -255,6 +255,11 @@ def finalize() -> None:
     from . import concurrent
 
     concurrent.reset()
+    if is_initialized():
+        try:  # what still writes into tensors grads keeps alive completes before they go
+            _C.sched_finish()
+        except Exception:  # (a dead peer: the collectives end with an error; finalize goes on)
+            pass
     grads.reset()
     _C.finalize()
 

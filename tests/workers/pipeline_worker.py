@@ -247,6 +247,8 @@ def check_uses(g):
     model[1].register_forward_hook(lambda m, i, o: aux.append(o))
     ref[1].register_forward_hook(lambda m, i, o: aux_ref.append(o))
     model[4].register_forward_hook(lambda m, i, o: o * 1.0)
+    if g.rank == 0:  # a hook on one rank only (activation statistics): the chunk order must
+        model[0].register_forward_hook(lambda m, i, o: None)  # not change with it
     x1 = X1[tok][:, kin].clone().requires_grad_()
     x2 = X2[tok][:, kin].clone()
     y1, y2 = model(x1), model(x2)
@@ -275,6 +277,47 @@ def check_uses(g):
     ref(Xr).mul(D1).sum().backward()
     for m, r in zip(linears(model), ref_linears(ref)):
         close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} unchunked after chunked dW")
+
+
+def check_sync_then_no_sync(g):
+    """A backward whose gradients are summed over data while it runs, then a micro-batch under
+    no_grad_sync, then sync_gradients: the unsummed second part joins sums already made (the
+    gradient hook of the chunked path un-sums them before autograd adds to them; the deferred
+    path sums the new part too)."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} no_sync rank {g.rank}"
+    model, ref, kin, kout, tok, T = setup(g, 2)
+    gen = torch.Generator().manual_seed(79)
+    for k in range(2):
+        X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+        if k == 0:
+            model(X[tok][:, kin]).backward(dY[tok][:, kout])
+        else:
+            with axonn_c.no_grad_sync():
+                model(X[tok][:, kin]).backward(dY[tok][:, kout])
+        ref(X).backward(dY)
+    axonn_c.sync_gradients(model)
+    for m, r in zip(linears(model), ref_linears(ref)):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} dW")
+        s = m._shapes
+        rows = slice(s["gout_rank"] * s["n_local"], (s["gout_rank"] + 1) * s["n_local"])
+        close(m.bias.grad, r.bias.grad[rows], f"{what} db")
+
+
+def check_easy_uneven(g):
+    """Easy-layout children (the default layout: every rank its own tokens, counts may differ):
+    each rank splits its rows into exactly `chunks` pieces, some empty, so every rank makes the
+    same calls."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} easy rank {g.rank}"
+    torch.manual_seed(9)
+    l1, l2 = axonn_c.Linear(H, 2 * H), axonn_c.Linear(2 * H, H)
+    model = axonn_c.Sequential(l1, nn.GELU(), l2, chunks=3)
+    ref = nn.Sequential(nn.Linear(H, 2 * H), nn.GELU(), nn.Linear(2 * H, H))
+    with torch.no_grad():
+        for r, m in ((ref[0], l1), (ref[2], l2)):
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+    x = torch.randn(1 + g.rank % 3, H, generator=torch.Generator().manual_seed(g.rank))
+    close(model(x), ref(x), f"{what} y")
 
 
 def check_autocast(g):
@@ -320,6 +363,9 @@ def main():
         for chunks in (2, 3):
             check(g, chunks)
         check_uses(g)
+        check_easy_uneven(g)
+        if g.G_data > 1:
+            check_sync_then_no_sync(g)
         if g.G_intra_d == 1 and g.G_intra_r * g.G_intra_c > 1:
             check_interleave(g)
         if g.G_data == 1 and g.G_intra_d == 1:
