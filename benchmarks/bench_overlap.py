@@ -97,9 +97,10 @@ def parse_grid(s):
 
 # ----------------------------------------------------------------------------- worker (per rank)
 
-def build_model(h, blocks, chunks=0):
+def build_model(h, blocks, chunks=0, gelu=False):
     """The layer stack; chunks > 1: in an axonn_c.Sequential that pipelines that many chunks
-    of the batch across its layers (plain nn.Sequential otherwise)."""
+    of the batch across its layers (plain nn.Sequential otherwise); gelu: a GELU between fc1
+    and fc2, as in a real MLP."""
     import torch
     import axonn_c
 
@@ -108,6 +109,7 @@ def build_model(h, blocks, chunks=0):
         layers += [axonn_c.Linear(h, 3 * h, bias=False, expert_mode=True),                  # qkv
                    axonn_c.Linear(3 * h, h, bias=False, transpose=True, expert_mode=True),   # proj
                    axonn_c.Linear(h, 4 * h, bias=False, expert_mode=True),                  # fc1
+                   *([torch.nn.GELU()] if gelu else []),
                    axonn_c.Linear(4 * h, h, bias=False, transpose=True, expert_mode=True)]  # fc2
     if chunks > 1:
         return axonn_c.Sequential(*layers, chunks=chunks)
@@ -146,7 +148,8 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
                      concurrent_microbatches=max(concurrent, 1))
     torch.manual_seed(0)
     model = build_model(spec["hidden"], spec["blocks"],
-                        spec.get("pipeline", 0) if overlap == "pipelined" else 0)
+                        spec.get("pipeline", 0) if overlap == "pipelined" else 0,
+                        spec.get("gelu", False))
     if overlap == "nodefer":  # the ablation: every overlap but the deferred dW GEMM
         for m in model.modules():
             if isinstance(m, axonn_c.Linear):
@@ -422,6 +425,8 @@ def main():
     p.add_argument("--trace-pipelined", help="write a merged Chrome trace of one pipelined step "
                    "here (grid: --trace-pipelined-grid, default 1x1x2x1)")
     p.add_argument("--trace-pipelined-grid", type=parse_grid, default=(1, 1, 2, 1))
+    p.add_argument("--gelu", action="store_true",
+                   help="a GELU between fc1 and fc2 of every block (default: Linears only)")
     p.add_argument("--ablate-defer", action="store_true",
                    help="also time overlap=True with defer_wgrad off (t_overlap_nodefer_s)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -436,7 +441,7 @@ def main():
             "steps": a.steps or (2 if q else 3), "warmup": a.warmup if a.warmup is not None
             else (1 if q else 2), "cal_steps": 2 if q else 3, "sim_gbps": a.sim_gbps or 0.0,
             "sim_us": a.sim_us, "comm_ratio": a.comm_ratio, "concurrent": a.concurrent,
-            "pipeline": a.pipeline, "ablate_defer": a.ablate_defer}
+            "pipeline": a.pipeline, "ablate_defer": a.ablate_defer, "gelu": a.gelu}
     ranks = [int(v) for v in a.ranks.split(",")]
     grids = {n: list((QUICK_GRIDS if q else GRIDS).get(n, [])) for n in ranks}
     if a.grids:
@@ -508,7 +513,7 @@ def main():
                    if "overlap_nodefer" in r else {}),
                 "steps_per_mode": spec["rounds"] * spec["steps"],
                 **{k: spec[k] for k in ("hidden", "tokens", "blocks", "rounds", "steps",
-                                        "warmup")}})
+                                        "warmup", "gelu")}})
     print_table(rows)
     elapsed = time.perf_counter() - t_start
     print(f"total {elapsed:.0f} s")
