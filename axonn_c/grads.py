@@ -133,14 +133,14 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
 def keep_for_task(task: int, tensors: tuple) -> None:
     """Keeps what a deferred dW GEMM (scheduler task `task`) reads until it has run; releases
     the tensors of the tasks run since the last call."""
-    release_run_tasks()
+    release_done()
     _task_keeps.append((task, tensors))
 
 
 def keep_for_result(number: int, dx: Tensor) -> None:
     """Keeps dx, which a held all-reduce (result `number`) writes, until it is awaited (by
     the consumer's gradient hook, axonn_c/pipeline.py, or at the end of backward)."""
-    release_run_tasks()
+    release_done()
     _result_keeps.append((number, dx))
     queue_finish()  # the end of backward awaits what no hook did
 
@@ -152,7 +152,7 @@ def _release(keeps: list, done: int) -> None:
     del keeps[:i]
 
 
-def release_run_tasks() -> None:
+def release_done() -> None:
     """Releases what tasks that have run, and results that have been awaited, kept alive."""
     if (_task_keeps or _result_keeps) and runtime.is_initialized():
         if _task_keeps:
@@ -284,12 +284,7 @@ def finish() -> None:
     .grad. Called at the end of backward, by sync_gradients, and before a layer's second
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
-    if not _records and not _open:
-        if _result_keeps:  # held all-reduces that no hook awaited
-            try:
-                _C.sched_finish()
-            finally:
-                release_run_tasks()
+    if not (_records or _open or _result_keeps):  # (held all-reduces that no hook awaited)
         return
     records = list(_records)
     _records.clear()
@@ -305,7 +300,7 @@ def finish() -> None:
             r.param.grad = None
         raise
     finally:
-        release_run_tasks()  # (the tasks run even when one fails)
+        release_done()  # (the tasks run even when one fails)
     for r in records:
         p = r.param
         if r.replace or p.grad is None:
@@ -339,7 +334,7 @@ def drop_if_abandoned() -> None:
         _records.clear()
         _params_pending.clear()
         _open.clear()  # not summed: a partial bucket
-        release_run_tasks()
+        release_done()
 
 
 def reset() -> None:

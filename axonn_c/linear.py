@@ -148,7 +148,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
                               db.data_ptr() if db is not None else 0, ws, *tail,
                               wf.data_ptr() if wf is not None else 0,
                               dwf.data_ptr() if dwf is not None else 0, hold)
-    if hold and cfg[5] and cfg[4] == _EXPERT and s["gout_size"] > 1:  # dx's all-reduce runs on
+    if hold:  # dx may still be written by its all-reduce: kept until the latest result is done
         grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
         concurrent.shared_reduce_scatter(cfg[_LAYER], w, dwf)

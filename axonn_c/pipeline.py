@@ -91,7 +91,7 @@ class _AwaitGrad(torch.autograd.Function):
     def backward(ctx, g):
         if runtime.is_initialized():
             _await(g)
-            grads.release_run_tasks()
+            grads.release_done()
         return g
 
 
@@ -184,12 +184,10 @@ class Sequential(nn.Sequential):
                     held[c] = number[c] = 0
                     continue
                 l, v = nxt[c], vals[c]
-                flags = 0
-                if plain[l]:
-                    flags = HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0)
-                elif linear[l]:
-                    flags = HOLD_CHUNK  # (it waits for its own reductions)
-                _state.target = (mods[l], flags) if flags else None
+                # (any other Linear call in here is a chunk call that waits for its own reductions:
+                # hold_flags gives it HOLD_CHUNK)
+                _state.target = ((mods[l], HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0))
+                                 if plain[l] else None)
                 before = _C.sched_counters()[1]
                 try:
                     out = mods[l](v)
