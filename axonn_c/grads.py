@@ -19,6 +19,11 @@ parameter's groups ("depth" then "data", or "world") while backward goes on. A L
 its bias when it is built; sync_gradients(model) registers the rest of the model on its first
 call (so they overlap from the second step on).
 
+A Linear weight is hooked too: what reaches autograd for it (chunks of axonn_c.Sequential, a
+cast weight, a regulariser or a tied use) arrives after the layer's deferred gradient was
+prepared (the accumulation node waits for every producer), so the hook completes the deferred
+one first and the autograd part adds to it.
+
 What is here is bookkeeping (which tensor goes where, keeping buffers alive until the C side
 is done); every collective is started and waited for by csrc/sched/sched.c.
 """
@@ -205,15 +210,18 @@ def _on_grad(ref, g: Tensor) -> None:
         return
     if p is None or not runtime.is_initialized() or not accumulates(p):
         return
-    if not runtime.grad_sync_enabled or not _data_overlap_on():
+    drop_if_abandoned()
+    # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
+    # reentrant checkpoint): completed first, so this one adds to it instead of being replaced
+    if p in _params_pending:
+        finish()
+    on = getattr(p, "_axonn_overlap_data", None)  # a Linear weight: its layer's knob
+    if not runtime.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
         _unreduce(p)  # autograd adds an unsummed gradient: sync_gradients sums the total
         return
     groups = tuple(n for n in p._axonn_hook_groups if runtime.group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:
         return  # nothing to sum / an unusual gradient: sync_gradients sums it
-    drop_if_abandoned()
-    if p in _params_pending:  # a second gradient in one pass (e.g. reentrant checkpointing)
-        finish()
     prev = p.grad
     copies = _copies(p)
     view = _bucket_view(p.numel(), p, groups)

@@ -327,6 +327,10 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
         self.weight._axonn_grad_groups = ("data",)
         self.weight._axonn_deferred = True  # its gradient goes through grads.prepare/add
+        # what reaches autograd for it (chunks of axonn_c.Sequential, a cast weight, another use
+        # of the weight: a tied or regularised weight) is summed during backward, and added to
+        # a deferred gradient of the same pass instead of being overwritten by it
+        grads.hook(self.weight, self.weight._axonn_grad_groups)
         self.weight._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
         if bias:
             self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
@@ -437,12 +441,13 @@ class Linear(nn.Module):
             ov_ag = ov_data = defer_dw = 0
             chunks = chunks or 1  # the other micro-batches hide the all-reduce: no auto split
         hold = 0 if torch.compiler.is_compiling() else pipeline.hold_flags(self)
+        if not torch.compiler.is_compiling() and not concurrent.active():
+            # the weight's gradient hook follows this layer's knob (grads._on_grad)
+            self.weight._axonn_overlap_data = bool(ov_data)
         if hold:  # a chunk of axonn_c.Sequential: the other chunks hide the all-reduces
             chunks, defer_dw = chunks or 1, 0
             if x.dtype != in_dtype or not x.is_contiguous():
                 hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
-            if ov_data:  # the chunks' dW reach .grad through autograd: summed by the hook
-                grads.hook(self.weight, self.weight._axonn_grad_groups)
         if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
                 and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(

@@ -278,6 +278,52 @@ def check_autograd_grad(g):
           what + " dW after autograd.grad")
 
 
+def check_weight_other_use(g):
+    """A deferred Linear weight that also gets a gradient through autograd in the same pass (a
+    regulariser on it, the same as a tied use): that gradient is added, not overwritten by the
+    deferred one, and summed over data like the rest. The regulariser is taken before or after
+    the forward, with a no_sync micro-batch or not, with the layer's overlap_data on or off;
+    against serial PyTorch, where it is sum(W * R) on the full weight (each data rank takes its
+    share)."""
+    what, model, ref, X, dY, x, dy = mlp_case(g, 23, 9)
+    gen = torch.Generator().manual_seed(5)
+    R1 = torch.randn(ref[0].weight.shape, generator=gen)
+    R2 = torch.randn(ref[2].weight.shape, generator=gen)
+    r1, r2 = shard_of(R1, model.fc1), shard_of(R2, model.fc2)
+
+    def regulariser():
+        return ((model.fc1.weight * r1).sum() + (model.fc2.weight * r2).sum()) / g.G_data
+
+    for when in ("before", "after"):
+        for mode in ("no_sync", "plain"):
+            for ov_data in (True, False):
+                case = f"{what} regulariser {when} forward, {mode}, overlap_data={ov_data}"
+                model.fc1.overlap_data = ov_data
+                for m in (model.fc1, model.fc2, ref[0], ref[2]):
+                    m.weight.grad = m.bias.grad = None
+                for micro in range(2):
+                    reg = regulariser() if when == "before" else None
+                    loss = (model(x) * dy).sum()
+                    loss = loss + (reg if reg is not None else regulariser())
+                    if micro == 0 and mode == "no_sync":
+                        with axonn_c.no_sync():
+                            loss.backward()
+                    else:
+                        loss.backward()
+                    if micro == 1 and not ov_data and g.G_data > 1:  # the layer's knob holds
+                        w = model.fc1.weight
+                        assert not (getattr(w, "_axonn_reduced_groups", ())
+                                    or getattr(w, "_axonn_data_reduced", False)), \
+                            f"{case}: fc1's dW was summed during backward"
+                    ((ref(X) * dY).sum() + (ref[0].weight * R1).sum()
+                     + (ref[2].weight * R2).sum()).backward()
+                axonn_c.sync_gradients(model)
+                for layer, r in ((model.fc1, ref[0]), (model.fc2, ref[2])):
+                    close(layer.weight.grad, shard_of(r.weight.grad, layer), torch.float32,
+                          case + " dW")
+    model.fc1.overlap_data = None
+
+
 class Scaled(nn.Module):
     """Easy layout with a replicated parameter of its own (summed over "world")."""
 
@@ -485,6 +531,7 @@ def main():
         check_accumulation(g, "no_sync", twice=True)
         check_backward_completes(g)
         check_autograd_grad(g)
+        check_weight_other_use(g)
         axonn_c.finalize()
     defer_grids = [(1, world, 1, 1), (1, 1, world, 1)]
     if world % 2 == 0 and world > 2:
@@ -492,6 +539,7 @@ def main():
     for sizes in defer_grids:
         g = axonn_c.init(*sizes, overlap=True)
         check_deferred_wgrad(g)
+        check_weight_other_use(g)
         axonn_c.finalize()
     for sizes in [(world, 1, 1, 1), (1, 1, world, 1)]:  # easy layout, summed over "world"
         g = axonn_c.init(*sizes, overlap=True)
