@@ -59,3 +59,16 @@ def test_peer_failure_raises_on_every_rank(mode, world):
         assert float(m.group(2)) <= timeout + 2.0
     assert elapsed < timeout + 20
     assert set(shm_leftovers()) <= before
+
+
+def test_ranks_out_of_step_raise_at_once():
+    """Ranks whose collectives differ (here a layer's forward all-reduce, 4 tokens on rank 0 and
+    6 on rank 1) raise CommError on every rank, naming both calls, long before the timeout."""
+    procs = launch(2, "out_of_step", 300.0)
+    for p in procs:
+        out, _ = p.communicate(timeout=120)  # (the timeout would take 300 s)
+        assert p.returncode == 0, out
+        m = re.search(r"RAISED (\w+): (.*)", out)
+        assert m and m.group(1) == "CommError", out
+        assert "out of step on the col group" in m.group(2), out
+        assert re.search(r"all_reduce of \d+ float32", m.group(2)), out

@@ -66,11 +66,17 @@ axc_status axc_dtype_from_name(const char *name, axc_dtype *dt)
                     name ? name : "(null)");
 }
 
+static const char *const redop_names[] = {"sum", "avg", "max"};
+
+const char *axc_redop_name(axc_redop op)
+{
+    return ((int)op >= 0 && (int)op < 3) ? redop_names[op] : "?";
+}
+
 axc_status axc_redop_from_name(const char *name, axc_redop *op)
 {
-    static const char *names[] = {"sum", "avg", "max"};
     for (int i = 0; i < 3; i++) {
-        if (name && strcmp(name, names[i]) == 0) {
+        if (name && strcmp(name, redop_names[i]) == 0) {
             *op = (axc_redop)i;
             return AXC_OK;
         }

@@ -7,7 +7,8 @@
  * channels (axc_comm_set_thread_channel) every (channel, kind) pair has its own lane, slots
  * and barriers; the simulated link of a kind is shared by its channels. CUDA buffers are
  * staged through pinned host memory. A dead or late peer fails the op on every rank within the
- * timeout. */
+ * timeout; a peer that runs a different collective (out of step: another kind, length, dtype,
+ * op or root) fails it on every rank at the collective's first barrier. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -49,6 +50,16 @@ typedef struct shm_header {
     char pad[CACHE_LINE];
 } shm_header;
 
+/* What a rank runs on a lane, published for its group's peers before the collective's first
+ * barrier and compared after it. Two per rank and lane (by the call number's parity): a peer
+ * can be at most one collective ahead, since each needs every member. */
+typedef struct shm_call {
+    uint64_t seq; /* the lane's collectives so far, this one included */
+    uint64_t count;
+    uint32_t kind, dtype, op;
+    int32_t root;
+} shm_call;
+
 typedef struct shm_group {
     axc_group_info info;
     int *members;
@@ -67,6 +78,7 @@ typedef struct shm_lane {
     pthread_cond_t cv;
     axc_work *head, *tail;
     int stop;
+    uint64_t calls; /* collectives run (this lane's thread only) */
     /* CUDA staging (this lane's thread only) */
     void *stage_stream;
     int stage_device;
@@ -85,6 +97,7 @@ struct shm_backend {
     shm_header *hdr;
     _Atomic int32_t *pids;
     shm_barrier *barriers; /* [lane][world], indexed by group colour */
+    shm_call *calls;       /* [lane][rank][2] */
     size_t slot_bytes;
     int channels;
     shm_lane lanes[AXC_MAX_CHANNELS * AXC_GROUP_COUNT]; /* [channel][kind] */
@@ -209,9 +222,74 @@ typedef struct run_ctx {
     unsigned char *slots; /* the group kind's slots */
     int64_t deadline;
     const char *what;
+    const shm_call *mine; /* this rank's published call, until the peers' are compared */
 } run_ctx;
 
-static axc_status bar(run_ctx *c) { return group_barrier(c->b, c->g, c->deadline, c->what); }
+static shm_call *call_slot(shm_backend *b, int lane, int rank, uint64_t seq)
+{
+    return &b->calls[((size_t)lane * (size_t)b->world + (size_t)rank) * 2 + (seq & 1)];
+}
+
+static int reduces(uint32_t kind)
+{
+    return kind == AXC_COLL_ALL_REDUCE || kind == AXC_COLL_REDUCE_SCATTER;
+}
+
+static int same_call(const shm_call *x, const shm_call *y)
+{
+    return x->seq == y->seq && x->kind == y->kind && x->count == y->count &&
+           x->dtype == y->dtype && (!reduces(x->kind) || x->op == y->op) &&
+           (x->kind != AXC_COLL_BROADCAST || x->root == y->root);
+}
+
+static int describe_call(char *out, size_t cap, int rank, const shm_call *x)
+{
+    int n = x->kind == AXC_COLL_BARRIER
+                ? snprintf(out, cap, "rank %d runs a barrier", rank)
+                : snprintf(out, cap, "rank %d runs %s of %llu %s", rank,
+                           axc_coll_name((axc_coll_kind)x->kind), (unsigned long long)x->count,
+                           axc_dtype_name((axc_dtype)x->dtype));
+    if (reduces(x->kind))
+        n += snprintf(out + n, cap - (size_t)n, " (%s)", axc_redop_name((axc_redop)x->op));
+    if (x->kind == AXC_COLL_BROADCAST)
+        n += snprintf(out + n, cap - (size_t)n, " from group rank %d", (int)x->root);
+    return n + snprintf(out + n, cap - (size_t)n, " as its collective %llu on this group",
+                        (unsigned long long)x->seq);
+}
+
+/* After the collective's first barrier: every peer published the same call, else the job's
+ * ranks are out of step (a caller bug that would corrupt data or hang): fail them all now. */
+static axc_status check_calls(run_ctx *c)
+{
+    const shm_group *g = c->g;
+    int lane = lane_index(&g->info);
+    for (int k = 0; k < g->info.size; k++) {
+        int r = g->members[k];
+        const shm_call *peer = call_slot(c->b, lane, r, c->mine->seq);
+        if (r == c->b->rank || same_call(peer, c->mine))
+            continue;
+        char msg[400];
+        int n = snprintf(msg, sizeof msg, "collectives out of step on the %s group: ",
+                         axc_group_name(g->info.kind));
+        n += describe_call(msg + n, sizeof msg - (size_t)n, c->b->rank, c->mine);
+        n += snprintf(msg + n, sizeof msg - (size_t)n, ", ");
+        n += describe_call(msg + n, sizeof msg - (size_t)n, r, peer);
+        snprintf(msg + n, sizeof msg - (size_t)n,
+                 " (every rank of a group must make the same calls in the same order)");
+        return shm_abort(c->b, AXC_ERR_PEER, msg);
+    }
+    return AXC_OK;
+}
+
+static axc_status bar(run_ctx *c)
+{
+    AXC_TRY(group_barrier(c->b, c->g, c->deadline, c->what));
+    if (!c->mine)
+        return AXC_OK;
+    axc_status st = check_calls(c);
+    c->mine = NULL;
+    return st;
+}
 
 /* The half of member k's slot used in round `round` (double buffering: 1 barrier per round). */
 static unsigned char *half(run_ctx *c, int k, size_t round)
@@ -333,8 +411,9 @@ static size_t recv_elems(const axc_coll *a, int G)
 static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a,
                            const void *send, void *recv)
 {
-    run_ctx c = {b, g, b->lanes[lane_index(&g->info)].slots, axc_now_ns() + (int64_t)(b->timeout_s * 1e9),
-                 axc_coll_name(a->kind)};
+    int lane = lane_index(&g->info);
+    run_ctx c = {b, g, b->lanes[lane].slots, axc_now_ns() + (int64_t)(b->timeout_s * 1e9),
+                 axc_coll_name(a->kind), NULL};
     int G = g->info.size;
     axc_status st = AXC_OK;
     if (G == 1) { /* nothing to exchange: a local copy, and the avg of one value is itself */
@@ -344,6 +423,11 @@ static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a
     }
     if (atomic_load(&b->hdr->aborted)) /* peers are checked only while waiting: no syscall */
         return aborted_error(b, c.what);
+    uint64_t seq = ++b->lanes[lane].calls;
+    shm_call *mine = call_slot(b, lane, b->rank, seq);
+    *mine = (shm_call){seq, a->count, (uint32_t)a->kind, (uint32_t)a->dtype, (uint32_t)a->op,
+                       a->root};
+    c.mine = mine; /* compared at the first barrier (the barrier's atomics publish it) */
     switch (a->kind) {
     case AXC_COLL_ALL_REDUCE: st = run_all_reduce(&c, a, send, recv); break;
     case AXC_COLL_ALL_GATHER: st = run_all_gather(&c, a, send, recv); break;
@@ -668,7 +752,8 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     size_t hdr = align_up(sizeof(shm_header) + sizeof(int32_t) * (size_t)b->world, 4096);
     int n_lanes = b->channels * AXC_GROUP_COUNT;
     size_t bars = align_up(sizeof(shm_barrier) * (size_t)n_lanes * (size_t)b->world, 4096);
-    size_t lane_off[AXC_MAX_CHANNELS * AXC_GROUP_COUNT], total = hdr + bars;
+    size_t calls = align_up(sizeof(shm_call) * (size_t)n_lanes * (size_t)b->world * 2, 4096);
+    size_t lane_off[AXC_MAX_CHANNELS * AXC_GROUP_COUNT], total = hdr + bars + calls;
     for (int k = 0; k < n_lanes; k++) {
         lane_off[k] = total;
         if (axc_grid_group_size(&cfg->grid, (axc_group_kind)(k % AXC_GROUP_COUNT)) > 1)
@@ -719,6 +804,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     b->hdr = map;
     b->pids = (_Atomic int32_t *)((unsigned char *)map + sizeof(shm_header));
     b->barriers = (shm_barrier *)((unsigned char *)map + hdr);
+    b->calls = (shm_call *)((unsigned char *)map + hdr + bars);
     for (int k = 0; k < n_lanes; k++)
         if (axc_grid_group_size(&cfg->grid, (axc_group_kind)(k % AXC_GROUP_COUNT)) > 1)
             b->lanes[k].slots = (unsigned char *)map + lane_off[k];

@@ -1,7 +1,7 @@
 /* shm backend across forked processes: every collective on every group of several grids, odd
  * lengths crossing the slot size, byte counters, groups progressing independently, works started
- * after other groups' works, channels matched independently, and a dead peer failing the others
- * in time. */
+ * after other groups' works, channels matched independently, ranks out of step failing at once
+ * with both calls named, and a dead peer failing the others in time. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,6 +312,50 @@ static void dead_peer_main(int rank, int world, const int dims[4], double timeou
     axc_comm_destroy(comm);
 }
 
+/* Ranks that run different collectives (a caller bug) fail at once on every rank with a message
+ * naming both calls, instead of corrupting data or waiting for the timeout. Case `which`: rank
+ * 1's call differs in length, kind, dtype, op; or rank 1 runs a barrier where rank 0 runs an
+ * empty all-reduce (both meet only at the closing barrier). The first, matching, call passes. */
+static int mismatch_case;
+static void mismatch_main(int rank, int world, const int dims[4], double timeout)
+{
+    (void)world;
+    axc_comm *comm = open_comm(rank, 2, dims, "mismatch", timeout);
+    if (!comm)
+        return;
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[16];
+    axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = x, .recv = x, .count = 4, .device = -1};
+    EXPECT(run(comm, AXC_GROUP_COL, &c) == AXC_OK);
+    EXPECT(x[0] == 2.0f);
+    const char *want = "all_reduce of 4 float32 (sum)";
+    if (rank == 1) {
+        switch (mismatch_case) {
+        case 0: c.count = 8; want = "all_reduce of 8 float32"; break;
+        case 1: c.kind = AXC_COLL_ALL_GATHER; c.recv = y; want = "all_gather of 4 float32"; break;
+        case 2: c.dtype = AXC_DT_I32; want = "all_reduce of 4 int32"; break;
+        case 3: c.op = AXC_RED_MAX; want = "all_reduce of 4 float32 (max)"; break;
+        default: c.kind = AXC_COLL_BARRIER; want = "runs a barrier"; break;
+        }
+    }
+    if (mismatch_case == 4) {
+        c.count = 0;
+        want = rank == 0 ? "all_reduce of 0 float32 (sum)" : want;
+    }
+    int64_t t0 = axc_now_ns();
+    axc_status st = run(comm, AXC_GROUP_COL, &c);
+    double waited = (double)(axc_now_ns() - t0) * 1e-9;
+    EXPECT(st == AXC_ERR_PEER);
+    EXPECT(waited < timeout / 2); /* not the timeout */
+    const char *msg = axc_last_error();
+    EXPECT(strstr(msg, "out of step") != NULL);
+    if (rank == 1) /* (rank 0 may report rank 1's abort, which names rank 1's own call) */
+        EXPECT(strstr(msg, want) != NULL);
+    if (fails)
+        fprintf(stderr, "rank %d, case %d: %s\n", rank, mismatch_case, msg);
+    EXPECT(run(comm, AXC_GROUP_COL, &c) != AXC_OK); /* the communicator stays failed */
+    axc_comm_destroy(comm);
+}
+
 int main(void)
 {
     fork_ranks_init();
@@ -330,6 +374,8 @@ int main(void)
     CHECK(fork_ranks_spawn(2, independent_main, indep_grid, 10.0, 0) == 0);
     CHECK(fork_ranks_spawn(4, after_main, after_grid, 10.0, 0) == 0);
     CHECK(fork_ranks_spawn(2, channels_main, indep_grid, 10.0, 0) == 0);
+    for (mismatch_case = 0; mismatch_case < 5; mismatch_case++)
+        CHECK(fork_ranks_spawn(2, mismatch_main, indep_grid, 20.0, 0) == 0);
     static const int dead_grid[4] = {1, 1, 3, 1};
     int64_t t0 = axc_now_ns();
     CHECK(fork_ranks_spawn(3, dead_peer_main, dead_grid, 5.0, 0) == 0);

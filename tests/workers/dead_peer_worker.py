@@ -23,9 +23,29 @@ def concurrent_steps(g):
         axonn_c.sync_gradients(model)
 
 
+def out_of_step(timeout):
+    """Rank 1 feeds a different number of tokens to an expert-layout layer: the forward
+    all-reduces of the column group differ in length. Every rank raises at once, naming both
+    calls (not after the timeout, not with mixed data)."""
+    g = axonn_c.init(G_intra_c=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    layer = axonn_c.Linear(64, 64, expert_mode=True)
+    x = torch.ones(4 + 2 * (g.rank == 1), 64 // g.G_intra_c)
+    layer(torch.ones(4, 64 // g.G_intra_c))  # in step
+    try:
+        layer(x)
+    except axonn_c.CommError as e:
+        print(f"RAISED {type(e).__name__}: {e}", flush=True)
+        axonn_c.finalize()
+        return 0
+    print("NO ERROR", flush=True)
+    return 1
+
+
 def main():
     mode, timeout = sys.argv[1], float(sys.argv[2])
     world = int(os.environ["WORLD_SIZE"])
+    if mode == "out_of_step":
+        return out_of_step(timeout)
     if mode == "kill_concurrent":
         g = axonn_c.init(G_data=2, G_intra_c=world // 2, timeout=timeout,
                          concurrent_microbatches=2)

@@ -31,6 +31,7 @@ axc_status axc_dtype_from_name(const char *name, axc_dtype *dt);
 
 typedef enum axc_redop { AXC_RED_SUM = 0, AXC_RED_AVG = 1, AXC_RED_MAX = 2 } axc_redop;
 axc_status axc_redop_from_name(const char *name, axc_redop *op);
+const char *axc_redop_name(axc_redop op);
 
 typedef enum axc_coll_kind {
     AXC_COLL_ALL_REDUCE = 0,     /* send: count, recv: count (may alias send) */
