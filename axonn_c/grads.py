@@ -19,10 +19,14 @@ parameter's groups ("depth" then "data", or "world") while backward goes on. A L
 its bias when it is built; sync_gradients(model) registers the rest of the model on its first
 call (so they overlap from the second step on).
 
-A Linear weight is hooked too: what reaches autograd for it (chunks of axonn_c.Sequential, a
-cast weight, a regulariser or a tied use) arrives after the layer's deferred gradient was
-prepared (the accumulation node waits for every producer), so the hook completes the deferred
-one first and the autograd part adds to it.
+A Linear weight is hooked too: what reaches autograd for it (a cast weight's gradient, a
+regulariser or a tied use) arrives after the layer's deferred gradient was prepared (the
+accumulation node waits for every producer), so the hook completes the deferred one first and
+the autograd part adds to it.
+
+Chunk calls (axonn_c.Sequential) accumulate a weight's gradient over the chunks of a pass in
+the dW GEMM (chunk_prepare/chunk_done): one record per weight and pass, complete after the
+chunk count the forwards announced (expect_chunk); its bucket starts its sum only then.
 
 What is here is bookkeeping (which tensor goes where, keeping buffers alive until the C side
 is done); every collective is started and waited for by csrc/sched/sched.c.
@@ -52,10 +56,20 @@ class _Record:
 
 
 class _Bucket:
-    __slots__ = ("flat", "used", "groups")
+    __slots__ = ("flat", "used", "groups", "pending")
 
     def __init__(self, flat: Tensor, groups: Tuple[str, ...]):
         self.flat, self.used, self.groups = flat, 0, groups
+        self.pending = 0  # chunk records (below) still accumulating into it: not closed yet
+
+
+class _ChunkRecord:
+    """A weight gradient that several chunk calls of one pass accumulate into (axonn_c.Sequential):
+    `left` calls to go (the forwards' count; <= 0: unknown, complete at finish())."""
+    __slots__ = ("record", "bucket", "left")
+
+    def __init__(self, record: _Record, bucket: Optional[_Bucket], left: int):
+        self.record, self.bucket, self.left = record, bucket, left
 
 
 _records: List[_Record] = []
@@ -65,6 +79,11 @@ _task_keeps: List[Tuple[int, tuple]] = []
 _result_keeps: List[Tuple[int, Tensor]] = []
 _params_pending: set = set()
 _open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
+_parked: List[_Bucket] = []  # full buckets waiting for their chunk records before they close
+# chunk calls (axonn_c.Sequential) made with grad by the forwards since the last finish(), and the
+# records those calls' backwards accumulate into, by weight parameter
+_chunk_calls: Dict[Tensor, int] = {}
+_chunk_open: Dict[Tensor, _ChunkRecord] = {}
 _queued_task = None  # graph task whose end runs _end_of_backward
 _pass_alive = None  # weakref to the callback queued for that pass: dead once the pass is gone
 
@@ -80,27 +99,39 @@ def _close(bucket: _Bucket) -> None:
         bucket.used = 0
 
 
-def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)) -> Tensor:
+def _bucket_take(n: int, like: Tensor, groups: Tuple[str, ...]) -> Tuple[_Bucket, Tensor]:
     """n elements in the open bucket of like's dtype/device summed over `groups` (a new bucket
-    when it is full)."""
+    when it is full), and that bucket."""
     key = (like.dtype, like.device, groups)
     b = _open.get(key)
     if b is not None and b.used + n > b.flat.numel():
-        _close(b)
+        _retire(b)
         b = None
     if b is None:
         elems = max(n, bucket_bytes // like.element_size())
         b = _open[key] = _Bucket(like.new_empty((elems,)), groups)
     view = b.flat[b.used:b.used + n]
     b.used += n
-    return view
+    return b, view
+
+
+def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)) -> Tensor:
+    return _bucket_take(n, like, groups)[1]
+
+
+def _retire(b: _Bucket) -> None:
+    """A bucket that takes nothing more: its sums start, or once its chunk records complete."""
+    if b.pending:
+        _parked.append(b)
+    else:
+        _close(b)
 
 
 def _close_if_full(key) -> None:
     b = _open.get(key)
     if b is not None and b.used == b.flat.numel():  # full: its sum can start
-        _close(b)
         del _open[key]
+        _retire(b)
 
 
 def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor], bool,
@@ -133,6 +164,55 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
     if reduced:
         _close_if_full((dw.dtype, dw.device, ("data",)))
     queue_finish()
+
+
+def expect_chunk(param: Tensor) -> None:
+    """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
+    accumulate into param's gradient in this pass."""
+    _chunk_calls[param] = _chunk_calls.get(param, 0) + 1
+
+
+def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """For a chunk call's weight gradient: (the tensor its dW GEMM writes, the tensor it adds
+    to: the gradient so far, or for the pass's later chunks dw itself). The chunks of a pass
+    accumulate in the GEMM, without a per-chunk dW tensor for autograd to sum; the record
+    completes (its bucket may then start its sum) after the last chunk's backward, chunk_done."""
+    c = _chunk_open.get(param)
+    if c is not None:
+        return c.record.dw, c.record.dw
+    dw, fold, replace, reduced = prepare(param, n, overlap_data)
+    bucket = None
+    if reduced:
+        key = (dw.dtype, dw.device, ("data",))
+        bucket = _open.get(key)  # (prepare took dw from the open bucket of this key)
+        bucket.pending += 1
+    rec = _Record(param, dw, (fold,), replace, reduced)
+    _records.append(rec)
+    _params_pending.add(param)
+    _chunk_open[param] = _ChunkRecord(rec, bucket, _chunk_calls.pop(param, 0))
+    queue_finish()
+    return dw, fold
+
+
+def chunk_done(param: Tensor) -> None:
+    """A chunk call's backward has written its part: after the last one the record is complete
+    and its bucket, if full, starts its sum."""
+    c = _chunk_open.get(param)
+    if c is None:
+        return
+    c.left -= 1
+    if c.left != 0:  # more chunks to come (or an unknown count: finish() completes it)
+        return
+    del _chunk_open[param]
+    b = c.bucket
+    if b is not None:
+        b.pending -= 1
+        if b.pending == 0:
+            if b in _parked:
+                _parked.remove(b)
+                _close(b)
+            else:
+                _close_if_full((b.flat.dtype, b.flat.device, b.groups))
 
 
 def keep_for_task(task: int, tensors: tuple) -> None:
@@ -292,17 +372,21 @@ def finish() -> None:
     .grad. Called at the end of backward, by sync_gradients, and before a layer's second
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
+    _chunk_calls.clear()
     if not (_records or _open or _result_keeps):  # (held all-reduces that no hook awaited)
         return
     records = list(_records)
     _records.clear()
     _params_pending.clear()
+    _chunk_open.clear()
     try:
-        for b in list(_open.values()):
+        for b in _parked + list(_open.values()):
             _close(b)
+        _parked.clear()
         _open.clear()
         _C.sched_finish()
     except BaseException:
+        _parked.clear()
         _open.clear()
         for r in records:  # do not leave half-reduced values where a gradient is expected
             r.param.grad = None
@@ -331,7 +415,7 @@ def drop_if_abandoned() -> None:
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
     thread, keeps its records."""
     global _queued_task
-    if (not (_records or _open or _result_keeps)
+    if (not (_records or _open or _parked or _result_keeps)
             or (_pass_alive is not None and _pass_alive() is not None)):
         return
     _queued_task = None
@@ -342,6 +426,9 @@ def drop_if_abandoned() -> None:
         _records.clear()
         _params_pending.clear()
         _open.clear()  # not summed: a partial bucket
+        _parked.clear()
+        _chunk_open.clear()
+        _chunk_calls.clear()
         release_done()
 
 
@@ -352,5 +439,8 @@ def reset() -> None:
     _records.clear()
     _params_pending.clear()
     _open.clear()
+    _parked.clear()
+    _chunk_open.clear()
+    _chunk_calls.clear()
     _task_keeps.clear()
     _result_keeps.clear()

@@ -133,7 +133,11 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
     ws = ws_t.data_ptr() if n_ws else 0
     src = saved if cfg[4] == _EASY else x
-    if param is not None:
+    chunk = param is not None and bool(_hold(cfg) & HOLD_CHUNK)
+    if chunk:  # the chunks of axonn_c.Sequential accumulate dW in the GEMM (grads.chunk_prepare)
+        dw, fold = grads.chunk_prepare(param, s["shard"], bool(cfg[_OV_DATA]))
+        tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
+    elif param is not None:
         dw, fold, replace, reduced = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
         tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
     else:
@@ -152,6 +156,9 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
         grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
         concurrent.shared_reduce_scatter(cfg[_LAYER], w, dwf)
+        return dx, None, db
+    if chunk:  # (no dW GEMM task: chunk calls run it in the call, G_d == 1: no reduce-scatter)
+        grads.chunk_done(param)
         return dx, None, db
     if param is not None:
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
@@ -195,8 +202,8 @@ def _defers(w: Tensor, cfg) -> bool:
     (defer_wgrad) to run, and the pass accumulates into .grad (not torch.autograd.grad)."""
     if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
         return False
-    if _hold(cfg):  # one call per chunk: autograd sums the chunks' dW (data sum: grads.hook)
-        return False
+    if _hold(cfg):  # one call per chunk: the chunks accumulate into one gradient (grads.py)
+        return grads.accumulates(w)
     if concurrent.active():  # autograd accumulates each micro-batch's dW (axonn_c/concurrent.py)
         concurrent.check_unsynced(w)
         return False
@@ -327,9 +334,9 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
         self.weight._axonn_grad_groups = ("data",)
         self.weight._axonn_deferred = True  # its gradient goes through grads.prepare/add
-        # what reaches autograd for it (chunks of axonn_c.Sequential, a cast weight, another use
-        # of the weight: a tied or regularised weight) is summed during backward, and added to
-        # a deferred gradient of the same pass instead of being overwritten by it
+        # what reaches autograd for it (a cast weight's gradient, another use of the weight: a
+        # tied or regularised weight) is summed during backward, and added to a deferred
+        # gradient of the same pass instead of being overwritten by it
         grads.hook(self.weight, self.weight._axonn_grad_groups)
         self.weight._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
         if bias:
@@ -446,6 +453,8 @@ class Linear(nn.Module):
             self.weight._axonn_overlap_data = bool(ov_data)
         if hold:  # a chunk of axonn_c.Sequential: the other chunks hide the all-reduces
             chunks, defer_dw = chunks or 1, 0
+            if w is self.weight and w.requires_grad and torch.is_grad_enabled():
+                grads.expect_chunk(w)  # its backward joins the pass's chunk record early
             if x.dtype != in_dtype or not x.is_contiguous():
                 hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
         if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)

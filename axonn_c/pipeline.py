@@ -10,9 +10,9 @@ it. While chunk 0 waits for its reduction, chunk 1 computes, in this layer or th
 
 Backward follows by itself: autograd runs the chunks' nodes in reverse creation order, a
 Linear child leaves its dX all-reduce held, and an identity node in front of the child's input
-(_AwaitGrad) awaits it before anything else can read it. The weight gradients of the chunks are
-summed by autograd (with the data overlap on, summed over data by the gradient hook of
-axonn_c/grads.py).
+(_AwaitGrad) awaits it before anything else can read it. The chunks' weight gradients are
+accumulated by their dW GEMMs into one buffer per weight and pass (grads.chunk_prepare), whose
+data-parallel sum starts once the last chunk has written.
 
 The order in which chunks advance depends only on which children hold a result, which the grid
 and the knobs decide: it is the same on every rank, as collective matching requires.

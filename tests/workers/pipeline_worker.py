@@ -233,6 +233,74 @@ def check_interleave(g):
     assert in_flight and max(in_flight) >= 2, f"{what}: not interleaved: {in_flight}"
 
 
+def check_chunk_records(g):
+    """The chunks of a pass accumulate each weight's gradient in the dW GEMM: nothing reaches
+    autograd for the weights, and on a data grid a full bucket starts its sum during backward,
+    as soon as the last chunk of its layers has written (not only when backward ends). A
+    regulariser on one weight (an autograd gradient in the same pass) is added, not lost."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} records rank {g.rank}"
+    torch.manual_seed(12)
+
+    def lin(i, o, t=False):
+        return axonn_c.Linear(i, o, transpose=t, expert_mode=True)
+    model = axonn_c.Sequential(lin(H, 2 * H), lin(2 * H, H, True), lin(H, 2 * H),
+                               lin(2 * H, H, True), chunks=3)
+    ref = nn.Sequential(*(nn.Linear(m.in_features, m.out_features) for m in model))
+    with torch.no_grad():
+        for r, m in zip(ref, model):
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+    s0, s3 = model[0]._shapes, model[3]._shapes
+    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
+    kout = slice(s3["gout_rank"] * s3["n_local"], (s3["gout_rank"] + 1) * s3["n_local"])
+    gen = torch.Generator().manual_seed(13)
+    T = 7 * g.G_data
+    X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+    R = torch.randn(ref[1].weight.shape, generator=gen)
+    tok = slice(g.data_rank * 7, (g.data_rank + 1) * 7)
+    autograd_dw = []
+    handles = [m.weight.register_hook(lambda d: autograd_dw.append(d is not None) or None)
+               for m in model]
+    closes = []  # per bucket sum of weight gradients started: early (not by finish())?
+    real_close, real_finish = axonn_c.grads._close, axonn_c.grads.finish
+    weights = {id(m.weight) for m in model}
+    finishing = []
+
+    def finish():
+        finishing.append(1)
+        try:
+            real_finish()
+        finally:
+            finishing.pop()
+
+    def logged(b):
+        lo = b.flat.data_ptr()
+        hi = lo + b.used * b.flat.element_size()
+        if any(id(r.param) in weights and lo <= r.dw.data_ptr() < hi
+               and not isinstance(r.reduced, tuple)  # (not a hook's: the regulariser's part)
+               for r in axonn_c.grads._records):
+            closes.append(not finishing)
+        real_close(b)
+    axonn_c.grads._close, axonn_c.grads.finish = logged, finish
+    try:
+        y = model(X[tok][:, kin].clone().requires_grad_())
+        reg = (model[1].weight * shard_of(R, model[1])).sum() / g.G_data
+        ((y * dY[tok][:, kout]).sum() + reg).backward()
+    finally:
+        axonn_c.grads._close, axonn_c.grads.finish = real_close, real_finish
+        for h in handles:
+            h.remove()
+    axonn_c.sync_gradients(model)
+    ((ref(X) * dY).sum() + (ref[1].weight * R).sum()).backward()
+    for m, r in zip(model, ref):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} dW")
+    # (the regulariser's gradient is the one autograd hands to a weight hook)
+    assert sum(autograd_dw) <= 1, f"{what}: chunk dW reached autograd: {autograd_dw}"
+    if g.G_data > 1:
+        assert any(closes), f"{what}: no weight bucket's sum started before finish(): {closes}"
+    assert not axonn_c.grads._chunk_open and not axonn_c.grads._parked, what
+
+
 def check_uses(g):
     """Uses the container cannot see: a forward hook that replaces a Linear child's output (that
     child then holds nothing), a second consumer of an intermediate (an auxiliary loss on the
@@ -368,6 +436,7 @@ def main():
             check_sync_then_no_sync(g)
         if g.G_intra_d == 1 and g.G_intra_r * g.G_intra_c > 1:
             check_interleave(g)
+            check_chunk_records(g)
         if g.G_data == 1 and g.G_intra_d == 1:
             check_autocast(g)
         axonn_c.finalize()
