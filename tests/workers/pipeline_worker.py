@@ -204,18 +204,23 @@ def setup(g, chunks, rows_of=lambda data_rank: 5, dtype=None):
     return model, ref, kin, kout, slice(start, start + counts[blk]), sum(counts)
 
 
+def chain(seed, chunks):
+    """Four expert Linear children, each pair normal then transposed, no activation between."""
+    torch.manual_seed(seed)
+
+    def lin(i, o, t=False):
+        return axonn_c.Linear(i, o, transpose=t, expert_mode=True)
+    return axonn_c.Sequential(lin(H, 2 * H), lin(2 * H, H, True), lin(H, 2 * H),
+                              lin(2 * H, H, True), chunks=chunks)
+
+
 def check_interleave(g):
     """In a chain of Linear children, a chunk's dX all-reduce is awaited only after the other
     chunk's backward of the same layer has started its own: two in flight at some await. (An
     await right after each layer's backward, e.g. with the awaiting node made just before the
     child runs, never has two: autograd runs the newest ready node first.)"""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} interleave rank {g.rank}"
-    torch.manual_seed(8)
-
-    def lin(i, o, t=False):
-        return axonn_c.Linear(i, o, transpose=t, expert_mode=True)
-    model = axonn_c.Sequential(lin(H, 2 * H), lin(2 * H, H, True), lin(H, 2 * H),
-                               lin(2 * H, H, True), chunks=2)
+    model = chain(8, chunks=2)
     x = torch.randn(6, model[0]._shapes["k_local"], requires_grad=True)
     y = model(x)
     in_flight = []  # at each backward await: dX all-reduces held and not yet awaited
@@ -239,12 +244,7 @@ def check_chunk_records(g):
     as soon as the last chunk of its layers has written (not only when backward ends). A
     regulariser on one weight (an autograd gradient in the same pass) is added, not lost."""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} records rank {g.rank}"
-    torch.manual_seed(12)
-
-    def lin(i, o, t=False):
-        return axonn_c.Linear(i, o, transpose=t, expert_mode=True)
-    model = axonn_c.Sequential(lin(H, 2 * H), lin(2 * H, H, True), lin(H, 2 * H),
-                               lin(2 * H, H, True), chunks=3)
+    model = chain(12, chunks=3)
     ref = nn.Sequential(*(nn.Linear(m.in_features, m.out_features) for m in model))
     with torch.no_grad():
         for r, m in zip(ref, model):
