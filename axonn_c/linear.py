@@ -271,16 +271,27 @@ class _EagerLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, cfg):
         y, saved = _forward_impl(x, w, b, cfg)
-        ctx.save_for_backward(x, saved, w)
+        try:
+            ctx.save_for_backward(x, saved, w)
+        except BaseException:  # e.g. checkpoint's early stop of a recomputation, from a pack hook
+            if _hold(cfg) & HOLD_FWD:  # y's all-reduce still writes into it: done before y goes
+                _C.sched_await_results()
+            raise
         ctx.cfg, ctx.has_bias = cfg, b is not None
+        # the weight as passed (the Parameter, or a per-call cast): a deferred gradient goes to
+        # its .grad. Not the saved tensor: under torch.utils.checkpoint(use_reentrant=False) that
+        # is a recomputed alias, whose .grad nobody reads
+        ctx.param = w if w.is_leaf else None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
         cfg = ctx.cfg
+        param = ctx.param
         # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
-        dx, dw, db = _backward_impl(dy, x, saved, w, cfg, w if _defers(w, cfg) else None,
+        dx, dw, db = _backward_impl(dy, x, saved, w, cfg,
+                                    param if param is not None and _defers(param, cfg) else None,
                                     ctx.needs_input_grad[0])
         return dx, dw, (db if ctx.has_bias else None), None
 

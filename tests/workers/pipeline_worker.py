@@ -8,6 +8,7 @@ import os
 import sys
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 import axonn_c
@@ -301,6 +302,32 @@ def check_chunk_records(g):
     assert not axonn_c.grads._chunk_open and not axonn_c.grads._parked, what
 
 
+def check_checkpoint(g):
+    """The container inside torch.utils.checkpoint(use_reentrant=False) runs unchunked (its
+    saved-tensor hooks are on; pipelined, its recomputation corrupted memory on the row grid):
+    the gradients are the serial ones."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} checkpoint rank {g.rank}"
+    model = chain(14, chunks=2)
+    ref = nn.Sequential(*(nn.Linear(m.in_features, m.out_features) for m in model))
+    with torch.no_grad():
+        for r, m in zip(ref, model):
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+    s0, s3 = model[0]._shapes, model[3]._shapes
+    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
+    kout = slice(s3["gout_rank"] * s3["n_local"], (s3["gout_rank"] + 1) * s3["n_local"])
+    gen = torch.Generator().manual_seed(15)
+    X, dY = torch.randn(5 * g.G_data, H, generator=gen), torch.randn(5 * g.G_data, H, generator=gen)
+    tok = slice(g.data_rank * 5, (g.data_rank + 1) * 5)
+    y = torch.utils.checkpoint.checkpoint(model, X[tok][:, kin], use_reentrant=False)
+    (y * dY[tok][:, kout]).sum().backward()
+    axonn_c.sync_gradients(model)
+    (ref(X) * dY).sum().backward()
+    for m, r in zip(model, ref):
+        assert m.weight.grad is not None, f"{what}: no dW"
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} dW")
+
+
 def check_uses(g):
     """Uses the container cannot see: a forward hook that replaces a Linear child's output (that
     child then holds nothing), a second consumer of an intermediate (an auxiliary loss on the
@@ -437,6 +464,7 @@ def main():
         if g.G_intra_d == 1 and g.G_intra_r * g.G_intra_c > 1:
             check_interleave(g)
             check_chunk_records(g)
+            check_checkpoint(g)
         if g.G_data == 1 and g.G_intra_d == 1:
             check_autocast(g)
         axonn_c.finalize()

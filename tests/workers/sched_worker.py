@@ -278,6 +278,21 @@ def check_autograd_grad(g):
           what + " dW after autograd.grad")
 
 
+def check_checkpoint(g):
+    """Under torch.utils.checkpoint(use_reentrant=False) the backward's saved weight is a
+    recomputed alias of the Parameter: the deferred gradient must still land in the
+    Parameter's .grad."""
+    what, model, ref, X, dY, x, dy = mlp_case(g, 29, 11)
+    y = torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False)
+    (y * dy).sum().backward()
+    axonn_c.sync_gradients(model)
+    (ref(X) * dY).sum().backward()
+    for layer, r in ((model.fc1, ref[0]), (model.fc2, ref[2])):
+        assert layer.weight.grad is not None, f"{what}: checkpoint: no dW"
+        close(layer.weight.grad, shard_of(r.weight.grad, layer), torch.float32,
+              what + " checkpoint dW")
+
+
 def check_weight_other_use(g):
     """A deferred Linear weight that also gets a gradient through autograd in the same pass (a
     regulariser on it, the same as a tied use): that gradient is added, not overwritten by the
@@ -532,6 +547,7 @@ def main():
         check_backward_completes(g)
         check_autograd_grad(g)
         check_weight_other_use(g)
+        check_checkpoint(g)
         axonn_c.finalize()
     defer_grids = [(1, world, 1, 1), (1, 1, world, 1)]
     if world % 2 == 0 and world > 2:
