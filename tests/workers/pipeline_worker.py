@@ -215,6 +215,20 @@ def chain(seed, chunks):
                               lin(2 * H, H, True), chunks=chunks)
 
 
+def chain_case(seed, chunks):
+    """chain(), its serial copy, and this rank's input and output feature slices."""
+    model = chain(seed, chunks)
+    ref = nn.Sequential(*(nn.Linear(m.in_features, m.out_features) for m in model))
+    with torch.no_grad():
+        for r, m in zip(ref, model):
+            r.weight.copy_(m.full_weight())
+            r.bias.copy_(m.full_bias())
+    s0, s3 = model[0]._shapes, model[3]._shapes
+    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
+    kout = slice(s3["gout_rank"] * s3["n_local"], (s3["gout_rank"] + 1) * s3["n_local"])
+    return model, ref, kin, kout
+
+
 def check_interleave(g):
     """In a chain of Linear children, a chunk's dX all-reduce is awaited only after the other
     chunk's backward of the same layer has started its own: two in flight at some await. (An
@@ -245,15 +259,7 @@ def check_chunk_records(g):
     as soon as the last chunk of its layers has written (not only when backward ends). A
     regulariser on one weight (an autograd gradient in the same pass) is added, not lost."""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} records rank {g.rank}"
-    model = chain(12, chunks=3)
-    ref = nn.Sequential(*(nn.Linear(m.in_features, m.out_features) for m in model))
-    with torch.no_grad():
-        for r, m in zip(ref, model):
-            r.weight.copy_(m.full_weight())
-            r.bias.copy_(m.full_bias())
-    s0, s3 = model[0]._shapes, model[3]._shapes
-    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
-    kout = slice(s3["gout_rank"] * s3["n_local"], (s3["gout_rank"] + 1) * s3["n_local"])
+    model, ref, kin, kout = chain_case(12, chunks=3)
     gen = torch.Generator().manual_seed(13)
     T = 7 * g.G_data
     X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
@@ -307,15 +313,7 @@ def check_checkpoint(g):
     saved-tensor hooks are on; pipelined, its recomputation corrupted memory on the row grid):
     the gradients are the serial ones."""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} checkpoint rank {g.rank}"
-    model = chain(14, chunks=2)
-    ref = nn.Sequential(*(nn.Linear(m.in_features, m.out_features) for m in model))
-    with torch.no_grad():
-        for r, m in zip(ref, model):
-            r.weight.copy_(m.full_weight())
-            r.bias.copy_(m.full_bias())
-    s0, s3 = model[0]._shapes, model[3]._shapes
-    kin = slice(s0["gin_rank"] * s0["k_local"], (s0["gin_rank"] + 1) * s0["k_local"])
-    kout = slice(s3["gout_rank"] * s3["n_local"], (s3["gout_rank"] + 1) * s3["n_local"])
+    model, ref, kin, kout = chain_case(14, chunks=2)
     gen = torch.Generator().manual_seed(15)
     X, dY = torch.randn(5 * g.G_data, H, generator=gen), torch.randn(5 * g.G_data, H, generator=gen)
     tok = slice(g.data_rank * 5, (g.data_rank + 1) * 5)
