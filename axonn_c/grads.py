@@ -64,12 +64,13 @@ class _Bucket:
 
 
 class _ChunkRecord:
-    """A weight gradient that several chunk calls of one pass accumulate into (axonn_c.Sequential):
-    `left` calls to go (the forwards' count; <= 0: unknown, complete at finish())."""
-    __slots__ = ("record", "bucket", "left")
+    """A weight gradient `dw` that several chunk calls of one pass accumulate into
+    (axonn_c.Sequential): `left` calls to go (the forwards' count; <= 0: unknown, complete at
+    finish())."""
+    __slots__ = ("dw", "bucket", "left")
 
-    def __init__(self, record: _Record, bucket: Optional[_Bucket], left: int):
-        self.record, self.bucket, self.left = record, bucket, left
+    def __init__(self, dw: Tensor, bucket: Optional[_Bucket], left: int):
+        self.dw, self.bucket, self.left = dw, bucket, left
 
 
 _records: List[_Record] = []
@@ -179,17 +180,16 @@ def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Op
     completes (its bucket may then start its sum) after the last chunk's backward, chunk_done."""
     c = _chunk_open.get(param)
     if c is not None:
-        return c.record.dw, c.record.dw
+        return c.dw, c.dw
     dw, fold, replace, reduced = prepare(param, n, overlap_data)
     bucket = None
     if reduced:
         key = (dw.dtype, dw.device, ("data",))
         bucket = _open.get(key)  # (prepare took dw from the open bucket of this key)
         bucket.pending += 1
-    rec = _Record(param, dw, (fold,), replace, reduced)
-    _records.append(rec)
+    _records.append(_Record(param, dw, (fold,), replace, reduced))
     _params_pending.add(param)
-    _chunk_open[param] = _ChunkRecord(rec, bucket, _chunk_calls.pop(param, 0))
+    _chunk_open[param] = _ChunkRecord(dw, bucket, _chunk_calls.pop(param, 0))
     queue_finish()
     return dw, fold
 

@@ -136,9 +136,9 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     chunk = param is not None and bool(_hold(cfg) & HOLD_CHUNK)
     if chunk:  # the chunks of axonn_c.Sequential accumulate dW in the GEMM (grads.chunk_prepare)
         dw, fold = grads.chunk_prepare(param, s["shard"], bool(cfg[_OV_DATA]))
-        tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
     elif param is not None:
         dw, fold, replace, reduced = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
+    if param is not None:
         tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
     else:
         dw, tail = torch.empty_like(w), (*_sched_args(w, cfg), False, 0)
@@ -271,12 +271,7 @@ class _EagerLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, cfg):
         y, saved = _forward_impl(x, w, b, cfg)
-        try:
-            ctx.save_for_backward(x, saved, w)
-        except BaseException:  # e.g. checkpoint's early stop of a recomputation, from a pack hook
-            if _hold(cfg) & HOLD_FWD:  # y's all-reduce still writes into it: done before y goes
-                _C.sched_await_results()
-            raise
+        ctx.save_for_backward(x, saved, w)
         ctx.cfg, ctx.has_bias = cfg, b is not None
         # the weight as passed (the Parameter, or a per-call cast): a deferred gradient goes to
         # its .grad. Not the saved tensor: under torch.utils.checkpoint(use_reentrant=False) that

@@ -1,7 +1,7 @@
 """axonn_c.Sequential (cross-layer chunk pipelining) against serial PyTorch: outputs, input
 gradients and parameter gradients over two SGD steps and a retained graph's second backward, on
-grids where it pipelines and where it falls back to nn.Sequential; how many reductions were held and that all were awaited; a nested
-block's Linears hold nothing; an in-place activation after a Linear; a backward that raises
+grids where it pipelines and where it falls back to nn.Sequential; how many reductions were
+held and that all were awaited; a nested block's Linears hold nothing; an in-place activation after a Linear; a backward that raises
 midway, then a clean step; inference under no_grad. Run with a slow simulated link
 (AXONN_C_SIM_US) so that a reduction that nobody awaited would be read unfinished."""
 import os
