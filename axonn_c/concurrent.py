@@ -32,7 +32,6 @@ skips what is summed and only scales. Without `model=` everything is summed by s
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any, Callable, List, Optional
 
 import torch
@@ -81,11 +80,8 @@ def _arrived(p: Tensor) -> None:
 
 def _watch(p: nn.Parameter) -> None:
     """Counts p's gradient arrivals (once per parameter; a deepcopy is watched again)."""
-    marker = getattr(p, "_axonn_arrivals", None)
-    if marker is not None and marker() is p:
-        return
-    p.register_post_accumulate_grad_hook(_arrived)
-    p._axonn_arrivals = weakref.ref(p)
+    if runtime.first_hook(p, "arrivals"):
+        p.register_post_accumulate_grad_hook(_arrived)
 
 
 class _Gather:

@@ -262,12 +262,9 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     """Sums param's gradient over `groups` during backward (when the data overlap is on):
     registered once per parameter; `groups` can be changed later (param._axonn_hook_groups)."""
     param._axonn_hook_groups = tuple(groups)
-    marker = getattr(param, "_axonn_hooked", None)
-    if marker is not None and marker() is param:  # (a deepcopy has the attribute, not the hook)
-        return
-    ref = weakref.ref(param)
-    param.register_hook(lambda g: _on_grad(ref, g))
-    param._axonn_hooked = ref
+    if runtime.first_hook(param, "grad"):
+        ref = weakref.ref(param)
+        param.register_hook(lambda g: _on_grad(ref, g))
 
 
 def _data_overlap_on() -> bool:

@@ -68,6 +68,12 @@ def _sched_args(w: Tensor, cfg) -> tuple:
     return (cfg[_LAYER], w._version, bool(cfg[_SCHED]))
 
 
+def _placement() -> tuple:
+    """What decides which shard of a weight this rank holds (G_data does not)."""
+    g = grid()  # raises before init()
+    return (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
+
+
 def _forget(layer_id: int, ep: int) -> None:
     _keep.pop(layer_id, None)
     if ep == runtime.epoch and _C is not None:
@@ -321,8 +327,9 @@ class Linear(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         self._cfg = [self.in_features, self.out_features, int(self.transpose), int(bias),
                      _EXPERT if self.expert_mode else _EASY]
-        self._shapes = _C.linear_shapes(_desc(self._cfg, dtype), 0)  # raises before init()
-        s = self._shapes
+        # raises before init()
+        s = self._shard_shapes = _C.linear_shapes(_desc(self._cfg, dtype), 0)
+        self._placed_on, self._epoch = _placement(), runtime.epoch
         if s["gin_size"] * s["gout_size"] == 1:
             # no feature sharding: both layouts hold full features and this rank's tokens, so
             # the easy layout needs no redistribution (and no copies)
@@ -338,21 +345,62 @@ class Linear(nn.Module):
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             nn.init.uniform_(full_b, -bound, bound)
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
-        self.weight._axonn_grad_groups = ("data",)
-        self.weight._axonn_deferred = True  # its gradient goes through grads.prepare/add
+        if bias:
+            self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self._tag_parameters()
+        self.load_full(full_w, full_b)
+
+    def _tag_parameters(self) -> None:
+        """What sync_gradients, clip_grad_norm_ and the gradient hooks read off the parameters.
+        Also run on a copy: copy.deepcopy of a Parameter keeps only its data, and neither a
+        deepcopy nor torch.load restores hooks."""
+        w, b = self.weight, self.bias
+        w._axonn_grad_groups = ("data",)
+        w._axonn_deferred = True  # its gradient goes through grads.prepare/add
         # what reaches autograd for it (a cast weight's gradient, another use of the weight: a
         # tied or regularised weight) is summed during backward, and added to a deferred
         # gradient of the same pass instead of being overwritten by it
-        grads.hook(self.weight, self.weight._axonn_grad_groups)
-        self.weight._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
-        if bias:
-            self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
-            self.bias._axonn_grad_groups = ("depth", "data")
-            self.bias._axonn_norm_groups = (s["gout"],)
-            grads.hook(self.bias, self.bias._axonn_grad_groups)  # summed during backward
-        else:
-            self.register_parameter("bias", None)
-        self.load_full(full_w, full_b)
+        grads.hook(w, w._axonn_grad_groups)
+        w._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
+        if b is not None:
+            b._axonn_grad_groups = ("depth", "data")
+            b._axonn_norm_groups = (self._shard_shapes["gout"],)
+            grads.hook(b, b._axonn_grad_groups)  # summed during backward
+        for p in (w, b):
+            if p is not None:  # a copy's .grad (if any) was never summed during a backward
+                p.__dict__.pop("_axonn_reduced_groups", None)
+                p.__dict__.pop("_axonn_data_reduced", None)
+
+    def __setstate__(self, state):
+        # copy.deepcopy and torch.load(model) come here (the parameters are new objects)
+        super().__setstate__(state)
+        self._tag_parameters()
+        self._epoch = None  # (maybe another process) the next forward checks the grid
+        self.__dict__.pop("_sched_key", None)
+
+    def _check_placement(self) -> None:
+        """After a new init() (or in a copy): the shards must be this rank's on this grid."""
+        now = _placement()
+        if now != self._placed_on:
+            names = ("G_intra_r", "G_intra_c", "G_intra_d", "row_rank", "col_rank", "depth_rank")
+            was = ", ".join(f"{n}={v}" for n, v in zip(names, self._placed_on))
+            raise RuntimeError(
+                f"axonn_c.Linear({self.in_features}, {self.out_features}) holds the shards of "
+                f"{was}; this rank of the current init() is "
+                f"{', '.join(f'{n}={v}' for n, v in zip(names, now))}. Build the layer after "
+                "init(), or move its weights with axonn_c.full_state_dict() and load_state_dict()")
+        self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
+        self._epoch = runtime.epoch
+
+    @property
+    def _shapes(self) -> dict:
+        """The shard's shapes and this rank's place (_C.linear_shapes), checked against the
+        current grid once per init()."""
+        if self._epoch != runtime.epoch:
+            self._check_placement()
+        return self._shard_shapes
 
     # ---------------------------------------------------------------- shards <-> full tensors
 
@@ -533,7 +581,7 @@ class Linear(nn.Module):
                                  self._shapes["gout_size"])
 
     def extra_repr(self) -> str:
-        s = self._shapes
+        s = self._shard_shapes  # (printable after finalize())
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, transpose={self.transpose}, "
                 f"expert_mode={self.expert_mode}, block={s['n_local']}x{s['k_local']}, "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,6 +29,27 @@ grad_sync_enabled = True
 _sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
 microbatches = 1  # concurrent_microbatches of the current init (axonn_c/concurrent.py)
 sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
+
+
+# parameter hooks registered once per parameter object; keyed by id, not marked on the tensor:
+# a weak reference attribute would make the model unpicklable (torch.save), and a deepcopy or
+# an unpickled copy has the attributes but none of the hooks
+_hooked: dict = {}
+
+
+def first_hook(param, kind: str) -> bool:
+    """True the first time it is asked for this parameter object and hook kind."""
+    key = (kind, id(param))
+    known = _hooked.get(key)
+    if known is not None and known() is param:
+        return False
+
+    def forget(ref, key=key):
+        if _hooked.get(key) is ref:
+            del _hooked[key]
+
+    _hooked[key] = weakref.ref(param, forget)
+    return True
 
 
 def _channels(n: int) -> int:

@@ -76,6 +76,32 @@ def test_world1_matches_serial(world1):
     torch.testing.assert_close(par.fc2.weight.grad, ser.fc2.weight.grad.reshape(-1))
 
 
+def test_saved_model_loads_and_survives_reinit(world1, tmp_path):
+    """torch.save of a whole model after sync_gradients (which hooks every parameter), then
+    torch.load: the copy carries the layers' tags, gets its own hooks, and trains like the
+    original; a layer kept across finalize()/init() on the same grid stays usable."""
+    torch.manual_seed(0)
+    with axonn_c.auto_parallelize():
+        par = Net()
+    x = torch.randn(5, 8)
+    F.mse_loss(par(x), torch.ones(5, 4)).backward()
+    axonn_c.sync_gradients(par)
+    torch.save(par, tmp_path / "model.pt")
+    copy = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert copy.fc1.weight._axonn_deferred and copy.fc1.weight._axonn_norm_groups == ("intra",)
+    for m in (par, copy):
+        m.zero_grad()
+        F.mse_loss(m(x), torch.ones(5, 4)).backward()
+    for (name, p), q in zip(par.named_parameters(), copy.parameters()):
+        assert len(q._backward_hooks) == (1 if "fc" in name else 0), name  # its own, once
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
+    axonn_c.finalize()
+    axonn_c.init()
+    torch.testing.assert_close(copy(x), par(x), rtol=0, atol=0)
+    axonn_c.finalize()
+    assert "shard=96" in repr(copy.fc1)  # printable without a grid
+
+
 def test_clip_grad_norm_edge_cases(world1):
     lin = axonn_c.Linear(4, 4)
     assert float(axonn_c.clip_grad_norm_(lin.parameters(), 1.0)) == 0.0  # no grads

@@ -2,11 +2,13 @@
 
 For every grid given: sync_gradients (sum and mean, easy and expert layout) against the serial
 model's gradients, clip_grad_norm_ against torch's on the serial model, full_state_dict against
-the serial state dict, load_state_dict of a serial and of a sharded state dict, and
-auto_parallelize's swap/keep/warn behaviour. Every comparison is float32, rtol 1e-5, atol 1e-6.
+the serial state dict, load_state_dict of a serial and of a sharded state dict,
+auto_parallelize's swap/keep/warn behaviour, and copies of a model (deepcopy, torch.save/load)
+that train like the original. Every comparison is float32, rtol 1e-5, atol 1e-6.
 """
 import argparse
 import copy
+import io
 import math
 import warnings
 
@@ -149,14 +151,19 @@ def loss_fn(out, target, mean, n_global):
     return F.mse_loss(out, target, reduction="sum") / n_global
 
 
+def easy_pair(seed, norm_seed):
+    """The serial EasyMLP and the parallel one with the same weights."""
+    models = []
+    for lin in (serial_lin, parallel_lin):
+        torch.manual_seed(seed)
+        models.append(EasyMLP(lin))
+        randomize_norms(models[-1], norm_seed)
+    return models
+
+
 def check_easy(g, mean):
     world = g.world_size
-    torch.manual_seed(11)
-    ser = EasyMLP(serial_lin)
-    randomize_norms(ser, 5)
-    torch.manual_seed(11)
-    par = EasyMLP(parallel_lin)
-    randomize_norms(par, 5)
+    ser, par = easy_pair(11, 5)
     compare_full(par, ser, "easy: seeded construction")
     # loading the serial state dict must give the same model too
     with torch.no_grad():
@@ -275,6 +282,65 @@ def check_auto_parallelize(g):
     compare_full(par, ser, "auto_parallelize: seeded construction")
 
 
+def step_both(par, ser, g, seed, what):
+    """One backward of the serial model over all ranks' tokens and of `par` over this rank's,
+    then sync_gradients(mean=False): par's gradients must be the serial ones."""
+    gen = torch.Generator().manual_seed(seed)
+    b = 2
+    x = torch.randn(g.world_size * b, 3, 16, generator=gen)
+    t = torch.randn(g.world_size * b, 3, 8, generator=gen)
+    mine = slice(g.rank * b, (g.rank + 1) * b)
+    for m in (par, ser):
+        m.zero_grad(set_to_none=True)
+    loss_fn(ser(x), t, False, t.numel()).backward()
+    loss_fn(par(x[mine]), t[mine], False, t.numel()).backward()
+    axonn_c.sync_gradients(par, mean=False)
+    compare_grads(par, ser, what)
+
+
+def check_copies(g):
+    """A deepcopy and a torch.save/torch.load round trip of a model that has trained once (so
+    sync_gradients has hooked all its parameters) train like the serial model: the copies'
+    parameters are new objects, which need the layer's tags and gradient hooks again."""
+    ser, orig = easy_pair(51, 8)
+    step_both(orig, ser, g, 1, "copies: the original")
+    for overlap in (False, True):
+        buf = io.BytesIO()
+        torch.save(orig, buf)
+        buf.seek(0)
+        copies = {"deepcopy": copy.deepcopy(orig),
+                  "torch.load": torch.load(buf, weights_only=False)}
+        with axonn_c.optimize_communication(overlap_data=overlap):
+            for name, par in copies.items():
+                compare_full(par, ser, f"{name} (overlap_data={overlap}): weights")
+                step_both(par, ser, g, 2, f"{name} (overlap_data={overlap})")
+                step_both(par, ser, g, 3, f"{name} (overlap_data={overlap}), second step")
+                # the sums during backward need the hooks (without, sync_gradients sums alone)
+                unhooked = [n for n, p in par.named_parameters() if len(p._backward_hooks) != 1]
+                if unhooked:
+                    raise AssertionError(f"{name}: parameters without exactly one gradient "
+                                         f"hook: {unhooked}")
+
+
+def check_stale_layer(layer, placed_on):
+    """A layer built under an earlier init(): usable when this rank holds the same shards on the
+    new grid, refused with the two placements named otherwise (never a silent wrong shard)."""
+    g = axonn_c.grid()
+    now = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
+    x = torch.randn(3, 16)
+    if now == placed_on:
+        layer(x)
+        return
+    for what, call in (("forward", lambda: layer(x)), ("full_weight", layer.full_weight)):
+        try:
+            call()
+        except RuntimeError as e:
+            if "holds the shards of" not in str(e) or f"G_intra_r={g.G_intra_r}" not in str(e):
+                raise AssertionError(f"stale layer, {what}: unclear error {e}") from e
+        else:
+            raise AssertionError(f"stale layer, {what}: no error after the grid changed")
+
+
 def check_compat():
     from axonn_c import axonn as ax
     from axonn_c.intra_layer import (Linear, auto_parallelize, clip_grad_norm_,
@@ -293,6 +359,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--grids", required=True, help="G_data,Gr,Gc,Gd;...")
     args = ap.parse_args()
+    stale = None
     for spec in args.grids.split(";"):
         sizes = [int(v) for v in spec.split(",")]
         from axonn_c import axonn as ax
@@ -305,6 +372,11 @@ def main():
             check_expert(g, mean)
         check_sharded_state_dict(g)
         check_auto_parallelize(g)
+        check_copies(g)
+        if stale is not None:
+            check_stale_layer(*stale)
+        stale = (axonn_c.Linear(16, 8), (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank,
+                                         g.col_rank, g.depth_rank))
         check_compat()
         if g.rank == 0:
             print(f"grid {spec}: ok", flush=True)
