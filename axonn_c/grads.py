@@ -222,11 +222,18 @@ def keep_for_task(task: int, tensors: tuple) -> None:
     _task_keeps.append((task, tensors))
 
 
-def keep_for_result(number: int, dx: Tensor) -> None:
-    """Keeps dx, which a held all-reduce (result `number`) writes, until it is awaited (by
-    the consumer's gradient hook, axonn_c/pipeline.py, or at the end of backward)."""
+def keep_until_awaited(number: int, t: Tensor) -> None:
+    """Keeps t, which a held all-reduce (result `number`) writes, alive until it is awaited:
+    whoever drops t first (an exception unwinding autograd's Function.apply, e.g. the early
+    stop of checkpoint's recomputation) must not free memory the progress thread writes."""
     release_done()
-    _result_keeps.append((number, dx))
+    _result_keeps.append((number, t))
+
+
+def keep_for_result(number: int, dx: Tensor) -> None:
+    """keep_until_awaited for a held dX all-reduce of backward: awaited by the consumer's
+    gradient hook (axonn_c/pipeline.py), or at the end of backward."""
+    keep_until_awaited(number, dx)
     queue_finish()  # the end of backward awaits what no hook did
 
 

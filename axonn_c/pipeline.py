@@ -100,8 +100,7 @@ class Sequential(nn.Sequential):
     children, pipelined across layers, when it pays: overlap on (init(overlap=True) or
     optimize_communication(overlap_all_reduce=True)), a row or column group of several ranks,
     no depth sharding (G_intra_d == 1: every chunk would gather the weights again), eager mode,
-    outside run_concurrent and saved-tensor hooks (non-reentrant checkpoint). Otherwise it is
-    plain nn.Sequential.
+    outside run_concurrent. Otherwise it is plain nn.Sequential.
 
     Every child must treat the rows of dim 0 independently (token-wise layers: Linear,
     activations, norms over features, dropout; attention only if dim 0 is the batch) and
@@ -126,11 +125,6 @@ class Sequential(nn.Sequential):
         if torch.compiler.is_compiling() or concurrent.active():
             return False
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return False
-        # saved-tensor hooks (torch.utils.checkpoint(use_reentrant=False), save_on_cpu): their
-        # recomputation in backward with results held corrupted memory on a row grid (cause not
-        # found yet), so such regions run unchunked
-        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
             return False
         _, g_r, g_c, g_d = runtime.grid_sizes()
         if g_d != 1 or g_r * g_c == 1:
@@ -217,6 +211,7 @@ class Sequential(nn.Sequential):
             raise
         finally:
             _state.depth -= 1
+            grads.release_done()  # the outputs kept for their held all-reduces
         return torch.cat(vals, dim=0)
 
     def extra_repr(self) -> str:

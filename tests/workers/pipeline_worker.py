@@ -309,21 +309,28 @@ def check_chunk_records(g):
 
 
 def check_checkpoint(g):
-    """The container inside torch.utils.checkpoint(use_reentrant=False) runs unchunked (its
-    saved-tensor hooks are on; pipelined, its recomputation corrupted memory on the row grid):
-    the gradients are the serial ones."""
+    """The container inside torch.utils.checkpoint(use_reentrant=False) pipelines, in the
+    forward and in backward's recomputation, with the recomputation's early stop on and off:
+    the gradients are the serial ones. The early stop raises from autograd's Function.apply
+    after a child's forward issued its held all-reduce: the output being dropped must not be
+    freed while that all-reduce writes it (it corrupted memory on the row grid)."""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} checkpoint rank {g.rank}"
-    model, ref, kin, kout = chain_case(14, chunks=2)
     gen = torch.Generator().manual_seed(15)
     X, dY = torch.randn(5 * g.G_data, H, generator=gen), torch.randn(5 * g.G_data, H, generator=gen)
     tok = slice(g.data_rank * 5, (g.data_rank + 1) * 5)
-    y = torch.utils.checkpoint.checkpoint(model, X[tok][:, kin], use_reentrant=False)
-    (y * dY[tok][:, kout]).sum().backward()
-    axonn_c.sync_gradients(model)
-    (ref(X) * dY).sum().backward()
-    for m, r in zip(model, ref):
-        assert m.weight.grad is not None, f"{what}: no dW"
-        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} dW")
+    for early_stop in (True, False, True):
+        model, ref, kin, kout = chain_case(14, chunks=2)
+        held = axonn_c.scheduler_stats()["results_held"]
+        with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+            y = torch.utils.checkpoint.checkpoint(model, X[tok][:, kin], use_reentrant=False)
+            (y * dY[tok][:, kout]).sum().backward()
+        axonn_c.sync_gradients(model)
+        assert axonn_c.scheduler_stats()["results_held"] > held, f"{what}: not pipelined"
+        (ref(X) * dY).sum().backward()
+        for m, r in zip(model, ref):
+            assert m.weight.grad is not None, f"{what}: no dW"
+            close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} early_stop={early_stop} dW")
+    assert not axonn_c.grads._result_keeps, f"{what}: outputs still kept"
 
 
 def check_uses(g):
