@@ -79,6 +79,12 @@ _task_keeps: List[Tuple[int, tuple]] = []
 # (result number, dx) for held backward all-reduces (axonn_c.Sequential): alive until awaited
 _result_keeps: List[Tuple[int, Tensor]] = []
 _params_pending: set = set()
+# param -> (its .grad, the scratch tensor put in its place) for a parameter whose pending record
+# replaces .grad and that gets another gradient through autograd in the same pass
+# (_add_after_pending): autograd then adds in place into the scratch, not into the .grad that a
+# deferred dW GEMM may still read (its fold). finish() drops both; an abandoned pass puts the
+# .grad back unless the scratch was replaced meanwhile.
+_taken: Dict[Tensor, Tuple[Tensor, Tensor]] = {}
 _open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
 _parked: List[_Bucket] = []  # full buckets waiting for their chunk records before they close
 # chunk calls (axonn_c.Sequential) made with grad by the forwards since the last finish(), and the
@@ -296,8 +302,10 @@ def _on_grad(ref, g: Tensor) -> None:
         return
     drop_if_abandoned()
     # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
-    # reentrant checkpoint): completed first, so this one adds to it instead of being replaced
+    # reentrant checkpoint): this one is added after it, or it is completed first
     if p in _params_pending:
+        if _add_after_pending(p, g):
+            return
         finish()
     on = getattr(p, "_axonn_overlap_data", None)  # a Linear weight: its layer's knob
     if not runtime.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
@@ -316,6 +324,33 @@ def _on_grad(ref, g: Tensor) -> None:
     _params_pending.add(p)
     _close_if_full((p.dtype, p.device, groups))
     queue_finish()
+
+
+def _add_after_pending(p: Tensor, g: Tensor) -> bool:
+    """Another gradient of this pass for a parameter whose pending record replaces .grad (so
+    what autograd accumulates there is dropped): a record of its own, reduced like the pending
+    one, which finish() adds after it; nothing waits now (a regulariser on every weight would
+    otherwise complete all pending work once per weight). False when the pending record adds
+    to a .grad already summed in an earlier pass, or for an unusual gradient: the caller then
+    completes the pending work first."""
+    r = next((r for r in reversed(_records) if r.param is p), None)
+    if r is None or not r.replace or g.dtype != p.dtype or g.layout != torch.strided:
+        return False
+    prev = p.grad
+    if prev is not None and p not in _taken:
+        scratch = torch.empty_like(prev)  # (its values do not matter: finish() replaces it)
+        _taken[p] = (prev, scratch)
+        p.grad = scratch
+    groups = r.reduced if isinstance(r.reduced, tuple) else (("data",) if r.reduced else ())
+    if groups:
+        part = _bucket_view(p.numel(), p, groups)
+        part.copy_(g.reshape(-1))
+    else:  # (summed with the rest by sync_gradients; a copy: autograd may keep g as .grad)
+        part = g.detach().reshape(-1).clone()
+    _records.append(_Record(p, part, None, False, r.reduced))
+    if groups:
+        _close_if_full((p.dtype, p.device, groups))
+    return True
 
 
 def _copies(p: Tensor) -> int:
@@ -377,8 +412,10 @@ def finish() -> None:
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
     _chunk_calls.clear()
-    if not (_records or _open or _result_keeps):  # (held all-reduces that no hook awaited)
+    if not (_records or _open or _result_keeps or _taken):  # (held results no hook awaited)
         return
+    taken = dict(_taken)
+    _taken.clear()
     records = list(_records)
     _records.clear()
     _params_pending.clear()
@@ -399,6 +436,7 @@ def finish() -> None:
         release_done()  # (the tasks run even when one fails)
     for r in records:
         p = r.param
+        taken.pop(p, None)
         if r.replace or p.grad is None:
             p.grad = r.dw.view_as(p)
         else:
@@ -407,6 +445,9 @@ def finish() -> None:
             p._axonn_reduced_groups = r.reduced
         else:
             p._axonn_data_reduced = r.reduced
+    for p, (prev, scratch) in taken.items():  # (taken for a record that was never made)
+        if p.grad is scratch:
+            p.grad = prev
 
 
 def drop_if_abandoned() -> None:
@@ -419,7 +460,7 @@ def drop_if_abandoned() -> None:
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
     thread, keeps its records."""
     global _queued_task
-    if (not (_records or _open or _parked or _result_keeps)
+    if (not (_records or _open or _parked or _result_keeps or _taken)
             or (_pass_alive is not None and _pass_alive() is not None)):
         return
     _queued_task = None
@@ -433,6 +474,10 @@ def drop_if_abandoned() -> None:
         _parked.clear()
         _chunk_open.clear()
         _chunk_calls.clear()
+        for p, (prev, scratch) in _taken.items():  # the gradient accumulated before the pass
+            if p.grad is scratch:
+                p.grad = prev
+        _taken.clear()
         release_done()
 
 
@@ -448,3 +493,4 @@ def reset() -> None:
     _chunk_calls.clear()
     _task_keeps.clear()
     _result_keeps.clear()
+    _taken.clear()

@@ -4,6 +4,7 @@ gathered-weight memory bound, the prefetch budget, deferred reduce-scatters and 
 buckets completed by the end of backward, gradient accumulation with no_sync, shared weights,
 and deferred dW GEMMs (defer_wgrad)."""
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -293,13 +294,26 @@ def check_checkpoint(g):
               what + " checkpoint dW")
 
 
+class Boom(torch.autograd.Function):
+    """Identity whose backward raises: a pass that fails halfway."""
+
+    @staticmethod
+    def forward(ctx, h):
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, g_):
+        raise RuntimeError("boom")
+
+
 def check_weight_other_use(g):
     """A deferred Linear weight that also gets a gradient through autograd in the same pass (a
     regulariser on it, the same as a tied use): that gradient is added, not overwritten by the
     deferred one, and summed over data like the rest. The regulariser is taken before or after
     the forward, with a no_sync micro-batch or not, with the layer's overlap_data on or off;
     against serial PyTorch, where it is sum(W * R) on the full weight (each data rank takes its
-    share)."""
+    share). The first micro-batch's autograd part is added after the pending deferred one,
+    without completing the pass's pending work early: finish() runs once, at the end."""
     what, model, ref, X, dY, x, dy = mlp_case(g, 23, 9)
     gen = torch.Generator().manual_seed(5)
     R1 = torch.randn(ref[0].weight.shape, generator=gen)
@@ -309,34 +323,62 @@ def check_weight_other_use(g):
     def regulariser():
         return ((model.fc1.weight * r1).sum() + (model.fc2.weight * r2).sum()) / g.G_data
 
-    for when in ("before", "after"):
-        for mode in ("no_sync", "plain"):
-            for ov_data in (True, False):
-                case = f"{what} regulariser {when} forward, {mode}, overlap_data={ov_data}"
-                model.fc1.overlap_data = ov_data
-                for m in (model.fc1, model.fc2, ref[0], ref[2]):
-                    m.weight.grad = m.bias.grad = None
-                for micro in range(2):
-                    reg = regulariser() if when == "before" else None
-                    loss = (model(x) * dy).sum()
-                    loss = loss + (reg if reg is not None else regulariser())
-                    if micro == 0 and mode == "no_sync":
-                        with axonn_c.no_sync():
-                            loss.backward()
-                    else:
+    finishes, finish = [], axonn_c.grads.finish
+
+    def counted():
+        finishes.append(1)
+        finish()
+
+    axonn_c.grads.finish = counted  # (what _on_grad and the end of backward call)
+    try:
+        for when, mode, ov_data in itertools.product(("before", "after"), ("no_sync", "plain"),
+                                                     (True, False)):
+            case = f"{what} regulariser {when} forward, {mode}, overlap_data={ov_data}"
+            model.fc1.overlap_data = ov_data
+            for m in (model.fc1, model.fc2, ref[0], ref[2]):
+                m.weight.grad = m.bias.grad = None
+            for micro in range(2):
+                reg = regulariser() if when == "before" else None
+                loss = (model(x) * dy).sum()
+                loss = loss + (reg if reg is not None else regulariser())
+                finishes.clear()
+                if micro == 0 and mode == "no_sync":
+                    with axonn_c.no_sync():
                         loss.backward()
-                    if micro == 1 and not ov_data and g.G_data > 1:  # the layer's knob holds
-                        w = model.fc1.weight
-                        assert not (getattr(w, "_axonn_reduced_groups", ())
-                                    or getattr(w, "_axonn_data_reduced", False)), \
-                            f"{case}: fc1's dW was summed during backward"
-                    ((ref(X) * dY).sum() + (ref[0].weight * R1).sum()
-                     + (ref[2].weight * R2).sum()).backward()
-                axonn_c.sync_gradients(model)
-                for layer, r in ((model.fc1, ref[0]), (model.fc2, ref[2])):
-                    close(layer.weight.grad, shard_of(r.weight.grad, layer), torch.float32,
-                          case + " dW")
-    model.fc1.overlap_data = None
+                else:
+                    loss.backward()
+                if micro == 0:
+                    assert len(finishes) == 1, f"{case}: finish() ran {len(finishes)} times"
+                if micro == 1 and not ov_data and g.G_data > 1:  # the layer's knob holds
+                    w = model.fc1.weight
+                    assert not (getattr(w, "_axonn_reduced_groups", ())
+                                or getattr(w, "_axonn_data_reduced", False)), \
+                        f"{case}: fc1's dW was summed during backward"
+                ((ref(X) * dY).sum() + (ref[0].weight * R1).sum()
+                 + (ref[2].weight * R2).sum()).backward()
+            axonn_c.sync_gradients(model)
+            for layer, r in ((model.fc1, ref[0]), (model.fc2, ref[2])):
+                close(layer.weight.grad, shard_of(r.weight.grad, layer), torch.float32,
+                      case + " dW")
+    finally:
+        axonn_c.grads.finish = finish
+        model.fc1.overlap_data = None
+
+    # a pass that raises after the regulariser's gradients arrived: the half pass is dropped,
+    # each weight's .grad is the one from before the pass (or what the caller set meanwhile)
+    before = [torch.full_like(m.weight, 0.5) for m in (model.fc1, model.fc2)]
+    model.fc1.weight.grad, model.fc2.weight.grad = before
+    loss = (model(Boom.apply(x.clone().requires_grad_())) * dy).sum() + regulariser()
+    try:
+        loss.backward()
+        raise AssertionError(f"{what}: the backward did not raise")
+    except RuntimeError as e:
+        assert "boom" in str(e), e
+    model.fc1.weight.grad = None  # the caller's choice stays
+    axonn_c.grads.drop_if_abandoned()
+    assert model.fc1.weight.grad is None, f"{what}: a dropped pass overwrote fc1's .grad"
+    assert model.fc2.weight.grad is before[1], f"{what}: fc2's .grad from before the pass lost"
+    model.fc2.weight.grad = None
 
 
 class Scaled(nn.Module):
@@ -490,15 +532,6 @@ def check_deferred_wgrad(g):
     # a backward that raises halfway (after a layer queued its dW GEMM), then a clean step: the
     # clean step's gradients are the serial ones (the aborted pass's are dropped, its queued
     # GEMMs run before their tensors go)
-    class Boom(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, h):
-            return h.view_as(h)
-
-        @staticmethod
-        def backward(ctx, g_):
-            raise RuntimeError("boom")
-
     h = torch.tanh(model[0](Probe.apply(x, [])))
     h = torch.tanh(model[1](Boom.apply(h)))
     for layer in model[2:]:
