@@ -9,7 +9,7 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-i
 LIBS := -ldl -lpthread -lrt -lm
 BUILD := build/ctests
 
-.PHONY: test test-c test-c-san test-mock test-py setup install demo bench clean
+.PHONY: test test-c test-c-san test-mock test-py test-py-asan setup install demo bench clean
 
 # the core is compiled once per flavour into a static library the tests link against
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -72,7 +72,12 @@ test-mock:
 	bash csrc/tests/mock/run_mock_test.sh
 	bash csrc/tests/mock/run_gemm_mock_test.sh
 
-test: setup test-c test-c-san test-mock test-py
+# the multi-rank workers whose collectives write into torch tensors asynchronously, with the
+# extension built under ASan (a write into a freed tensor fails the run)
+test-py-asan:
+	bash tests/run_asan_workers.sh $(PY)
+
+test: setup test-c test-c-san test-mock test-py-asan test-py
 
 demo: setup
 	torchrun --standalone --nproc_per_node 4 examples/train_gpt.py

@@ -119,6 +119,11 @@ SOURCES = sorted(
 HEADERS = sorted(glob.glob("csrc/**/*.h", recursive=True))
 MACROS.append(("AXC_BUILD_SUMMARY", '"' + BUILD_SUMMARY.replace('"', "'") + '"'))
 
+# AXONN_C_SANITIZE=address: an AddressSanitizer build of the extension, for the multi-rank
+# workers run with libasan preloaded (tests/run_asan_workers.sh); never for a release
+SANITIZE = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"] \
+    if os.environ.get("AXONN_C_SANITIZE") == "address" else []
+
 ext = Extension(
     "axonn_c._C",
     sources=SOURCES,
@@ -126,7 +131,8 @@ ext = Extension(
     include_dirs=["csrc/include"] + CUDA_INCS,
     define_macros=MACROS + [("_GNU_SOURCE", "1")],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
-                        "-Wno-missing-field-initializers"],
+                        "-Wno-missing-field-initializers"] + SANITIZE,
+    extra_link_args=SANITIZE[:1],
     libraries=["dl", "pthread", "rt"],
     language="c",
 )
