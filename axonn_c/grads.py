@@ -78,6 +78,10 @@ _records: List[_Record] = []
 _task_keeps: List[Tuple[int, tuple]] = []
 # (result number, dx) for held backward all-reduces (axonn_c.Sequential): alive until awaited
 _result_keeps: List[Tuple[int, Tensor]] = []
+# (result number, y) for held forward all-reduces: alive until awaited. Apart from the backward
+# state above: the container awaits them within its forward, so they never mean that a backward
+# pass was abandoned (drop_if_abandoned) or left work to finish()
+_output_keeps: List[Tuple[int, Tensor]] = []
 _params_pending: set = set()
 # param -> (its .grad, the scratch tensor put in its place) for a parameter whose pending record
 # replaces .grad and that gets another gradient through autograd in the same pass
@@ -176,6 +180,13 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
 def expect_chunk(param: Tensor) -> None:
     """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
     accumulate into param's gradient in this pass."""
+    if (torch._C._current_graph_task_id() != -1
+            and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
+        # a forward inside backward under saved-tensor hooks: torch.utils.checkpoint's
+        # recomputation (use_reentrant=False), whose graph never runs backward (the original
+        # forward's nodes do, and counted their calls); counting it would leave the records
+        # open until the end of backward
+        return
     _chunk_calls[param] = _chunk_calls.get(param, 0) + 1
 
 
@@ -228,18 +239,21 @@ def keep_for_task(task: int, tensors: tuple) -> None:
     _task_keeps.append((task, tensors))
 
 
-def keep_until_awaited(number: int, t: Tensor) -> None:
-    """Keeps t, which a held all-reduce (result `number`) writes, alive until it is awaited:
-    whoever drops t first (an exception unwinding autograd's Function.apply, e.g. the early
-    stop of checkpoint's recomputation) must not free memory the progress thread writes."""
+def keep_output(number: int, y: Tensor) -> None:
+    """Keeps a forward's output y, which a held all-reduce (result `number`) writes, alive until
+    axonn_c.Sequential awaits it: whoever drops y first (an exception unwinding autograd's
+    Function.apply, e.g. the early stop of checkpoint's recomputation) must not free memory the
+    progress thread writes."""
     release_done()
-    _result_keeps.append((number, t))
+    _output_keeps.append((number, y))
 
 
 def keep_for_result(number: int, dx: Tensor) -> None:
-    """keep_until_awaited for a held dX all-reduce of backward: awaited by the consumer's
-    gradient hook (axonn_c/pipeline.py), or at the end of backward."""
-    keep_until_awaited(number, dx)
+    """Keeps dx, which a held dX all-reduce of backward (result `number`) writes, alive until it
+    is awaited: by the consumer's gradient hook (axonn_c/pipeline.py), or at the end of
+    backward."""
+    release_done()
+    _result_keeps.append((number, dx))
     queue_finish()  # the end of backward awaits what no hook did
 
 
@@ -252,11 +266,11 @@ def _release(keeps: list, done: int) -> None:
 
 def release_done() -> None:
     """Releases what tasks that have run, and results that have been awaited, kept alive."""
-    if (_task_keeps or _result_keeps) and runtime.is_initialized():
-        if _task_keeps:
-            _release(_task_keeps, _C.sched_counters()[0])
-        if _result_keeps:
-            _release(_result_keeps, _C.sched_counters()[2])
+    if (_task_keeps or _result_keeps or _output_keeps) and runtime.is_initialized():
+        tasks_run, _, results_done = _C.sched_counters()
+        _release(_task_keeps, tasks_run)
+        _release(_result_keeps, results_done)
+        _release(_output_keeps, results_done)
 
 
 def accumulates(param: Tensor) -> bool:
@@ -493,4 +507,5 @@ def reset() -> None:
     _chunk_calls.clear()
     _task_keeps.clear()
     _result_keeps.clear()
+    _output_keeps.clear()
     _taken.clear()

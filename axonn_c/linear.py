@@ -116,7 +116,7 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
                       saved.data_ptr() if saved is not None else 0, ws, *_sched_args(w, cfg),
                       wf.data_ptr() if wf is not None else 0, bool(_hold(cfg) & HOLD_FWD))
     if _hold(cfg) & HOLD_FWD:  # y may still be written by its all-reduce (axonn_c.Sequential)
-        grads.keep_until_awaited(_C.sched_counters()[1], y)
+        grads.keep_output(_C.sched_counters()[1], y)
     return y, saved
 
 

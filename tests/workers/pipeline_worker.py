@@ -119,7 +119,8 @@ def check(g, chunks):
         st = axonn_c.scheduler_stats()
         assert st["results_held"] - h1 == want_bwd, \
             f"{what}: backward held {st['results_held'] - h1}, expected {want_bwd}"
-        assert st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps, \
+        assert (st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps
+                and not axonn_c.grads._output_keeps), \
             f"{what}: not every held result awaited: {st}"
         axonn_c.sync_gradients(model)
         Xr = X.clone().requires_grad_()
@@ -176,8 +177,8 @@ def check(g, chunks):
     Xr = X.clone().requires_grad_()
     ref(Xr).backward(dY)
     st = axonn_c.scheduler_stats()
-    assert st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps, \
-        f"{what}: after the raised backward: {st}"
+    assert (st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps
+            and not axonn_c.grads._output_keeps), f"{what}: after the raised backward: {st}"
     for m, r in zip(linears(model), [ref[0], ref[2], ref[3][0], ref[3][2], ref[4], ref[6]]):
         close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} after raise dW")
 
@@ -271,10 +272,11 @@ def check_chunk_records(g):
     closes = []  # per bucket sum of weight gradients started: early (not by finish())?
     real_close, real_finish = axonn_c.grads._close, axonn_c.grads.finish
     weights = {id(m.weight) for m in model}
-    finishing = []
+    finishing, finishes = [], []
 
     def finish():
         finishing.append(1)
+        finishes.append(1)
         try:
             real_finish()
         finally:
@@ -293,6 +295,8 @@ def check_chunk_records(g):
         y = model(X[tok][:, kin].clone().requires_grad_())
         reg = (model[1].weight * shard_of(R, model[1])).sum() / g.G_data
         ((y * dY[tok][:, kout]).sum() + reg).backward()
+        # once, at the end: no chunk call found its record closed (a lost chunk count)
+        assert len(finishes) == 1, f"{what}: finish() ran {len(finishes)} times in backward"
     finally:
         axonn_c.grads._close, axonn_c.grads.finish = real_close, real_finish
         for h in handles:
@@ -311,26 +315,43 @@ def check_chunk_records(g):
 def check_checkpoint(g):
     """The container inside torch.utils.checkpoint(use_reentrant=False) pipelines, in the
     forward and in backward's recomputation, with the recomputation's early stop on and off:
-    the gradients are the serial ones. The early stop raises from autograd's Function.apply
-    after a child's forward issued its held all-reduce: the output being dropped must not be
-    freed while that all-reduce writes it (it corrupted memory on the row grid)."""
+    the gradients are the serial ones, and each weight's chunk record completes at its last
+    chunk's backward (the recomputation's calls are not counted). The early stop raises from
+    autograd's Function.apply after a child's forward issued its held all-reduce: the output
+    being dropped must not be freed while that all-reduce writes it (it corrupted memory on the
+    row grid)."""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} checkpoint rank {g.rank}"
     gen = torch.Generator().manual_seed(15)
     X, dY = torch.randn(5 * g.G_data, H, generator=gen), torch.randn(5 * g.G_data, H, generator=gen)
     tok = slice(g.data_rank * 5, (g.data_rank + 1) * 5)
+    completed = []  # chunk records completed during backward (not left to finish())
+    real_done = axonn_c.grads.chunk_done
+
+    def done(param):
+        real_done(param)
+        completed.append(param not in axonn_c.grads._chunk_open)
+
     for early_stop in (True, False, True):
         model, ref, kin, kout = chain_case(14, chunks=2)
         held = axonn_c.scheduler_stats()["results_held"]
-        with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
-            y = torch.utils.checkpoint.checkpoint(model, X[tok][:, kin], use_reentrant=False)
-            (y * dY[tok][:, kout]).sum().backward()
+        completed.clear()
+        axonn_c.grads.chunk_done = done
+        try:
+            with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+                y = torch.utils.checkpoint.checkpoint(model, X[tok][:, kin], use_reentrant=False)
+                (y * dY[tok][:, kout]).sum().backward()
+        finally:
+            axonn_c.grads.chunk_done = real_done
         axonn_c.sync_gradients(model)
         assert axonn_c.scheduler_stats()["results_held"] > held, f"{what}: not pipelined"
+        # (the recomputation's chunk calls do not count: each record completes at its last
+        # chunk's backward)
+        assert sum(completed) == len(model), f"{what}: records completed early: {completed}"
         (ref(X) * dY).sum().backward()
         for m, r in zip(model, ref):
             assert m.weight.grad is not None, f"{what}: no dW"
             close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} early_stop={early_stop} dW")
-    assert not axonn_c.grads._result_keeps, f"{what}: outputs still kept"
+    assert not axonn_c.grads._output_keeps, f"{what}: outputs still kept"
 
 
 def check_uses(g):
