@@ -83,12 +83,12 @@ _result_keeps: List[Tuple[int, Tensor]] = []
 # pass was abandoned (drop_if_abandoned) or left work to finish()
 _output_keeps: List[Tuple[int, Tensor]] = []
 _params_pending: set = set()
-# param -> (its .grad, the scratch tensor put in its place) for a parameter whose pending record
-# replaces .grad and that gets another gradient through autograd in the same pass
+# param -> (its .grad or None, the scratch tensor put in its place) for a parameter whose pending
+# record replaces .grad and that gets another gradient through autograd in the same pass
 # (_add_after_pending): autograd then adds in place into the scratch, not into the .grad that a
 # deferred dW GEMM may still read (its fold). finish() drops both; an abandoned pass puts the
 # .grad back unless the scratch was replaced meanwhile.
-_taken: Dict[Tensor, Tuple[Tensor, Tensor]] = {}
+_taken: Dict[Tensor, Tuple[Optional[Tensor], Tensor]] = {}
 _open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
 _parked: List[_Bucket] = []  # full buckets waiting for their chunk records before they close
 # chunk calls (axonn_c.Sequential) made with grad by the forwards since the last finish(), and the
@@ -299,7 +299,6 @@ def _data_overlap_on() -> bool:
                                               runtime.overlap_defaults["overlap_data"]))
 
 
-@torch.no_grad()
 def _on_grad(ref, g: Tensor) -> None:
     """The gradient of this backward pass (all its uses summed, before it is accumulated into
     .grad) goes into a bucket, with the gradient accumulated so far folded in: the bucket's sum
@@ -309,6 +308,13 @@ def _on_grad(ref, g: Tensor) -> None:
     p = ref()
     if g is None:  # (a Linear weight whose gradient this pass deferred: nothing reached autograd)
         return
+    # (grad mode is on in a hook exactly when backward builds a graph: create_graph=True)
+    create_graph = torch.is_grad_enabled()
+    with torch.no_grad():
+        _take_grad(p, g, create_graph)
+
+
+def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
     if p is not None and concurrent.active():  # autograd accumulates it; sync_gradients sums
         concurrent.check_unsynced(p)
         return
@@ -318,7 +324,7 @@ def _on_grad(ref, g: Tensor) -> None:
     # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
     # reentrant checkpoint): this one is added after it, or it is completed first
     if p in _params_pending:
-        if _add_after_pending(p, g):
+        if not create_graph and _add_after_pending(p, g):
             return
         finish()
     on = getattr(p, "_axonn_overlap_data", None)  # a Linear weight: its layer's knob
@@ -346,13 +352,14 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
     one, which finish() adds after it; nothing waits now (a regulariser on every weight would
     otherwise complete all pending work once per weight). False when the pending record adds
     to a .grad already summed in an earlier pass, or for an unusual gradient: the caller then
-    completes the pending work first."""
+    completes the pending work first (also under create_graph=True, where autograd accumulates
+    out of place, replacing the scratch)."""
     r = next((r for r in reversed(_records) if r.param is p), None)
     if r is None or not r.replace or g.dtype != p.dtype or g.layout != torch.strided:
         return False
-    prev = p.grad
-    if prev is not None and p not in _taken:
-        scratch = torch.empty_like(prev)  # (its values do not matter: finish() replaces it)
+    if p not in _taken:
+        prev = p.grad
+        scratch = torch.empty_like(p if prev is None else prev)  # (finish() replaces it)
         _taken[p] = (prev, scratch)
         p.grad = scratch
     groups = r.reduced if isinstance(r.reduced, tuple) else (("data",) if r.reduced else ())

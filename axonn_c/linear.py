@@ -101,6 +101,10 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
     rows = x.shape[0]
     t_max = _C.linear_plane_tokens(desc, rows, _dev(x), _stream(x)) if cfg[4] == _EASY else rows
     s = _shapes(desc, t_max)
+    if w.numel() != s["shard"]:  # (a layer built for another grid, reached without the check)
+        raise RuntimeError(f"axonn_c.Linear({cfg[0]}, {cfg[1]}): the weight shard has "
+                           f"{w.numel()} elements, the current grid needs {s['shard']}; build "
+                           "the layer after init(), or move its weights with full_state_dict()")
     if cfg[4] == _EASY:
         y = x.new_empty((rows, cfg[1]))
         saved = x.new_empty((s["saved_rows"], s["saved_cols"]))
@@ -371,7 +375,7 @@ class Linear(nn.Module):
             b._axonn_norm_groups = (self._shard_shapes["gout"],)
             grads.hook(b, b._axonn_grad_groups)  # summed during backward
         for p in (w, b):
-            if p is not None:  # a copy's .grad (if any) was never summed during a backward
+            if p is not None and p.grad is None:  # (torch.load: flags pickled without a .grad)
                 p.__dict__.pop("_axonn_reduced_groups", None)
                 p.__dict__.pop("_axonn_data_reduced", None)
 
@@ -399,8 +403,9 @@ class Linear(nn.Module):
     @property
     def _shapes(self) -> dict:
         """The shard's shapes and this rank's place (_C.linear_shapes), checked against the
-        current grid once per init()."""
-        if self._epoch != runtime.epoch:
+        current grid once per init(), in eager mode (torch.compile cannot trace the check; the
+        forward still refuses a weight whose size does not fit the grid, _forward_impl)."""
+        if self._epoch != runtime.epoch and not torch.compiler.is_compiling():
             self._check_placement()
         return self._shard_shapes
 
@@ -472,6 +477,7 @@ class Linear(nn.Module):
             state_dict = {k: v for k, v in state_dict.items() if v is not None}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        self._tag_parameters()  # (load_state_dict(assign=True) puts in new Parameter objects)
 
     # ---------------------------------------------------------------- forward
 

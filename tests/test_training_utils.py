@@ -97,9 +97,25 @@ def test_saved_model_loads_and_survives_reinit(world1, tmp_path):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
     axonn_c.finalize()
     axonn_c.init()
+    # torch.compile of the copy, called first after the re-init (the placement check is eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(copy, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), par(x))
     torch.testing.assert_close(copy(x), par(x), rtol=0, atol=0)
     axonn_c.finalize()
     assert "shard=96" in repr(copy.fc1)  # printable without a grid
+
+
+def test_load_state_dict_assign_tags_new_parameters(world1):
+    """load_state_dict(assign=True) puts new Parameter objects into the layer: they get the
+    layer's tags and gradient hook (else sync_gradients would sum the shard as replicated)."""
+    lin = axonn_c.Linear(8, 4)
+    sd = {k: v.clone() for k, v in lin.state_dict().items()}
+    lin.load_state_dict(sd, assign=True)
+    assert lin.weight is not None and lin.weight._axonn_deferred
+    assert lin.weight._axonn_grad_groups == ("data",) and lin.bias._axonn_norm_groups == ("row",)
+    assert len(lin.weight._backward_hooks) == 1 and len(lin.bias._backward_hooks) == 1
 
 
 def test_clip_grad_norm_edge_cases(world1):

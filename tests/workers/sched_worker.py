@@ -366,18 +366,21 @@ def check_weight_other_use(g):
 
     # a pass that raises after the regulariser's gradients arrived: the half pass is dropped,
     # each weight's .grad is the one from before the pass (or what the caller set meanwhile)
-    before = [torch.full_like(m.weight, 0.5) for m in (model.fc1, model.fc2)]
-    model.fc1.weight.grad, model.fc2.weight.grad = before
-    loss = (model(Boom.apply(x.clone().requires_grad_())) * dy).sum() + regulariser()
-    try:
-        loss.backward()
-        raise AssertionError(f"{what}: the backward did not raise")
-    except RuntimeError as e:
-        assert "boom" in str(e), e
-    model.fc1.weight.grad = None  # the caller's choice stays
-    axonn_c.grads.drop_if_abandoned()
-    assert model.fc1.weight.grad is None, f"{what}: a dropped pass overwrote fc1's .grad"
-    assert model.fc2.weight.grad is before[1], f"{what}: fc2's .grad from before the pass lost"
+    for caller_clears in (False, True):  # (then fc1 had no .grad before the pass)
+        before = [torch.full_like(model.fc1.weight, 0.5) if caller_clears else None,
+                  torch.full_like(model.fc2.weight, 0.5)]
+        model.fc1.weight.grad, model.fc2.weight.grad = before
+        loss = (model(Boom.apply(x.clone().requires_grad_())) * dy).sum() + regulariser()
+        try:
+            loss.backward()
+            raise AssertionError(f"{what}: the backward did not raise")
+        except RuntimeError as e:
+            assert "boom" in str(e), e
+        if caller_clears:
+            model.fc1.weight.grad = None  # the caller's choice stays
+        axonn_c.grads.drop_if_abandoned()
+        assert model.fc1.weight.grad is None, f"{what}: a dropped pass left fc1 a .grad"
+        assert model.fc2.weight.grad is before[1], f"{what}: fc2's .grad from before the pass lost"
     model.fc2.weight.grad = None
 
 
