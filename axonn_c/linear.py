@@ -391,12 +391,15 @@ class Linear(nn.Module):
         now = _placement()
         if now != self._placed_on:
             names = ("G_intra_r", "G_intra_c", "G_intra_d", "row_rank", "col_rank", "depth_rank")
-            was = ", ".join(f"{n}={v}" for n, v in zip(names, self._placed_on))
+
+            def said(place):
+                return ", ".join(f"{n}={v}" for n, v in zip(names, place))
+
             raise RuntimeError(
                 f"axonn_c.Linear({self.in_features}, {self.out_features}) holds the shards of "
-                f"{was}; this rank of the current init() is "
-                f"{', '.join(f'{n}={v}' for n, v in zip(names, now))}. Build the layer after "
-                "init(), or move its weights with axonn_c.full_state_dict() and load_state_dict()")
+                f"{said(self._placed_on)}; this rank of the current init() is {said(now)}. Build "
+                "the layer after init(), or move its weights with axonn_c.full_state_dict() and "
+                "load_state_dict()")
         self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
         self._epoch = runtime.epoch
 

@@ -568,8 +568,8 @@ static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, i
 
 /* The rest of a backward whose dW is deferred (so overlap_all_reduce is on): db; then, when
  * `flush` (a reduction of this layer is in flight), the queued dW GEMMs (earlier layers' and
- * this one's) run under it; then pending[0..npending) completes. `flush` is decided by the grid and the knobs, not by timing,
- * so the queue runs at the same points on every rank. */
+ * this one's) run under it; then pending[0..npending) completes. `flush` is decided by the
+ * grid and the knobs, not by timing, so the queue runs at the same points on every rank. */
 static axc_status bias_flush_finish(ctx *c, const void *dy, int64_t rows, int flush,
                                     axc_work **pending, int64_t npending)
 {
