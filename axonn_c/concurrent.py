@@ -53,8 +53,9 @@ def active() -> bool:
 def check_unsynced(p: Tensor) -> None:
     """A .grad already summed over ranks (an overlapped backward, or a reducer) cannot take
     unsummed micro-batch gradients: sync_gradients() must run first."""
-    if p.grad is not None and (getattr(p, "_axonn_data_reduced", False)
-                               or getattr(p, "_axonn_reduced_groups", ())):
+    from . import grads
+
+    if grads.summed_over(p):
         raise RuntimeError(
             "run_concurrent: a parameter's .grad was already summed over ranks (by an earlier "
             "backward with overlap on, or an earlier run_concurrent with model=), and "
@@ -337,6 +338,7 @@ class _Reducer:
             self.count.get(p, 0) >= self.n for p in params)
 
     def run(self) -> None:
+        from . import grads
         from .parallel import _reduce_bucket
 
         for groups, params in self.buckets:
@@ -348,7 +350,7 @@ class _Reducer:
             if have:
                 _reduce_bucket(have, groups, None, "grad")
                 for p in have:
-                    p._axonn_reduced_groups = groups
+                    grads.mark_summed(p, groups)
 
 
 def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] = None,

@@ -21,8 +21,12 @@ call (so they overlap from the second step on).
 
 A Linear weight is hooked too: what reaches autograd for it (a cast weight's gradient, a
 regulariser or a tied use) arrives after the layer's deferred gradient was prepared (the
-accumulation node waits for every producer), so the hook completes the deferred one first and
-the autograd part adds to it.
+accumulation node waits for every producer): it becomes a record of its own, reduced like the
+deferred one and added after it when backward ends (_add_after_pending).
+
+What a backward already summed each `.grad` over is remembered here (summed_over/mark_summed),
+not on the Parameter: a Parameter's __dict__ travels with torch.save and copy.copy, where the
+copy's .grad is not the one that was summed.
 
 Chunk calls (axonn_c.Sequential) accumulate a weight's gradient over the chunks of a pass in
 the dW GEMM (chunk_prepare/chunk_done): one record per weight and pass, complete after the
@@ -47,12 +51,47 @@ from .comm import _stream
 bucket_bytes = 4 * 1024 * 1024
 
 
+# id(param) -> (param, the .grad it was recorded for, the groups that .grad is summed over)
+_summed: Dict[int, Tuple[weakref.ref, weakref.ref, Tuple[str, ...]]] = {}
+
+
+def summed_over(p: Tensor) -> Tuple[str, ...]:
+    """The groups over which p.grad was summed during an earlier backward (sync_gradients skips
+    them). An entry counts only while p.grad is the tensor it was made for: a .grad that was set
+    to None (zero_grad) or replaced since, or a copy's, holds nothing summed."""
+    e = _summed.get(id(p))
+    if e is None or e[0]() is not p or p.grad is None or e[1]() is not p.grad:
+        return ()
+    return e[2]
+
+
+def mark_summed(p: Tensor, groups: Tuple[str, ...]) -> None:
+    """Records that p.grad (as it is now) is summed over `groups` (() forgets)."""
+    key = id(p)
+    if not groups or p.grad is None:
+        _summed.pop(key, None)
+        return
+
+    def forget(ref, key=key):
+        e = _summed.get(key)
+        if e is not None and e[0] is ref:
+            del _summed[key]
+
+    _summed[key] = (weakref.ref(p, forget), weakref.ref(p.grad), tuple(groups))
+
+
 class _Record:
     __slots__ = ("param", "dw", "keep", "replace", "reduced")
 
     def __init__(self, param, dw, keep, replace, reduced):
         self.param, self.dw, self.keep = param, dw, keep
         self.replace, self.reduced = replace, reduced
+
+
+def _groups_of(r: _Record) -> Tuple[str, ...]:
+    """The groups a record's gradient is summed over (a hooked parameter's record names them; a
+    deferred weight's says whether "data")."""
+    return r.reduced if isinstance(r.reduced, tuple) else (("data",) if r.reduced else ())
 
 
 class _Bucket:
@@ -154,8 +193,7 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     if param in _params_pending:  # the layer ran twice in this backward (shared weights)
         finish()
     prev = param.grad
-    flagged = prev is not None and (getattr(param, "_axonn_data_reduced", False)
-                                    or "data" in getattr(param, "_axonn_reduced_groups", ()))
+    flagged = "data" in summed_over(param)
     # a gradient already summed over data (a backward outside no_grad_sync, no sync_gradients
     # since) cannot absorb an unreduced one: the new part is then reduced too, and added
     reduce = runtime.grid_sizes()[0] > 1 and ((overlap_data and runtime.grad_sync_enabled)
@@ -362,7 +400,7 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
         scratch = torch.empty_like(p if prev is None else prev)  # (finish() replaces it)
         _taken[p] = (prev, scratch)
         p.grad = scratch
-    groups = r.reduced if isinstance(r.reduced, tuple) else (("data",) if r.reduced else ())
+    groups = _groups_of(r)
     if groups:
         part = _bucket_view(p.numel(), p, groups)
         part.copy_(g.reshape(-1))
@@ -377,11 +415,8 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
 def _copies(p: Tensor) -> int:
     """How many ranks hold p.grad as one sum: the product of the sizes of the groups it was
     summed over during an earlier backward (1 when it was not)."""
-    done = getattr(p, "_axonn_reduced_groups", ())
-    if not done and getattr(p, "_axonn_data_reduced", False):  # (a deferred Linear weight)
-        done = ("data",)
     copies = 1
-    for n in done:
+    for n in summed_over(p):
         copies *= runtime.group_size(n)
     return copies
 
@@ -394,7 +429,7 @@ def _unreduce(p: Tensor) -> None:
     if copies > 1:
         if p.grad is not None:
             p.grad.div_(copies)
-        p._axonn_reduced_groups, p._axonn_data_reduced = (), False
+        mark_summed(p, ())
 
 
 class _EndOfBackward:
@@ -458,14 +493,14 @@ def finish() -> None:
     for r in records:
         p = r.param
         taken.pop(p, None)
+        # a hooked parameter's record names its groups; a deferred weight's, whether "data"
+        groups = _groups_of(r)
         if r.replace or p.grad is None:
             p.grad = r.dw.view_as(p)
-        else:
+        else:  # (added to a .grad summed like it: see prepare and _add_after_pending)
+            groups = tuple(dict.fromkeys(summed_over(p) + groups))
             p.grad.add_(r.dw.view_as(p))
-        if isinstance(r.reduced, tuple):  # a hooked parameter: summed over these groups
-            p._axonn_reduced_groups = r.reduced
-        else:
-            p._axonn_data_reduced = r.reduced
+        mark_summed(p, groups)
     for p, (prev, scratch) in taken.items():  # (taken for a record that was never made)
         if p.grad is scratch:
             p.grad = prev

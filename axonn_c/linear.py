@@ -374,10 +374,6 @@ class Linear(nn.Module):
             b._axonn_grad_groups = ("depth", "data")
             b._axonn_norm_groups = (self._shard_shapes["gout"],)
             grads.hook(b, b._axonn_grad_groups)  # summed during backward
-        for p in (w, b):
-            if p is not None and p.grad is None:  # (torch.load: flags pickled without a .grad)
-                p.__dict__.pop("_axonn_reduced_groups", None)
-                p.__dict__.pop("_axonn_data_reduced", None)
 
     def __setstate__(self, state):
         # copy.deepcopy and torch.load(model) come here (the parameters are new objects)

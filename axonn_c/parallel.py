@@ -171,13 +171,10 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         if getattr(p, gradient_attr_name, None) is None:
             continue
         groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
-        if getattr(p, "_axonn_data_reduced", False):  # summed over data during backward
-            groups = tuple(g for g in groups if g != "data")
-            p._axonn_data_reduced = False
-        done = getattr(p, "_axonn_reduced_groups", ())
+        done = grads.summed_over(p) if gradient_attr_name == "grad" else ()
         if done:  # summed over these during backward
             groups = tuple(g for g in groups if g not in done)
-            p._axonn_reduced_groups = ()
+            grads.mark_summed(p, ())
         by_groups.setdefault(groups, []).append(p)
     for groups, params in by_groups.items():
         if not groups and scale is None:

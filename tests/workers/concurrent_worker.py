@@ -86,7 +86,7 @@ def check_training(g, n, overlap, with_model):
         assert len(ys) == n and len(set(inside)) == n, f"{what}: {len(set(inside))} threads"
         if with_model:
             before = [p.grad.clone() for p in model.parameters()]
-            summed = [getattr(p, "_axonn_reduced_groups", ()) for p in model.parameters()]
+            summed = [axonn_c.grads.summed_over(p) for p in model.parameters()]
         axonn_c.sync_gradients(model)
         if with_model:
             for b, p, done in zip(before, model.parameters(), summed):

@@ -322,6 +322,32 @@ def check_copies(g):
                                          f"hook: {unhooked}")
 
 
+def check_saved_mid_step(g):
+    """torch.save between backward and sync_gradients (a checkpoint taken mid-step, with the
+    gradients already summed during backward): the loaded copy has no .grad, so none of its
+    parameters may count as summed; its first step must sum everything, overlap on or off."""
+    ser, orig = easy_pair(53, 9)
+    step_both(orig, ser, g, 1, "saved mid-step: the original")  # (hooks every parameter)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(g.world_size * 2, 3, 16, generator=gen)
+    t = torch.randn(g.world_size * 2, 3, 8, generator=gen)
+    mine = slice(g.rank * 2, (g.rank + 1) * 2)
+    orig.zero_grad(set_to_none=True)
+    with axonn_c.optimize_communication(overlap_data=True):
+        loss_fn(orig(x[mine]), t[mine], False, t.numel()).backward()
+    if not any(axonn_c.grads.summed_over(p) for p in orig.parameters()):
+        raise AssertionError("saved mid-step: nothing was summed during backward (the case "
+                             "this check is about did not arise)")
+    buf = io.BytesIO()
+    torch.save(orig, buf)
+    axonn_c.sync_gradients(orig)
+    for overlap in (False, True):
+        buf.seek(0)
+        par = torch.load(buf, weights_only=False)
+        with axonn_c.optimize_communication(overlap_data=overlap):
+            step_both(par, ser, g, 3, f"saved mid-step, loaded (overlap_data={overlap})")
+
+
 def check_stale_layer(layer, placed_on):
     """A layer built under an earlier init(): usable when this rank holds the same shards on the
     new grid, refused with the two placements named otherwise (never a silent wrong shard)."""
@@ -373,6 +399,7 @@ def main():
         check_sharded_state_dict(g)
         check_auto_parallelize(g)
         check_copies(g)
+        check_saved_mid_step(g)
         if stale is not None:
             check_stale_layer(*stale)
         stale = (axonn_c.Linear(16, 8), (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank,
