@@ -70,8 +70,9 @@ def _sched_args(w: Tensor, cfg) -> tuple:
 
 def _placement() -> tuple:
     """What decides which shard of a weight this rank holds (G_data does not)."""
-    g = grid()  # raises before init()
-    return (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
+    if runtime.placement is None:
+        grid()  # raises: no init()
+    return runtime.placement
 
 
 def _forget(layer_id: int, ep: int) -> None:
@@ -228,49 +229,91 @@ def _defers(w: Tensor, cfg) -> bool:
             and grads.accumulates(w))  # torch.autograd.grad wants dW handed back
 
 
+def _placement_error(in_f: int, out_f: int, placed_on: tuple, now: Optional[tuple]) -> str:
+    names = ("G_intra_r", "G_intra_c", "G_intra_d", "row_rank", "col_rank", "depth_rank")
+
+    def said(place):
+        return ", ".join(f"{n}={v}" for n, v in zip(names, place))
+
+    where = (f"this rank of the current init() is {said(now)}" if now is not None else
+             "there is no grid now (call axonn_c.init() first)")
+    return (f"axonn_c.Linear({in_f}, {out_f}) holds the shards of {said(placed_on)}; {where}. "
+            "Build the layer after init(), or move its weights with axonn_c.full_state_dict() "
+            "and load_state_dict()")
+
+
+def _check_place(cfg, place) -> None:
+    if tuple(place) != runtime.placement:
+        raise RuntimeError(_placement_error(cfg[0], cfg[1], tuple(place), runtime.placement))
+
+
 # ---- torch.library custom ops: what torch.compile sees (opaque nodes, no graph break)
+# `place`: the layer's placement (Linear._placed_on). The ops' output shapes depend on the grid,
+# so it must be an argument: torch.compile's caches key on the arguments only (without it, a
+# layer compiled after an init() on another grid reused the old grid's compiled shapes); and
+# a graph run after such an init() without recompiling is refused here.
 
 @torch.library.custom_op("axonn_c::linear_fwd", mutates_args=())
-def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]) -> Tuple[Tensor, Tensor]:
+def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int],
+                place: List[int]) -> Tuple[Tensor, Tensor]:
+    _check_place(cfg, place)
     y, saved = _forward_impl(x, w, b, cfg)
     return y, (saved if saved is not None else x.new_empty((0,)))
 
 
 @_linear_fwd.register_fake
-def _(x, w, b, cfg):
+def _(x, w, b, cfg, place):
     s = _shapes(_desc(cfg, x.dtype), x.shape[0])
     if cfg[4] == _EASY:
         return x.new_empty((x.shape[0], cfg[1])), x.new_empty((s["saved_rows"], s["saved_cols"]))
     return x.new_empty((x.shape[0], s["n_local"])), x.new_empty((0,))
 
 
+@torch.library.custom_op("axonn_c::stale_layer", mutates_args=())
+def _stale_layer(x: Tensor, w: Tensor, message: str, n_out: int) -> Tensor:
+    """Stands for a compiled layer whose shards are not this rank's on the current grid (its
+    output: [..., n_out]): raises when the graph runs. (Raising while torch.compile traces would
+    make it skip Linear.forward for good: every later compiled layer would run eagerly; and the
+    layer's own ops cannot be traced, their shapes follow the current grid.)"""
+    raise RuntimeError(message)
+
+
+@_stale_layer.register_fake
+def _(x, w, message, n_out):
+    return x.new_empty((*x.shape[:-1], n_out))
+
+
+_stale_layer.register_autograd(lambda ctx, g: (None, None, None, None))
+
+
 @torch.library.custom_op("axonn_c::linear_bwd", mutates_args=())
 def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[int],
-                need_dx: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                need_dx: bool, place: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
+    _check_place(cfg, place)
     dx, dw, db = _backward_impl(dy, x, saved, w, cfg, None, need_dx)
     return ((dx if dx is not None else dy.new_empty((0,))), dw,
             (db if db is not None else dy.new_empty((0,))))
 
 
 @_linear_bwd.register_fake
-def _(dy, x, saved, w, cfg, need_dx):
+def _(dy, x, saved, w, cfg, need_dx, place):
     s = _shapes(_desc(cfg, dy.dtype), x.shape[0])
     return (torch.empty_like(x) if need_dx else dy.new_empty((0,)), torch.empty_like(w),
             dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
 
 
 def _setup_context(ctx, inputs, output):
-    x, w, b, cfg = inputs
+    x, w, b, cfg, place = inputs
     ctx.save_for_backward(x, output[1], w)
-    ctx.cfg = cfg
+    ctx.cfg, ctx.place = cfg, place
     ctx.has_bias = b is not None
 
 
 def _backward(ctx, dy, _dsaved):
     x, saved, w = ctx.saved_tensors
     need_dx = ctx.needs_input_grad[0]  # as the eager path: no dX work for an input without grad
-    dx, dw, db = _linear_bwd(dy, x, saved, w, ctx.cfg, need_dx)
-    return (dx if need_dx else None), dw, (db if ctx.has_bias else None), None
+    dx, dw, db = _linear_bwd(dy, x, saved, w, ctx.cfg, need_dx, ctx.place)
+    return (dx if need_dx else None), dw, (db if ctx.has_bias else None), None, None
 
 
 torch.library.register_autograd("axonn_c::linear_fwd", _backward, setup_context=_setup_context)
@@ -303,9 +346,11 @@ class _EagerLinear(torch.autograd.Function):
         return dx, dw, (db if ctx.has_bias else None), None
 
 
-def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg) -> Tensor:
-    if torch.compiler.is_compiling():
-        return _linear_fwd(x, w, b, list(cfg))[0]
+def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg, place: tuple) -> Tensor:
+    # (an eager cfg here while compiling: torch.compile skipped Linear.forward and traces this
+    # function alone; the eager path keeps the scheduler's semantics)
+    if torch.compiler.is_compiling() and len(cfg) <= _SCHED:
+        return _linear_fwd(x, w, b, list(cfg), list(place))[0]
     return _EagerLinear.apply(x, w, b, cfg)
 
 
@@ -386,24 +431,15 @@ class Linear(nn.Module):
         """After a new init() (or in a copy): the shards must be this rank's on this grid."""
         now = _placement()
         if now != self._placed_on:
-            names = ("G_intra_r", "G_intra_c", "G_intra_d", "row_rank", "col_rank", "depth_rank")
-
-            def said(place):
-                return ", ".join(f"{n}={v}" for n, v in zip(names, place))
-
-            raise RuntimeError(
-                f"axonn_c.Linear({self.in_features}, {self.out_features}) holds the shards of "
-                f"{said(self._placed_on)}; this rank of the current init() is {said(now)}. Build "
-                "the layer after init(), or move its weights with axonn_c.full_state_dict() and "
-                "load_state_dict()")
+            raise RuntimeError(_placement_error(self.in_features, self.out_features,
+                                                self._placed_on, now))
         self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
         self._epoch = runtime.epoch
 
     @property
     def _shapes(self) -> dict:
         """The shard's shapes and this rank's place (_C.linear_shapes), checked against the
-        current grid once per init(), in eager mode (torch.compile cannot trace the check; the
-        forward still refuses a weight whose size does not fit the grid, _forward_impl)."""
+        current grid once per init() in eager mode (compiled code: forward)."""
         if self._epoch != runtime.epoch and not torch.compiler.is_compiling():
             self._check_placement()
         return self._shard_shapes
@@ -481,6 +517,15 @@ class Linear(nn.Module):
     # ---------------------------------------------------------------- forward
 
     def forward(self, x: Tensor):
+        if torch.compiler.is_compiling() and self._placed_on != runtime.placement:
+            # both are plain values torch.compile guards on: an init() that changes this rank's
+            # placement recompiles, and the new graph raises when it runs
+            msg = _placement_error(self.in_features, self.out_features, self._placed_on,
+                                   runtime.placement)
+            y = _stale_layer(x, self.weight, msg,
+                             self._shard_shapes["n_local"] if self.expert_mode
+                             else self.out_features)
+            return (y, self.bias) if self.skip_bias_add else y
         s = self._shapes
         want = s["k_local"] if self.expert_mode else self.in_features
         if x.shape[-1] != want:
@@ -533,7 +578,7 @@ class Linear(nn.Module):
             scheduled = ov_ag and w is self.weight
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
                    int(scheduled), ov_data, self._layer_id(), defer_dw, hold)
-        y = linear_op(x2, w, b if use_bias else None, cfg)
+        y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
         if self.skip_bias_add:

@@ -28,6 +28,10 @@ overlap_overrides: dict = {}
 grad_sync_enabled = True
 _sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
 microbatches = 1  # concurrent_microbatches of the current init (axonn_c/concurrent.py)
+# which shards this rank holds: (G_intra_r, G_intra_c, G_intra_d, row_rank, col_rank,
+# depth_rank) of the current init, None without one; a plain value, so that torch.compile
+# guards on it (axonn_c/linear.py checks a layer's placement against it in compiled code too)
+placement = None
 sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
@@ -259,9 +263,11 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
             cuda_device=cuda_device, store_set=store.set, store_get=store_get,
             channels=_channels(concurrent_microbatches))
-    global epoch, microbatches
+    global epoch, microbatches, placement
     epoch += 1
     microbatches = concurrent_microbatches
+    g = grid()
+    placement = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
     grads.reset()
     configure_scheduler(*sched_cfg)
     return grid()
@@ -271,9 +277,9 @@ def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
     from . import grads
 
-    global epoch, microbatches
+    global epoch, microbatches, placement
     epoch += 1
-    microbatches = 1
+    microbatches, placement = 1, None
     from . import concurrent
 
     concurrent.reset()

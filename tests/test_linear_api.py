@@ -108,17 +108,23 @@ def test_state_dicts_sharded_and_serial():
 def test_custom_ops_pass_opcheck():
     ours, _ = pair(in_f=8, out_f=12)
     x = torch.randn(5, 8)
+    place = list(ours._placed_on)
     for layout in (0, 1):
         cfg = [8, 12, 0, 1, layout]
         torch.library.opcheck(torch.ops.axonn_c.linear_fwd.default,
-                              (x, ours.weight.detach(), ours.bias.detach(), cfg),
+                              (x, ours.weight.detach(), ours.bias.detach(), cfg, place),
                               test_utils=("test_schema", "test_faketensor"))
-        y, saved = torch.ops.axonn_c.linear_fwd(x, ours.weight.detach(), ours.bias.detach(), cfg)
+        y, saved = torch.ops.axonn_c.linear_fwd(x, ours.weight.detach(), ours.bias.detach(), cfg,
+                                                place)
         for need_dx in (True, False):  # (no dX: an empty tensor in its place)
             torch.library.opcheck(torch.ops.axonn_c.linear_bwd.default,
                                   (torch.randn_like(y), x, saved, ours.weight.detach(), cfg,
-                                   need_dx),
+                                   need_dx, place),
                                   test_utils=("test_schema", "test_faketensor"))
+    # a graph compiled for another placement is refused when it runs
+    with pytest.raises(RuntimeError, match=r"holds the shards of G_intra_r=2, G_intra_c=1"):
+        torch.ops.axonn_c.linear_fwd(x, ours.weight.detach(), ours.bias.detach(), cfg,
+                                     [2, 1, 1, 0, 0, 0])
 
 
 def test_defer_wgrad_needs_a_reduction_to_hide_under():

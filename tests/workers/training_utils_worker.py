@@ -348,16 +348,29 @@ def check_saved_mid_step(g):
             step_both(par, ser, g, 3, f"saved mid-step, loaded (overlap_data={overlap})")
 
 
-def check_stale_layer(layer, placed_on):
+def stale_layer():
+    """A layer, its torch.compile'd form (compiled now) and where it was built."""
+    g = axonn_c.grid()
+    layer = axonn_c.Linear(16, 8)
+    compiled = torch.compile(layer)
+    compiled(torch.randn(3, 16))
+    return layer, compiled, (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank,
+                             g.depth_rank)
+
+
+def check_stale_layer(layer, compiled, placed_on):
     """A layer built under an earlier init(): usable when this rank holds the same shards on the
-    new grid, refused with the two placements named otherwise (never a silent wrong shard)."""
+    new grid, refused with the two placements named otherwise (never a silent wrong shard),
+    also in the form torch.compile'd under the earlier grid (a shard of the same size, on
+    another place, included)."""
     g = axonn_c.grid()
     now = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
     x = torch.randn(3, 16)
     if now == placed_on:
-        layer(x)
+        torch.testing.assert_close(compiled(x), layer(x))
         return
-    for what, call in (("forward", lambda: layer(x)), ("full_weight", layer.full_weight)):
+    for what, call in (("compiled forward", lambda: compiled(x)), ("forward", lambda: layer(x)),
+                       ("full_weight", layer.full_weight)):
         try:
             call()
         except RuntimeError as e:
@@ -402,8 +415,7 @@ def main():
         check_saved_mid_step(g)
         if stale is not None:
             check_stale_layer(*stale)
-        stale = (axonn_c.Linear(16, 8), (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank,
-                                         g.col_rank, g.depth_rank))
+        stale = stale_layer()
         check_compat()
         if g.rank == 0:
             print(f"grid {spec}: ok", flush=True)
