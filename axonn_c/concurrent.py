@@ -45,6 +45,13 @@ _gathers: Optional["_Gathers"] = None  # the running call's shared depth gathers
 _scatters: Optional["_Scatters"] = None  # and shared dW reduce-scatters
 
 
+def refuse_cuda(device) -> None:
+    raise NotImplementedError(
+        "run_concurrent runs CPU micro-batches only: torch's autograd runs all CUDA backward "
+        "passes on one device thread, so concurrent CUDA micro-batches would not overlap (and "
+        f"their collectives would leave the micro-batch channels); got a tensor on {device}")
+
+
 def active() -> bool:
     """True on a micro-batch thread of run_concurrent (while its fn runs)."""
     return getattr(_tls, "index", None) is not None
@@ -384,12 +391,12 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     if not tensors:
         raise ValueError("run_concurrent needs at least one Tensor input to split into "
                          "micro-batches")
+    cuda = [t for t in tensors if t.is_cuda]
+    if model is not None:
+        cuda += [p for p in model.parameters() if p.is_cuda]
+    if cuda:
+        refuse_cuda(cuda[0].device)
     for t in tensors:
-        if t.is_cuda:
-            raise NotImplementedError(
-                "run_concurrent runs CPU micro-batches only: torch's autograd runs all CUDA "
-                "backward passes on one device thread, so concurrent CUDA micro-batches would "
-                f"not overlap; got a tensor on {t.device}")
         if t.dim() <= dim or t.shape[dim] < n:
             raise ValueError(f"run_concurrent splits inputs into {n} micro-batches along dim "
                              f"{dim}, but got an input of shape {list(t.shape)}")

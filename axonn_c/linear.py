@@ -551,6 +551,8 @@ class Linear(nn.Module):
         use_bias = b is not None and not self.skip_bias_add
         ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw = self._overlap_knobs()
         if concurrent.active():  # micro-batch threads leave the scheduler's shared state alone
+            if x.is_cuda:  # (fn moved its micro-batch to the GPU itself)
+                concurrent.refuse_cuda(x.device)
             ov_ag = ov_data = defer_dw = 0
             chunks = chunks or 1  # the other micro-batches hide the all-reduce: no auto split
         hold = 0 if torch.compiler.is_compiling() else pipeline.hold_flags(self)

@@ -209,3 +209,41 @@ def test_shm_with_cuda_tensors_multirank(nproc, tmp_path):
     print(out[-4000:])
     assert proc.returncode == 0, out[-8000:]
     assert f"world {nproc}, backend shm" in out and "all equal to the serial result" in out, out
+
+
+def test_collective_under_cuda_graph_capture(nccl1):
+    """A collective issued on a capturing stream: a world of one moves nothing (it may be
+    captured and replayed), a real NCCL call is refused naming the capture
+    (csrc/tests/mock/test_nccl_mock.c covers the refusal itself); never a broken job."""
+    x = _input(torch.float32, 64)
+    y = x.clone()
+    axonn_c.comm.all_reduce(y)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            axonn_c.comm.all_reduce(y)
+    except Exception as e:
+        assert "CUDA graph" in str(e), str(e)
+    else:
+        graph.replay()
+    axonn_c.comm.all_reduce(y)  # the backend is still healthy
+    _same(y, x)
+
+
+def test_run_concurrent_refuses_cuda(monkeypatch):
+    """run_concurrent is CPU only: CUDA inputs, a CUDA model, or a micro-batch that fn moves to
+    the GPU itself are refused before any collective."""
+    _clear_dist_env(monkeypatch)
+    if axonn_c.is_initialized():
+        axonn_c.finalize()
+    axonn_c.init(backend="shm", concurrent_microbatches=2, timeout=60)
+    try:
+        lin = axonn_c.Linear(8, 8).cuda()
+        x = torch.randn(4, 8)
+        for call in (lambda: axonn_c.run_concurrent(lin, x.cuda()),
+                     lambda: axonn_c.run_concurrent(lambda xb: xb, x, model=lin),
+                     lambda: axonn_c.run_concurrent(lambda xb: lin(xb.cuda()), x)):
+            with pytest.raises(NotImplementedError, match="CPU micro-batches only"):
+                call()
+    finally:
+        axonn_c.finalize()

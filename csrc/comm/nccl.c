@@ -584,6 +584,12 @@ static void *watchdog_main(void *arg)
     /* bind this thread to our device so CUDA calls here never create a context elsewhere */
     if (be->cu->SetDevice(be->device) != AXC_CUDA_SUCCESS)
         axc_log(2, "nccl watchdog: cudaSetDevice(%d) failed", be->device);
+    /* queries from this thread must not invalidate (or be refused by) a CUDA-graph capture
+     * another thread runs in the global mode, e.g. torch.compile's "reduce-overhead" */
+    int mode = AXC_CUDA_CAPTURE_MODE_RELAXED;
+    if (be->cu->ThreadExchangeStreamCaptureMode &&
+        be->cu->ThreadExchangeStreamCaptureMode(&mode) != AXC_CUDA_SUCCESS)
+        axc_log(2, "nccl watchdog: cudaThreadExchangeStreamCaptureMode failed");
     double interval = be->timeout_s / 8;
     if (interval > 0.1)
         interval = 0.1;
@@ -609,6 +615,9 @@ static void *watchdog_main(void *arg)
             next = s->next;
             if (!s->completed) {
                 int q = be->cu->EventQuery(s->done);
+                if (q == AXC_CUDA_ERROR_CAPTURE_UNSUPPORTED ||
+                    q == AXC_CUDA_ERROR_CAPTURE_IMPLICIT || q == AXC_CUDA_ERROR_CAPTURED_EVENT)
+                    q = AXC_CUDA_ERROR_NOT_READY; /* another thread captures: ask again later */
                 if (q == AXC_CUDA_SUCCESS) {
                     s->completed = 1;
                 } else if (q == AXC_CUDA_ERROR_NOT_READY) {
@@ -1114,6 +1123,19 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
                         axc_group_name(g->kind));
     if (atomic_load(&be->failed))
         return failure_status(be);
+    /* Refused under CUDA-graph capture: the slot's events are polled by the watchdog and by
+     * reap(), and an event recorded inside a capture can never be queried (the graph would
+     * fail the whole job at its first replay check), nor be waited on by an uncaptured wait. */
+    int capture = AXC_CUDA_CAPTURE_NONE;
+    if (be->cu->StreamIsCapturing && c->kind != AXC_COLL_BARRIER &&
+        be->cu->StreamIsCapturing(c->stream, &capture) == AXC_CUDA_SUCCESS &&
+        capture != AXC_CUDA_CAPTURE_NONE)
+        return axc_fail(AXC_ERR_INVALID,
+                        "nccl: %s of %zu x %s on the %s group was issued on a stream that is "
+                        "being captured into a CUDA graph; axonn_c's NCCL collectives cannot be "
+                        "captured: capture only work without them (a grid of one rank has none)",
+                        axc_coll_name(c->kind), c->count, axc_dtype_name(c->dtype),
+                        axc_group_name(g->kind));
 
     dev_guard dg;
     AXC_TRY(dev_enter(be, &dg));
@@ -1215,6 +1237,12 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
     g->inflight++;
     inflight_append(be, slot);
     w->backend_data = slot;
+    int failed = atomic_load(&be->failed);
+    if (failed) { /* fail_all ran since issue_mu was released and did not see this slot: its
+                   * kernel was aborted; wait() must not take it for one finished before */
+        slot->reported = 1;
+        axc_work_complete(w, (axc_status)failed, be->fail_msg);
+    }
     pthread_mutex_unlock(&be->mu);
     dev_leave(be, &dg);
     return AXC_OK;

@@ -58,6 +58,7 @@ AXC_PROTO_IS(cudaMemsetAsync, cudaError_t (*)(void *, int, size_t, cudaStream_t)
 AXC_PROTO_IS(cudaMallocAsync, cudaError_t (*)(void **, size_t, cudaStream_t));
 AXC_PROTO_IS(cudaFreeAsync, cudaError_t (*)(void *, cudaStream_t));
 AXC_PROTO_IS(cudaStreamIsCapturing, cudaError_t (*)(cudaStream_t, enum cudaStreamCaptureStatus *));
+AXC_PROTO_IS(cudaThreadExchangeStreamCaptureMode, cudaError_t (*)(enum cudaStreamCaptureMode *));
 
 _Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
 _Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
@@ -69,6 +70,16 @@ _Static_assert((int)cudaStreamCaptureStatusNone == AXC_CUDA_CAPTURE_NONE,
                "cudaStreamCaptureStatusNone changed");
 _Static_assert((int)cudaSuccess == AXC_CUDA_SUCCESS, "cudaSuccess changed");
 _Static_assert((int)cudaErrorNotReady == AXC_CUDA_ERROR_NOT_READY, "cudaErrorNotReady changed");
+_Static_assert((int)cudaErrorStreamCaptureUnsupported == AXC_CUDA_ERROR_CAPTURE_UNSUPPORTED,
+               "cudaErrorStreamCaptureUnsupported changed");
+_Static_assert((int)cudaErrorStreamCaptureImplicit == AXC_CUDA_ERROR_CAPTURE_IMPLICIT,
+               "cudaErrorStreamCaptureImplicit changed");
+_Static_assert((int)cudaErrorCapturedEvent == AXC_CUDA_ERROR_CAPTURED_EVENT,
+               "cudaErrorCapturedEvent changed");
+_Static_assert(sizeof(enum cudaStreamCaptureMode) == sizeof(int),
+               "cudaStreamCaptureMode is not int-sized");
+_Static_assert((int)cudaStreamCaptureModeRelaxed == AXC_CUDA_CAPTURE_MODE_RELAXED,
+               "cudaStreamCaptureModeRelaxed changed");
 _Static_assert(cudaStreamNonBlocking == AXC_CUDA_STREAM_NON_BLOCKING, "cudaStreamNonBlocking");
 _Static_assert(cudaEventDisableTiming == AXC_CUDA_EVENT_DISABLE_TIMING, "cudaEventDisableTiming");
 _Static_assert((int)cudaMemcpyHostToDevice == AXC_CUDA_MEMCPY_H2D, "cudaMemcpyHostToDevice changed");
@@ -191,6 +202,8 @@ static void load_runtime(void)
         memcpy(&api.FreeAsync, &sym, sizeof sym);
     if ((sym = dlsym(h, "cudaStreamIsCapturing")) != NULL)
         memcpy(&api.StreamIsCapturing, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaThreadExchangeStreamCaptureMode")) != NULL)
+        memcpy(&api.ThreadExchangeStreamCaptureMode, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)

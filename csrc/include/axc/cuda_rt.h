@@ -19,6 +19,7 @@ enum {
 };
 
 enum { AXC_CUDA_CAPTURE_NONE = 0 /* cudaStreamCaptureStatusNone */ };
+enum { AXC_CUDA_CAPTURE_MODE_RELAXED = 2 /* cudaStreamCaptureModeRelaxed */ };
 
 typedef struct axc_cuda_api {
     int runtime_version; /* e.g. 13000 */
@@ -55,12 +56,21 @@ typedef struct axc_cuda_api {
     /* optional too: *status is AXC_CUDA_CAPTURE_NONE unless `stream` is being captured into a
      * CUDA graph (where cudaMalloc and stream synchronisation are not allowed) */
     int (*StreamIsCapturing)(void *stream, int *status);
+    /* optional: sets the calling thread's capture interaction mode, *mode gets the old one (a
+     * helper thread in AXC_CUDA_CAPTURE_MODE_RELAXED may query events while another thread
+     * captures in cudaStreamCaptureModeGlobal, torch's default) */
+    int (*ThreadExchangeStreamCaptureMode)(int *mode);
 } axc_cuda_api;
 
 /* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */
 enum {
     AXC_CUDA_SUCCESS = 0,
     AXC_CUDA_ERROR_NOT_READY = 600,     /* cudaErrorNotReady: EventQuery of a pending event */
+    /* a call refused because some stream is being captured into a CUDA graph: nothing is wrong
+     * with the work queried (cudaErrorStreamCaptureUnsupported, ...Implicit, CapturedEvent) */
+    AXC_CUDA_ERROR_CAPTURE_UNSUPPORTED = 900,
+    AXC_CUDA_ERROR_CAPTURE_IMPLICIT = 906,
+    AXC_CUDA_ERROR_CAPTURED_EVENT = 907,
     AXC_CUDA_STREAM_NON_BLOCKING = 1,   /* cudaStreamNonBlocking */
     AXC_CUDA_EVENT_DISABLE_TIMING = 2   /* cudaEventDisableTiming */
 };

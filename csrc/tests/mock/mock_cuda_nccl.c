@@ -38,7 +38,17 @@ int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)
 int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
 int cudaEventDestroy(void *e) { free(e); return 0; }
 int cudaEventRecord(void *e, void *s) { (void)s; ((ev *)e)->pending = g_hung; return 0; }
-int cudaEventQuery(void *e) { return (((ev *)e)->pending && g_hung) ? 600 : 0; }
+/* set by test_nccl_mock: the caller's stream is being captured into a CUDA graph; every event
+ * query fails with this code (another thread captures: cudaErrorStreamCaptureImplicit = 906) */
+int g_capturing, g_query_err, g_mode_exchanges;
+int cudaEventQuery(void *e)
+{
+    if (g_query_err)
+        return g_query_err;
+    return (((ev *)e)->pending && g_hung) ? 600 : 0;
+}
+int cudaStreamIsCapturing(void *s, int *status) { (void)s; *status = g_capturing; return 0; }
+int cudaThreadExchangeStreamCaptureMode(int *mode) { g_mode_exchanges++; *mode = 0; return 0; }
 int cudaEventSynchronize(void *e) { (void)e; return 0; }
 int cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
 int cudaFreeHost(void *p) { free(p); return 0; }

@@ -21,7 +21,7 @@ for mode in plain san; do
             -I"$NCCL_INC" -o "$bin" "$t" $CORE -ldl -lpthread -lrt -lm
         echo "== $bin"
         hang=0 together=0
-        case "$t" in *test_nccl_mock.c) hang=2 together=1 ;; esac
+        case "$t" in *test_nccl_mock.c) hang=3 together=1 ;; esac
         AXC_TEST_CUDART="$PWD/$OUT/libcudart.so.13" AXC_TEST_NCCL_LIB="$PWD/$OUT/libnccl.so.2" \
             MOCK_HANG_AT=$hang MOCK_ABORTS_TOGETHER=$together ASAN_OPTIONS=detect_leaks=1 "$bin"
     done

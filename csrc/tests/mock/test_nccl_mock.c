@@ -1,6 +1,8 @@
 /* The nccl backend's failure path on the CPU mocks: a collective that never finishes makes the
  * watchdog abort within the timeout; the unwaited work fails with AXC_ERR_TIMEOUT naming the op and
- * group, and every later start fails with the same error. Run by run_mock_test.sh. */
+ * group, and every later start fails with the same error. Before that, CUDA-graph capture: a
+ * collective on a capturing stream is refused with a clear error, and event queries refused
+ * because another thread captures do not fail the job. Run by run_mock_test.sh. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +52,29 @@ int main(void)
     c.count = 16;
     c.dtype = AXC_DT_F32;
     c.device = 0;
-    axc_work *w1 = NULL, *w2 = NULL; /* MOCK_HANG_AT=2: the second collective hangs */
+    int *capturing = dlsym(RTLD_DEFAULT, "g_capturing");
+    int *query_err = dlsym(RTLD_DEFAULT, "g_query_err");
+    int *exchanges = dlsym(RTLD_DEFAULT, "g_mode_exchanges");
+    CHECK(capturing && query_err && exchanges);
+    if (!capturing || !query_err || !exchanges)
+        return ctest_summary("test_nccl_mock");
+    axc_work *w0 = NULL;
+    *capturing = 1; /* cudaStreamCaptureStatusActive */
+    axc_status cst = axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &w0);
+    printf("start while capturing: %s: %s\n", axc_status_name(cst), axc_last_error());
+    CHECK(cst == AXC_ERR_INVALID && w0 == NULL);
+    CHECK(strstr(axc_last_error(), "CUDA graph") && strstr(axc_last_error(), "all_reduce"));
+    *capturing = 0;
+    /* another thread captures (global mode): the watchdog's queries are refused for a while */
+    *query_err = 906; /* cudaErrorStreamCaptureImplicit */
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &w0)); /* (collective 1) */
+    struct timespec poll = {0, 250000000}; /* a few watchdog rounds, under the 0.5 s timeout */
+    nanosleep(&poll, NULL);
+    *query_err = 0;
+    CHECK_OK(axc_work_wait(w0));
+    axc_work_free(w0);
+    CHECK(*exchanges >= 1); /* the watchdog put itself in the relaxed capture mode */
+    axc_work *w1 = NULL, *w2 = NULL; /* MOCK_HANG_AT=3: the third collective hangs */
     CHECK_OK(axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &w1));
     CHECK_OK(axc_work_wait(w1));
     axc_work_free(w1);
