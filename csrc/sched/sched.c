@@ -26,6 +26,8 @@ typedef struct layer_slot {
     const void *full_src;
     int64_t full_version;
     void *full_stream; /* CUDA: the stream it was allocated on */
+    void *use_stream;  /* CUDA: the stream of the last visit that read it (when `read`) */
+    int read;
     axc_work *gather;  /* in flight, or NULL once waited */
     int64_t pos;       /* position of its current visit in the learned order, -1 if none */
 } layer_slot;
@@ -123,6 +125,7 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
     L->full = p;
     L->full_bytes = bytes;
     L->full_stream = stream;
+    L->read = 0;
     s->st.alive_bytes += bytes;
     s->st.alive_buffers++;
     if (s->st.alive_bytes > s->st.peak_bytes)
@@ -132,24 +135,33 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
     return AXC_OK;
 }
 
-/* A gather's wait orders the stream it started on (the buffer's, L->full_stream) after it; a
- * reader or a free queued on another stream must not run ahead of it, so that case (a prefetch
- * and its use on different streams: rare) waits for the gather's stream on the host. */
-static axc_status join_gather_stream(const layer_slot *L, void *stream)
+/* Work queued on `other` must not be overtaken by what is queued on `stream` next: when they
+ * differ (a prefetch and its use on different streams, readers on two streams: rare), a host
+ * wait for `other`. (NULL is a stream too: torch's default one.) */
+static axc_status order_after(const layer_slot *L, void *other, void *stream, const char *what)
 {
-    if (L->device < 0 || !L->full || stream == L->full_stream)
+    if (L->device < 0 || other == stream)
         return AXC_OK;
     const axc_cuda_api *cu;
     int prev;
     AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));
-    axc_status st = axc_cuda_check(cu->StreamSynchronize(L->full_stream),
-                                   "cudaStreamSynchronize (a gather on another stream)");
+    axc_status st = axc_cuda_check(cu->StreamSynchronize(other), what);
     return axc_cuda_device_leave(cu, L->device, prev, st);
 }
 
-/* Waits for the layer's gather (if any) and frees its buffer; `stream`: where the last readers
- * were queued (CUDA frees are ordered on it). Keeps the first error. */
-static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status st)
+/* A gather's wait orders the stream it started on (the buffer's, L->full_stream) after it; a
+ * reader or a free queued on another stream must not run ahead of it. */
+static axc_status join_gather_stream(const layer_slot *L, void *stream)
+{
+    return L->full ? order_after(L, L->full_stream, stream,
+                                 "cudaStreamSynchronize (a gather on another stream)")
+                   : AXC_OK;
+}
+
+/* Waits for the layer's gather (if any) and frees its buffer. CUDA: the free is queued on the
+ * stream of the last visit that read it (acquire_locked orders earlier readers before it), or
+ * on the gather's own when none did, after the gather. Keeps the first error. */
+static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
 {
     if (L->gather) {
         axc_status ws = axc_work_wait(L->gather);
@@ -160,11 +172,10 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status
     }
     if (!L->full)
         return st;
-    if (stream) {
-        axc_status js = join_gather_stream(L, stream);
-        if (st == AXC_OK)
-            st = js;
-    }
+    void *stream = L->read ? L->use_stream : L->full_stream;
+    axc_status js = join_gather_stream(L, stream);
+    if (st == AXC_OK)
+        st = js;
     if (L->device < 0) {
         free(L->full);
     } else {
@@ -172,8 +183,7 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status
         int prev;
         axc_status cs = axc_cuda_device_enter(L->device, &cu, &prev, "scheduler");
         if (cs == AXC_OK) {
-            cs = axc_cuda_check(cu->FreeAsync(L->full, stream ? stream : L->full_stream),
-                                "cudaFreeAsync");
+            cs = axc_cuda_check(cu->FreeAsync(L->full, stream), "cudaFreeAsync");
             cs = axc_cuda_device_leave(cu, L->device, prev, cs);
         }
         if (st == AXC_OK)
@@ -183,6 +193,7 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, void *stream, axc_status
     s->st.alive_buffers--;
     L->full = NULL;
     L->full_bytes = 0;
+    L->read = 0;
     return st;
 }
 
@@ -203,7 +214,7 @@ static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
     axc_status st = axc_comm_start(s->comm, AXC_GROUP_DEPTH, &c, &L->gather);
     if (st != AXC_OK) {
         L->gather = NULL;
-        return buf_drop(s, L, stream, st);
+        return buf_drop(s, L, st);
     }
     L->full_src = L->shard;
     L->full_version = L->version;
@@ -245,7 +256,7 @@ static axc_status step_boundary(axc_sched *s, int learn)
         layer_slot *L = &s->layers[i];
         L->pos = -1;
         if (L->used && L->full)
-            st = buf_drop(s, L, NULL, st);
+            st = buf_drop(s, L, st);
     }
     return st;
 }
@@ -303,7 +314,7 @@ void axc_sched_destroy(axc_sched *s)
     (void)axc_sched_finish(s);
     for (int i = 0; i < s->nlayers; i++)
         if (s->layers[i].used)
-            (void)buf_drop(s, &s->layers[i], NULL, AXC_OK);
+            (void)buf_drop(s, &s->layers[i], AXC_OK);
     free(s->layers);
     free(s->order.v);
     free(s->trace.v);
@@ -357,7 +368,7 @@ void axc_sched_forget(axc_sched *s, int id)
     pthread_mutex_lock(&s->mu);
     layer_slot *L = slot(s, id);
     if (L) {
-        (void)buf_drop(s, L, NULL, AXC_OK);
+        (void)buf_drop(s, L, AXC_OK);
         memset(L, 0, sizeof *L);
         /* an id reused by another layer must not inherit this one's place in the order */
         s->order.len = 0;
@@ -381,7 +392,7 @@ static axc_status prefetch_after(axc_sched *s, int64_t pos, int self, void *stre
             break; /* later visits would overtake this one in memory order */
         }
         if (U->full)
-            AXC_TRY(buf_drop(s, U, stream, AXC_OK));
+            AXC_TRY(buf_drop(s, U, AXC_OK));
         /* the prefetch is ordered on this visit's stream, after everything queued so far */
         AXC_TRY(gather_start(s, U, U->device == -1 ? NULL : stream));
         U->full_version = -1;
@@ -401,7 +412,7 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     AXC_TRY(record(s, v, &pos));
     L->pos = pos;
     if (L->shard_elems != w->shard_elems || L->dtype != w->dtype || L->device != w->device)
-        AXC_TRY(buf_drop(s, L, w->stream, AXC_OK)); /* the layer changed shape/dtype/device */
+        AXC_TRY(buf_drop(s, L, AXC_OK)); /* the layer changed shape/dtype/device */
     L->shard = w->shard;
     L->shard_elems = w->shard_elems;
     L->version = w->version;
@@ -412,7 +423,7 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     int kind;
     if (L->full && !fresh(L)) {
         s->st.stale++;
-        AXC_TRY(buf_drop(s, L, w->stream, AXC_OK));
+        AXC_TRY(buf_drop(s, L, AXC_OK));
     }
     if (!L->full) {
         kind = AXC_EV_MISS;
@@ -438,8 +449,13 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     }
     if (st == AXC_OK)
         st = join_gather_stream(L, w->stream);
+    if (st == AXC_OK && L->read) /* an earlier visit read it on another stream */
+        st = order_after(L, L->use_stream, w->stream,
+                         "cudaStreamSynchronize (a gathered weight read on two streams)");
     if (st != AXC_OK)
-        return buf_drop(s, L, w->stream, st);
+        return buf_drop(s, L, st);
+    L->use_stream = w->stream;
+    L->read = 1;
     *full = L->full;
     return AXC_OK;
 }
@@ -463,8 +479,13 @@ axc_status axc_sched_release(axc_sched *s, int layer, void *stream)
                         L->pos + j < (int64_t)s->order.len && !keep;
              j++)
             keep = s->order.v[L->pos + j].layer == layer;
+        if (!keep && L->read && L->use_stream != stream) { /* (read on `stream` too) */
+            st = order_after(L, L->use_stream, stream,
+                             "cudaStreamSynchronize (a gathered weight read on two streams)");
+            L->use_stream = stream;
+        }
         if (!keep)
-            st = buf_drop(s, L, stream, AXC_OK);
+            st = buf_drop(s, L, st);
     }
     pthread_mutex_unlock(&s->mu);
     return st;
