@@ -171,7 +171,8 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         if getattr(p, gradient_attr_name, None) is None:
             continue
         groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
-        done = grads.summed_over(p) if gradient_attr_name == "grad" else ()
+        # (another attribute, e.g. a main_grad copied from .grad, carries .grad's sums)
+        done = grads.summed_over(p)
         if done:  # summed over these during backward
             groups = tuple(g for g in groups if g not in done)
             grads.mark_summed(p, ())

@@ -234,6 +234,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                 store_set=None, store_get=None,
                 channels=_channels(concurrent_microbatches))  # same: no-op; different: raises
         configure_scheduler(*sched_cfg)
+        _set_placement()
         return grid()
     # check the sizes before touching the store, so a wrong grid fails fast on every rank
     product = G_data * G_intra_r * G_intra_c * G_intra_d * G_inter
@@ -263,14 +264,19 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
             cuda_device=cuda_device, store_set=store.set, store_get=store_get,
             channels=_channels(concurrent_microbatches))
-    global epoch, microbatches, placement
+    global epoch, microbatches
     epoch += 1
     microbatches = concurrent_microbatches
-    g = grid()
-    placement = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
+    _set_placement()
     grads.reset()
     configure_scheduler(*sched_cfg)
     return grid()
+
+
+def _set_placement() -> None:
+    global placement
+    g = grid()
+    placement = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
 
 
 def finalize() -> None:

@@ -615,8 +615,7 @@ static void *watchdog_main(void *arg)
             next = s->next;
             if (!s->completed) {
                 int q = be->cu->EventQuery(s->done);
-                if (q == AXC_CUDA_ERROR_CAPTURE_UNSUPPORTED ||
-                    q == AXC_CUDA_ERROR_CAPTURE_IMPLICIT || q == AXC_CUDA_ERROR_CAPTURED_EVENT)
+                if (q == AXC_CUDA_ERROR_CAPTURE_UNSUPPORTED || q == AXC_CUDA_ERROR_CAPTURE_IMPLICIT)
                     q = AXC_CUDA_ERROR_NOT_READY; /* another thread captures: ask again later */
                 if (q == AXC_CUDA_SUCCESS) {
                     s->completed = 1;

@@ -449,6 +449,8 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     }
     if (st == AXC_OK)
         st = join_gather_stream(L, w->stream);
+    if (st == AXC_OK)
+        L->full_stream = w->stream; /* (joined: later frees and readers need not wait again) */
     if (st == AXC_OK && L->read) /* an earlier visit read it on another stream */
         st = order_after(L, L->use_stream, w->stream,
                          "cudaStreamSynchronize (a gathered weight read on two streams)");

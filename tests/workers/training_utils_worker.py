@@ -282,20 +282,45 @@ def check_auto_parallelize(g):
     compare_full(par, ser, "auto_parallelize: seeded construction")
 
 
-def step_both(par, ser, g, seed, what):
-    """One backward of the serial model over all ranks' tokens and of `par` over this rank's,
-    then sync_gradients(mean=False): par's gradients must be the serial ones."""
+def batch(g, seed):
+    """All ranks' inputs and targets, and this rank's slice of them (2 samples per rank)."""
     gen = torch.Generator().manual_seed(seed)
-    b = 2
-    x = torch.randn(g.world_size * b, 3, 16, generator=gen)
-    t = torch.randn(g.world_size * b, 3, 8, generator=gen)
-    mine = slice(g.rank * b, (g.rank + 1) * b)
+    x = torch.randn(g.world_size * 2, 3, 16, generator=gen)
+    t = torch.randn(g.world_size * 2, 3, 8, generator=gen)
+    return x, t, slice(g.rank * 2, (g.rank + 1) * 2)
+
+
+def backward_both(par, ser, g, seed):
+    """Fresh gradients: the serial model's over all ranks' tokens, par's over this rank's."""
+    x, t, mine = batch(g, seed)
     for m in (par, ser):
         m.zero_grad(set_to_none=True)
     loss_fn(ser(x), t, False, t.numel()).backward()
     loss_fn(par(x[mine]), t[mine], False, t.numel()).backward()
+
+
+def step_both(par, ser, g, seed, what):
+    """backward_both, then sync_gradients(mean=False): par's gradients must be the serial
+    ones."""
+    backward_both(par, ser, g, seed)
     axonn_c.sync_gradients(par, mean=False)
     compare_grads(par, ser, what)
+
+
+def check_main_grad(g):
+    """sync_gradients(gradient_attr_name="main_grad") on copies of .grad made after an
+    overlapped backward (AxoNN's pattern): the copies carry the sums .grad got during
+    backward, which are not done again."""
+    ser, par = easy_pair(57, 10)
+    step_both(par, ser, g, 1, "main_grad: the first step")  # (hooks every parameter)
+    with axonn_c.optimize_communication(overlap_data=True):
+        backward_both(par, ser, g, 4)
+    for p in par.parameters():
+        p.main_grad = p.grad.clone()
+    axonn_c.sync_gradients(par, gradient_attr_name="main_grad")
+    for p in par.parameters():
+        p.grad = p.main_grad
+    compare_grads(par, ser, "main_grad")
 
 
 def check_copies(g):
@@ -328,10 +353,7 @@ def check_saved_mid_step(g):
     parameters may count as summed; its first step must sum everything, overlap on or off."""
     ser, orig = easy_pair(53, 9)
     step_both(orig, ser, g, 1, "saved mid-step: the original")  # (hooks every parameter)
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(g.world_size * 2, 3, 16, generator=gen)
-    t = torch.randn(g.world_size * 2, 3, 8, generator=gen)
-    mine = slice(g.rank * 2, (g.rank + 1) * 2)
+    x, t, mine = batch(g, 2)
     orig.zero_grad(set_to_none=True)
     with axonn_c.optimize_communication(overlap_data=True):
         loss_fn(orig(x[mine]), t[mine], False, t.numel()).backward()
@@ -413,6 +435,7 @@ def main():
         check_auto_parallelize(g)
         check_copies(g)
         check_saved_mid_step(g)
+        check_main_grad(g)
         if stale is not None:
             check_stale_layer(*stale)
         stale = stale_layer()

@@ -67,7 +67,8 @@ enum {
     AXC_CUDA_SUCCESS = 0,
     AXC_CUDA_ERROR_NOT_READY = 600,     /* cudaErrorNotReady: EventQuery of a pending event */
     /* a call refused because some stream is being captured into a CUDA graph: nothing is wrong
-     * with the work queried (cudaErrorStreamCaptureUnsupported, ...Implicit, CapturedEvent) */
+     * with the work queried (cudaErrorStreamCaptureUnsupported, ...Implicit); an event recorded
+     * inside a capture can never be queried (cudaErrorCapturedEvent) */
     AXC_CUDA_ERROR_CAPTURE_UNSUPPORTED = 900,
     AXC_CUDA_ERROR_CAPTURE_IMPLICIT = 906,
     AXC_CUDA_ERROR_CAPTURED_EVENT = 907,

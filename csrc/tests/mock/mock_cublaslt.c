@@ -10,12 +10,7 @@
 
 #ifdef MOCK_CUDART_EXTRA
 /* appended to the cudart mock */
-void *mock_capturing_stream; /* the test sets it: that stream is "being captured" */
-int cudaStreamIsCapturing(void *s, int *status)
-{
-    *status = s && s == mock_capturing_stream; /* 1: cudaStreamCaptureStatusActive */
-    return 0;
-}
+/* (cudaStreamIsCapturing and mock_capturing_stream: in mock_cuda_nccl.c) */
 int cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, int k,
                       void *st)
 {

@@ -38,16 +38,22 @@ int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)
 int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
 int cudaEventDestroy(void *e) { free(e); return 0; }
 int cudaEventRecord(void *e, void *s) { (void)s; ((ev *)e)->pending = g_hung; return 0; }
-/* set by test_nccl_mock: the caller's stream is being captured into a CUDA graph; every event
- * query fails with this code (another thread captures: cudaErrorStreamCaptureImplicit = 906) */
+/* set by test_nccl_mock: every stream is being captured into a CUDA graph; every event query
+ * fails with this code (another thread captures: cudaErrorStreamCaptureImplicit = 906). Set
+ * by test_gemm_mock: this one stream is being captured. */
 int g_capturing, g_query_err, g_mode_exchanges;
+void *mock_capturing_stream;
 int cudaEventQuery(void *e)
 {
     if (g_query_err)
         return g_query_err;
     return (((ev *)e)->pending && g_hung) ? 600 : 0;
 }
-int cudaStreamIsCapturing(void *s, int *status) { (void)s; *status = g_capturing; return 0; }
+int cudaStreamIsCapturing(void *s, int *status)
+{
+    *status = g_capturing || (s && s == mock_capturing_stream); /* 1: ...StatusActive */
+    return 0;
+}
 int cudaThreadExchangeStreamCaptureMode(int *mode) { g_mode_exchanges++; *mode = 0; return 0; }
 int cudaEventSynchronize(void *e) { (void)e; return 0; }
 int cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }

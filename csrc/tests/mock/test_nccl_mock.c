@@ -68,7 +68,7 @@ int main(void)
     /* another thread captures (global mode): the watchdog's queries are refused for a while */
     *query_err = 906; /* cudaErrorStreamCaptureImplicit */
     CHECK_OK(axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &w0)); /* (collective 1) */
-    struct timespec poll = {0, 250000000}; /* a few watchdog rounds, under the 0.5 s timeout */
+    struct timespec poll = {0, 150000000}; /* two watchdog rounds, well under the 0.5 s timeout */
     nanosleep(&poll, NULL);
     *query_err = 0;
     CHECK_OK(axc_work_wait(w0));
