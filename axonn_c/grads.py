@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 from torch.autograd.graph import get_gradient_edge
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C, concurrent, runtime
 from .comm import _stream
@@ -51,33 +52,26 @@ from .comm import _stream
 bucket_bytes = 4 * 1024 * 1024
 
 
-# id(param) -> (param, the .grad it was recorded for, the groups that .grad is summed over)
-_summed: Dict[int, Tuple[weakref.ref, weakref.ref, Tuple[str, ...]]] = {}
+# param -> (the .grad it was recorded for, the groups that .grad is summed over)
+_summed = WeakIdKeyDictionary()
 
 
 def summed_over(p: Tensor) -> Tuple[str, ...]:
     """The groups over which p.grad was summed during an earlier backward (sync_gradients skips
     them). An entry counts only while p.grad is the tensor it was made for: a .grad that was set
     to None (zero_grad) or replaced since, or a copy's, holds nothing summed."""
-    e = _summed.get(id(p))
-    if e is None or e[0]() is not p or p.grad is None or e[1]() is not p.grad:
+    e = _summed.get(p)
+    if e is None or p.grad is None or e[0]() is not p.grad:
         return ()
-    return e[2]
+    return e[1]
 
 
 def mark_summed(p: Tensor, groups: Tuple[str, ...]) -> None:
     """Records that p.grad (as it is now) is summed over `groups` (() forgets)."""
-    key = id(p)
     if not groups or p.grad is None:
-        _summed.pop(key, None)
-        return
-
-    def forget(ref, key=key):
-        e = _summed.get(key)
-        if e is not None and e[0] is ref:
-            del _summed[key]
-
-    _summed[key] = (weakref.ref(p, forget), weakref.ref(p.grad), tuple(groups))
+        _summed.pop(p, None)
+    else:
+        _summed[p] = (weakref.ref(p.grad), tuple(groups))
 
 
 class _Record:

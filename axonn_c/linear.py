@@ -429,10 +429,8 @@ class Linear(nn.Module):
 
     def _check_placement(self) -> None:
         """After a new init() (or in a copy): the shards must be this rank's on this grid."""
-        now = _placement()
-        if now != self._placed_on:
-            raise RuntimeError(_placement_error(self.in_features, self.out_features,
-                                                self._placed_on, now))
+        _placement()  # raises: no init()
+        _check_place(self._cfg, self._placed_on)
         self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
         self._epoch = runtime.epoch
 

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
 
@@ -35,24 +35,18 @@ placement = None
 sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
 
 
-# parameter hooks registered once per parameter object; keyed by id, not marked on the tensor:
-# a weak reference attribute would make the model unpicklable (torch.save), and a deepcopy or
-# an unpickled copy has the attributes but none of the hooks
-_hooked: dict = {}
+# parameter -> the kinds of hook registered on it, once per parameter object; kept here, not
+# marked on the tensor: a weak reference attribute would make the model unpicklable
+# (torch.save), and a deepcopy or an unpickled copy has the attributes but none of the hooks
+_hooked = WeakIdKeyDictionary()
 
 
 def first_hook(param, kind: str) -> bool:
     """True the first time it is asked for this parameter object and hook kind."""
-    key = (kind, id(param))
-    known = _hooked.get(key)
-    if known is not None and known() is param:
+    kinds = _hooked.setdefault(param, set())
+    if kind in kinds:
         return False
-
-    def forget(ref, key=key):
-        if _hooked.get(key) is ref:
-            del _hooked[key]
-
-    _hooked[key] = weakref.ref(param, forget)
+    kinds.add(kind)
     return True
 
 

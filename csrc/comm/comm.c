@@ -70,12 +70,13 @@ static const char *const redop_names[] = {"sum", "avg", "max"};
 
 const char *axc_redop_name(axc_redop op)
 {
-    return ((int)op >= 0 && (int)op < 3) ? redop_names[op] : "?";
+    int n = (int)(sizeof redop_names / sizeof *redop_names);
+    return ((int)op >= 0 && (int)op < n) ? redop_names[op] : "?";
 }
 
 axc_status axc_redop_from_name(const char *name, axc_redop *op)
 {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (int)(sizeof redop_names / sizeof *redop_names); i++) {
         if (name && strcmp(name, redop_names[i]) == 0) {
             *op = (axc_redop)i;
             return AXC_OK;

@@ -25,9 +25,10 @@ typedef struct layer_slot {
     size_t full_bytes;
     const void *full_src;
     int64_t full_version;
-    void *full_stream; /* CUDA: the stream it was allocated on */
-    void *use_stream;  /* CUDA: the stream of the last visit that read it (when `read`) */
-    int read;
+    /* CUDA: the stream its gather and every reader so far are ordered on (it was allocated
+     * there; a visit on another stream first waits for it on the host, then owns it); frees go
+     * there */
+    void *full_stream;
     axc_work *gather;  /* in flight, or NULL once waited */
     int64_t pos;       /* position of its current visit in the learned order, -1 if none */
 } layer_slot;
@@ -125,7 +126,6 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
     L->full = p;
     L->full_bytes = bytes;
     L->full_stream = stream;
-    L->read = 0;
     s->st.alive_bytes += bytes;
     s->st.alive_buffers++;
     if (s->st.alive_bytes > s->st.peak_bytes)
@@ -135,32 +135,26 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
     return AXC_OK;
 }
 
-/* Work queued on `other` must not be overtaken by what is queued on `stream` next: when they
- * differ (a prefetch and its use on different streams, readers on two streams: rare), a host
- * wait for `other`. (NULL is a stream too: torch's default one.) */
-static axc_status order_after(const layer_slot *L, void *other, void *stream, const char *what)
+/* Makes `stream` the buffer's (L->full_stream): what is queued there next must not run ahead
+ * of the gather or of readers on the old one, so when they differ (a prefetch used on another
+ * stream, readers on two streams: rare) the old one is waited for on the host. (NULL is a
+ * stream too: torch's default one.) */
+static axc_status move_to_stream(layer_slot *L, void *stream)
 {
-    if (L->device < 0 || other == stream)
+    if (L->device < 0 || !L->full || stream == L->full_stream)
         return AXC_OK;
     const axc_cuda_api *cu;
     int prev;
     AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));
-    axc_status st = axc_cuda_check(cu->StreamSynchronize(other), what);
+    axc_status st = axc_cuda_check(cu->StreamSynchronize(L->full_stream),
+                                   "cudaStreamSynchronize (a gathered weight used on two streams)");
+    if (st == AXC_OK)
+        L->full_stream = stream;
     return axc_cuda_device_leave(cu, L->device, prev, st);
 }
 
-/* A gather's wait orders the stream it started on (the buffer's, L->full_stream) after it; a
- * reader or a free queued on another stream must not run ahead of it. */
-static axc_status join_gather_stream(const layer_slot *L, void *stream)
-{
-    return L->full ? order_after(L, L->full_stream, stream,
-                                 "cudaStreamSynchronize (a gather on another stream)")
-                   : AXC_OK;
-}
-
-/* Waits for the layer's gather (if any) and frees its buffer. CUDA: the free is queued on the
- * stream of the last visit that read it (acquire_locked orders earlier readers before it), or
- * on the gather's own when none did, after the gather. Keeps the first error. */
+/* Waits for the layer's gather (if any) and frees its buffer (CUDA: on L->full_stream, after
+ * the gather and every reader). Keeps the first error. */
 static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
 {
     if (L->gather) {
@@ -172,10 +166,6 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
     }
     if (!L->full)
         return st;
-    void *stream = L->read ? L->use_stream : L->full_stream;
-    axc_status js = join_gather_stream(L, stream);
-    if (st == AXC_OK)
-        st = js;
     if (L->device < 0) {
         free(L->full);
     } else {
@@ -183,7 +173,7 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
         int prev;
         axc_status cs = axc_cuda_device_enter(L->device, &cu, &prev, "scheduler");
         if (cs == AXC_OK) {
-            cs = axc_cuda_check(cu->FreeAsync(L->full, stream), "cudaFreeAsync");
+            cs = axc_cuda_check(cu->FreeAsync(L->full, L->full_stream), "cudaFreeAsync");
             cs = axc_cuda_device_leave(cu, L->device, prev, cs);
         }
         if (st == AXC_OK)
@@ -193,7 +183,6 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
     s->st.alive_buffers--;
     L->full = NULL;
     L->full_bytes = 0;
-    L->read = 0;
     return st;
 }
 
@@ -448,16 +437,9 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
         L->gather = NULL;
     }
     if (st == AXC_OK)
-        st = join_gather_stream(L, w->stream);
-    if (st == AXC_OK)
-        L->full_stream = w->stream; /* (joined: later frees and readers need not wait again) */
-    if (st == AXC_OK && L->read) /* an earlier visit read it on another stream */
-        st = order_after(L, L->use_stream, w->stream,
-                         "cudaStreamSynchronize (a gathered weight read on two streams)");
+        st = move_to_stream(L, w->stream);
     if (st != AXC_OK)
         return buf_drop(s, L, st);
-    L->use_stream = w->stream;
-    L->read = 1;
     *full = L->full;
     return AXC_OK;
 }
@@ -481,13 +463,8 @@ axc_status axc_sched_release(axc_sched *s, int layer, void *stream)
                         L->pos + j < (int64_t)s->order.len && !keep;
              j++)
             keep = s->order.v[L->pos + j].layer == layer;
-        if (!keep && L->read && L->use_stream != stream) { /* (read on `stream` too) */
-            st = order_after(L, L->use_stream, stream,
-                             "cudaStreamSynchronize (a gathered weight read on two streams)");
-            L->use_stream = stream;
-        }
-        if (!keep)
-            st = buf_drop(s, L, st);
+        if (!keep) /* (its readers were queued on `stream`) */
+            st = buf_drop(s, L, move_to_stream(L, stream));
     }
     pthread_mutex_unlock(&s->mu);
     return st;
