@@ -372,6 +372,10 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
     view.copy_(g.reshape(-1))
     if prev is not None:
         view.add_(prev.reshape(-1), alpha=1.0 / copies)
+        # autograd now adds g, not summed, into .grad: a summed .grad takes its share first, so
+        # that if the pass raises (the record dropped) .grad is a consistent unsummed total for
+        # sync_gradients, not a summed one with an unsummed part in it
+        _unreduce(p)
     _records.append(_Record(p, view, None, True, groups))
     _params_pending.add(p)
     _close_if_full((p.dtype, p.device, groups))

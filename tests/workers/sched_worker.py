@@ -389,6 +389,7 @@ class Scaled(nn.Module):
     def __init__(self, twice=False):
         super().__init__()
         self.twice = twice
+        self.boom = False  # a Boom in front of everything: the pass raises at its very end
         self.alpha = nn.Parameter(torch.tensor([0.7]))
         self.fc1 = axonn_c.Linear(H, 2 * H)
         self.fc2 = axonn_c.Linear(2 * H, H, transpose=True)
@@ -397,6 +398,8 @@ class Scaled(nn.Module):
         if self.twice:  # alpha also inside a reentrant checkpoint: two gradients in one pass
             x = torch.utils.checkpoint.checkpoint(lambda t: self.alpha * t,
                                                   x.requires_grad_(), use_reentrant=True)
+        if self.boom:
+            x = Boom.apply(x)
         return self.fc2(torch.tanh(self.fc1(self.alpha * x)))
 
 
@@ -431,6 +434,43 @@ def check_replicated_hooks(g, twice=False):
         axonn_c.sync_gradients(model)
         close(model.alpha.grad, alpha_ref.grad, torch.float32, f"{what} step {it}: alpha")
         close(model.fc1.bias.grad, ref_fc[0].bias.grad, torch.float32, f"{what} step {it}: db")
+
+
+def check_abandoned_summed_hook(g):
+    """A pass that raises after the replicated parameters' gradients were accumulated into
+    .grad tensors summed during the previous backward (no sync_gradients between): the summed
+    .grad must not be taken for the total. sync_gradients then sums the failed pass's part too,
+    as with the overlap off."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    torch.manual_seed(17)
+    model = Scaled()
+    ref_fc = serial_mlp(model)
+    alpha_ref = nn.Parameter(torch.tensor([0.7]))
+    gen = torch.Generator().manual_seed(6)
+    per = 2
+    sl = slice(g.rank * per, (g.rank + 1) * per)
+    for it in range(3):  # 0 registers the hooks; 1 sums during backward; 2 raises
+        X = torch.randn(g.world_size * per, H, generator=gen)
+        dY = torch.randn(g.world_size * per, H, generator=gen)
+        model.boom = it == 2
+        try:
+            model(X[sl].clone().requires_grad_()).backward(dY[sl])
+            assert it < 2, f"{what}: the backward did not raise"
+        except RuntimeError as e:
+            assert it == 2 and "boom" in str(e), e
+        ref_fc(alpha_ref * X).backward(dY)
+        if it == 0:
+            axonn_c.sync_gradients(model)
+            for p in list(model.parameters()) + list(ref_fc.parameters()) + [alpha_ref]:
+                p.grad = None
+    model.boom = False
+    if g.world_size > 1:
+        assert axonn_c.grads.summed_over(model.alpha) == (), \
+            f"{what}: alpha's .grad holds the failed pass's unsummed part but is marked summed"
+    axonn_c.sync_gradients(model)  # (drops the failed pass's deferred weight gradients)
+    close(model.alpha.grad, alpha_ref.grad, torch.float32, f"{what} abandoned pass: alpha")
+    close(model.fc1.bias.grad, ref_fc[0].bias.grad, torch.float32,
+          f"{what} abandoned pass: fc1 bias")
 
 
 class Probe(torch.autograd.Function):
@@ -596,6 +636,7 @@ def main():
         g = axonn_c.init(*sizes, overlap=True)
         check_replicated_hooks(g)
         check_replicated_hooks(g, twice=True)
+        check_abandoned_summed_hook(g)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: scheduler checks pass")
