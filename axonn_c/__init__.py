@@ -9,7 +9,7 @@ from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .concurrent import run_concurrent
 from .linear import Linear
-from .pipeline import Sequential
+from .pipeline import Sequential, forward_backward
 from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
                        no_grad_sync, no_sync, optimize_communication, sync_gradients)
 from .runtime import scheduler_stats
@@ -19,6 +19,6 @@ __all__ = [
     "Linear", "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
-    "optimize_communication", "timeline", "scheduler_stats", "run_concurrent", "Sequential",
+    "optimize_communication", "timeline", "scheduler_stats", "run_concurrent", "Sequential", "forward_backward",
 ]
 __version__ = "0.1.0"

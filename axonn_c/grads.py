@@ -37,6 +37,7 @@ is done); every collective is started and waited for by csrc/sched/sched.c.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Dict, List, Optional, Tuple
 
@@ -220,6 +221,25 @@ def expect_chunk(param: Tensor) -> None:
         # open until the end of backward
         return
     _chunk_calls[param] = _chunk_calls.get(param, 0) + 1
+
+
+@contextlib.contextmanager
+def chunk_counts(into: Dict[Tensor, int]):
+    """Counts the chunk calls made inside into `into`: a forward run ahead inside another pass's
+    backward (axonn_c.forward_backward), whose calls belong to the next pass, not to the one
+    that finish() ends; add_chunk_counts hands them over once that pass is over."""
+    global _chunk_calls
+    saved, _chunk_calls = _chunk_calls, into
+    try:
+        yield
+    finally:
+        _chunk_calls = saved
+
+
+def add_chunk_counts(counts: Dict[Tensor, int]) -> None:
+    for p, k in counts.items():
+        _chunk_calls[p] = _chunk_calls.get(p, 0) + k
+    counts.clear()
 
 
 def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor]]:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from . import _C, concurrent, grads, runtime
 
 _state = threading.local()
+_lookahead = None  # the _Lookahead that forward_backward's running backward advances
 
 
 # hold bits (axonn_c/linear.py reads them): a direct child leaves its forward all-reduce
@@ -90,6 +91,8 @@ class _AwaitGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if runtime.is_initialized():
+            if _lookahead is not None:  # the next micro-batch's GEMM hides this reduction
+                _lookahead.advance()
             _await(g)
             grads.release_done()
         return g
@@ -141,6 +144,17 @@ class Sequential(nn.Sequential):
     def forward(self, x):
         if not self._pipelines(x):
             return super().forward(x)
+        steps = self._steps(x)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def _steps(self, x):
+        """The pipelined forward as a generator: it yields after each child call (True after a
+        call that left a reduction in flight) and returns the output. forward() runs it
+        through; forward_backward runs the next micro-batch's steps inside this one's backward."""
         from .linear import Linear
 
         mods = list(self)
@@ -169,7 +183,6 @@ class Sequential(nn.Sequential):
 
         for c in range(n):
             wrap(c, 0)
-        _state.depth = getattr(_state, "depth", 0) + 1
         try:
             while True:
                 # the first chunk that can go on; when all wait, the oldest reduction completes
@@ -189,10 +202,12 @@ class Sequential(nn.Sequential):
                 _state.target = ((mods[l], HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0))
                                  if plain[l] else None)
                 before = _C.sched_counters()[1]
+                _state.depth = getattr(_state, "depth", 0) + 1
                 try:
                     out = mods[l](v)
                 finally:
                     _state.target = None
+                    _state.depth -= 1
                 if not isinstance(out, Tensor):
                     raise TypeError(f"axonn_c.Sequential: child {l} ({type(mods[l]).__name__}) "
                                     f"returned {type(out).__name__}, expected one tensor")
@@ -203,6 +218,7 @@ class Sequential(nn.Sequential):
                     held[c] = ticket
                 vals[c], nxt[c], awaits[c] = out, l + 1, False
                 wrap(c, l + 1)
+                yield bool(held[c])
         except BaseException:
             try:  # nothing may still write into tensors being dropped
                 _C.sched_await_results()
@@ -210,9 +226,111 @@ class Sequential(nn.Sequential):
                 pass
             raise
         finally:
-            _state.depth -= 1
             grads.release_done()  # the outputs kept for their held all-reduces
         return torch.cat(vals, dim=0)
 
     def extra_repr(self) -> str:
         return f"chunks={self.chunks}"
+
+
+class _Lookahead:
+    """The next micro-batch's pipelined forward, run a child call at a time from inside the
+    running backward (at each _AwaitGrad, before it waits), with grad on: its GEMMs hide the
+    backward's reductions and its own reductions run under the backward's GEMMs. The chunk calls
+    it makes belong to the next pass (grads.chunk_counts), not to the one running."""
+
+    def __init__(self, steps):
+        self.steps, self.out, self.counts = steps, None, {}
+        self.done = False
+
+    def _next(self) -> bool:
+        with torch.enable_grad(), grads.chunk_counts(self.counts):
+            try:
+                return next(self.steps)
+            except StopIteration as e:
+                self.out, self.done = e.value, True
+                return False
+
+    def advance(self) -> None:
+        """Runs the forward up to its next call that leaves a reduction in flight."""
+        while not self.done and not self._next():
+            pass
+
+    def result(self) -> Tensor:
+        """Runs the rest of the forward (after the backward) and returns its output."""
+        while not self.done:
+            self._next()
+        grads.add_chunk_counts(self.counts)
+        return self.out
+
+
+def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) -> Tensor:
+    """Forward and backward of a batch in `micro_batches` pieces along dim 0, with the gradients
+    of `sum over pieces of loss_fn(model(piece of inputs[0]), pieces of inputs[1:]...)`
+    accumulated into .grad (the data-parallel reduction, with overlap on, runs once, in the
+    last piece's backward). Returns that sum of losses, detached.
+
+    For an axonn_c.Sequential that pipelines (see its docstring), piece i+1's forward runs
+    inside piece i's backward, one child call at a time: the forward's reductions, which the
+    forward alone cannot hide (a forward has half the GEMMs of a backward), run under the
+    backward's GEMMs. Other models run the pieces one after the other.
+
+    `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
+    from .parallel import no_grad_sync
+
+    global _lookahead
+    micro_batches = int(micro_batches)
+    if micro_batches < 1:
+        raise ValueError(f"forward_backward: micro_batches must be >= 1, got {micro_batches}")
+    inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    if not inputs or not all(isinstance(t, Tensor) and t.dim() >= 1 for t in inputs):
+        raise TypeError("forward_backward: inputs must be a tensor or a non-empty tuple of "
+                        "tensors with a batch dimension (dim 0)")
+    rows = inputs[0].shape[0]
+    for t in inputs[1:]:
+        if t.shape[0] != rows:
+            raise ValueError(f"forward_backward: every input needs the same dim 0 ({rows}), "
+                             f"got {tuple(t.shape)}")
+    pieces = list(zip(*(torch.tensor_split(t, micro_batches, dim=0) for t in inputs)))
+    interleave = (micro_batches > 1 and isinstance(model, Sequential) and _lookahead is None
+                  and torch.is_grad_enabled() and _plain_container(model)
+                  and model._pipelines(pieces[0][0]))
+
+    def loss_of(out, piece):
+        loss = loss_fn(out, *piece[1:])
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise TypeError("forward_backward: loss_fn must return a one-element tensor")
+        return loss
+
+    total = None
+    loss = loss_of(model(pieces[0][0]), pieces[0])
+    for i in range(micro_batches):
+        ahead = (_Lookahead(model._steps(pieces[i + 1][0]))
+                 if interleave and i + 1 < micro_batches else None)
+        last = i + 1 == micro_batches
+        try:
+            _lookahead = ahead
+            if last:
+                loss.backward()
+            else:
+                with no_grad_sync():
+                    loss.backward()
+        except BaseException:
+            if ahead is not None:
+                ahead.steps.close()  # (awaits its reductions in flight)
+            raise
+        finally:
+            _lookahead = None
+        total = loss.detach() if total is None else total + loss.detach()
+        if not last:
+            out = ahead.result() if ahead is not None else model(pieces[i + 1][0])
+            loss = loss_of(out, pieces[i + 1])
+    return total
+
+
+def _plain_container(m: nn.Module) -> bool:
+    """No hooks on the container itself (forward_backward calls its steps directly)."""
+    from torch.nn.modules import module as M
+
+    return not (m._forward_hooks or m._forward_pre_hooks or M._global_forward_hooks
+                or M._global_forward_pre_hooks)

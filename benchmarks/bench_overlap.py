@@ -31,6 +31,10 @@ bytes_sent / AXONN_C_SIM_GBPS + AXONN_C_SIM_US (csrc/comm/shm.c, sim_link_sleep)
   chunk's all-reduce under another chunk's GEMMs, also of the next layers); exposed_pipelined_s
   is its exposed communication. On grids where it does not pipeline (depth, data only) it is
   the overlap step again.
+- t_microbatched_s (with --micro-batches M > 1): as pipelined (chunks: --pipeline, at least 2),
+  with the step as axonn_c.forward_backward(model, x, loss, micro_batches=M): the batch in M
+  micro-batches, each one's forward run inside the previous one's backward (the forward's
+  all-reduces under the backward's GEMMs); exposed_microbatched_s is its exposed communication.
 
 The C core looks AXONN_C_BENCH_SKIP up once; when it is unset (every real job) it never reads it
 again, when it is set (here: the launcher sets it to "none" before the ranks start) it re-reads
@@ -128,6 +132,8 @@ def modes(spec):
     n = spec.get("concurrent", 0)
     return (BASE_MODES + ((("concurrent", "none", True, n),) if n > 1 else ())
             + ((("pipelined", "none", "pipelined", 0),) if spec.get("pipeline", 0) > 1 else ())
+            + ((("microbatched", "none", "microbatched", 0),)
+               if spec.get("micro_batches", 0) > 1 else ())
             + ((("overlap_nodefer", "none", "nodefer", 0),) if spec.get("ablate_defer") else ()))
 
 
@@ -147,9 +153,9 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
                      backend="shm", overlap=bool(overlap),
                      concurrent_microbatches=max(concurrent, 1))
     torch.manual_seed(0)
-    model = build_model(spec["hidden"], spec["blocks"],
-                        spec.get("pipeline", 0) if overlap == "pipelined" else 0,
-                        spec.get("gelu", False))
+    chunks = {"pipelined": spec.get("pipeline", 0),
+              "microbatched": max(spec.get("pipeline", 0), 2)}.get(overlap, 0)
+    model = build_model(spec["hidden"], spec["blocks"], chunks, spec.get("gelu", False))
     if overlap == "nodefer":  # the ablation: every overlap but the deferred dW GEMM
         for m in model.modules():
             if isinstance(m, axonn_c.Linear):
@@ -167,6 +173,9 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
         t_fwd = 0.0
         if concurrent > 1:  # the micro-batches' forward and backward run at once, in threads
             axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x, model=model)
+        elif overlap == "microbatched":  # each forward inside the previous backward
+            axonn_c.forward_backward(model, x, lambda y: y.sum(),
+                                     micro_batches=spec["micro_batches"])
         else:
             t0 = time.perf_counter()
             loss = model(x).sum()
@@ -242,7 +251,7 @@ def worker(spec_path):
                 # the timeline also runs in compute-alone mode: its GEMM time there is the
                 # reference for how much the overlap run's GEMMs were slowed down
                 record = mode in ("overlap", "compute", "concurrent", "pipelined",
-                                  "overlap_nodefer")
+                                  "microbatched", "overlap_nodefer")
                 _, _, out = run_block(spec, G, gbps, spec["sim_us"], skip, overlap,
                                       spec["steps"], record, conc)
                 for k, v in out.items():
@@ -334,7 +343,8 @@ def explained(r):
 
 
 def mode_cells(r, hi, mode):
-    """time, exposed, /max, target, exp~ of mode "concurrent" or "pipelined" (blank: not run)."""
+    """time, exposed, /max, target, exp~ of mode "concurrent", "pipelined" or "microbatched"
+    (blank: not run)."""
     if f"t_{mode}_s" not in r:
         return f" {'':>8} {'':>7} {'':>8} {'':>8} {'':>6}"
     applicable, ok, agree = check(r, mode)
@@ -353,6 +363,9 @@ def print_table(rows):
     pipe = any("t_pipelined_s" in r for r in rows)
     if pipe:
         hdr += f" {'pipe':>8} {'p-exp':>7} {'pipe/max':>8} {'p-target':>8} {'p-exp~':>6}"
+    micro = any("t_microbatched_s" in r for r in rows)
+    if micro:
+        hdr += f" {'micro':>8} {'m-exp':>7} {'mic/max':>8} {'m-target':>8} {'m-exp~':>6}"
     nodefer = any("t_overlap_nodefer_s" in r for r in rows)
     if nodefer:
         hdr += f" {'nodefer':>8} {'nd-exp':>7} {'nd/max':>7}"
@@ -372,6 +385,7 @@ def print_table(rows):
               f"{'yes' if explained(r) else 'no':>6} {r['phase_bound_s'] / hi:>7.2f}"
               + (mode_cells(r, hi, "concurrent") if conc else "")
               + (mode_cells(r, hi, "pipelined") if pipe else "")
+              + (mode_cells(r, hi, "microbatched") if micro else "")
               + (f" {r['t_overlap_nodefer_s'] * 1e3:>8.1f} {r['exposed_nodefer_s'] * 1e3:>7.1f} "
                  f"{r['t_overlap_nodefer_s'] / hi:>7.2f}" if nodefer else ""))
     print("target: t_overlap <= 1.15 * max(t_compute, t_comm) (n/a when min < 0.2 * max); "
@@ -388,6 +402,10 @@ def print_table(rows):
         print("pipe: overlap=True with the layer stack in an axonn_c.Sequential that pipelines "
               "--pipeline chunks of the batch across layers (plain where it does not pipeline: "
               "depth or data-only grids); p-exp, pipe/max, p-target, p-exp~: as for conc")
+    if micro:
+        print("micro: as pipe, with the step as axonn_c.forward_backward in --micro-batches "
+              "micro-batches (each forward inside the previous backward); m-exp, mic/max, "
+              "m-target, m-exp~: as for conc")
     if nodefer:
         print("nodefer: overlap=True with defer_wgrad=False on every layer (each dW GEMM runs "
               "in its own layer's backward); nd-exp: its exposed communication")
@@ -425,6 +443,9 @@ def main():
     p.add_argument("--trace-pipelined", help="write a merged Chrome trace of one pipelined step "
                    "here (grid: --trace-pipelined-grid, default 1x1x2x1)")
     p.add_argument("--trace-pipelined-grid", type=parse_grid, default=(1, 1, 2, 1))
+    p.add_argument("--micro-batches", type=int, default=0,
+                   help="also time overlap=True with the step as axonn_c.forward_backward in this "
+                   "many micro-batches, the layers in an axonn_c.Sequential (0 or 1: not)")
     p.add_argument("--gelu", action="store_true",
                    help="a GELU between fc1 and fc2 of every block (default: Linears only)")
     p.add_argument("--ablate-defer", action="store_true",
@@ -441,7 +462,8 @@ def main():
             "steps": a.steps or (2 if q else 3), "warmup": a.warmup if a.warmup is not None
             else (1 if q else 2), "cal_steps": 2 if q else 3, "sim_gbps": a.sim_gbps or 0.0,
             "sim_us": a.sim_us, "comm_ratio": a.comm_ratio, "concurrent": a.concurrent,
-            "pipeline": a.pipeline, "ablate_defer": a.ablate_defer, "gelu": a.gelu}
+            "pipeline": a.pipeline, "micro_batches": a.micro_batches,
+            "ablate_defer": a.ablate_defer, "gelu": a.gelu}
     ranks = [int(v) for v in a.ranks.split(",")]
     grids = {n: list((QUICK_GRIDS if q else GRIDS).get(n, [])) for n in ranks}
     if a.grids:
@@ -508,6 +530,9 @@ def main():
                 **({"t_pipelined_s": r["pipelined"]["t"],
                     "exposed_pipelined_s": r["pipelined"]["exposed"],
                     "pipeline_chunks": spec["pipeline"]} if "pipelined" in r else {}),
+                **({"t_microbatched_s": r["microbatched"]["t"],
+                    "exposed_microbatched_s": r["microbatched"]["exposed"],
+                    "micro_batches": spec["micro_batches"]} if "microbatched" in r else {}),
                 **({"t_overlap_nodefer_s": r["overlap_nodefer"]["t"],
                     "exposed_nodefer_s": r["overlap_nodefer"]["exposed"]}
                    if "overlap_nodefer" in r else {}),

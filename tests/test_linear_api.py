@@ -163,3 +163,33 @@ def test_sequential_is_nn_sequential_where_it_cannot_pipeline():
     assert torch.allclose(ours.weight.grad.view_as(ref.weight), ref.weight.grad, atol=1e-5)
     with pytest.raises(ValueError, match="chunks must be >= 1, got 0"):
         axonn_c.Sequential(ours, chunks=0)
+
+
+def test_forward_backward_equals_one_backward_and_checks_its_inputs():
+    """axonn_c.forward_backward in a world of one (no look-ahead: nothing to pipeline): the
+    summed loss and the accumulated gradients of its micro-batches equal one backward over the
+    whole batch, for any model; its arguments are validated by name."""
+    axonn_c.finalize()
+    axonn_c.init(overlap=True)
+    ours, ref = pair()
+    x, t = torch.randn(7, 48), torch.randn(7, 80)
+
+    def loss_fn(y, target):
+        return (y - target).square().sum()
+
+    loss = axonn_c.forward_backward(ours, (x, t), loss_fn, micro_batches=3)
+    ref_loss = loss_fn(ref(x), t)
+    ref_loss.backward()
+    assert torch.allclose(loss, ref_loss.detach(), rtol=1e-5)
+    assert not loss.requires_grad
+    assert torch.allclose(ours.weight.grad.view_as(ref.weight), ref.weight.grad, rtol=1e-4,
+                          atol=1e-4)
+    assert torch.allclose(ours.bias.grad.view_as(ref.bias), ref.bias.grad, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="micro_batches must be >= 1, got 0"):
+        axonn_c.forward_backward(ours, x, lambda y: y.sum(), micro_batches=0)
+    with pytest.raises(ValueError, match=r"same dim 0 \(7\), got \(6, 80\)"):
+        axonn_c.forward_backward(ours, (x, t[:6]), loss_fn)
+    with pytest.raises(TypeError, match="inputs must be a tensor"):
+        axonn_c.forward_backward(ours, (), loss_fn)
+    with pytest.raises(TypeError, match="loss_fn must return a one-element tensor"):
+        axonn_c.forward_backward(ours, x, lambda y: y)

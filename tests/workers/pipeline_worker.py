@@ -424,6 +424,79 @@ def check_sync_then_no_sync(g):
         close(m.bias.grad, r.bias.grad[rows], f"{what} db")
 
 
+def check_forward_backward(g):
+    """axonn_c.forward_backward in 2 and 3 micro-batches against one serial backward of the whole
+    batch (uneven data ranks: one has a single row, so some of its pieces are empty): the loss,
+    every .grad after sync_gradients, and every held reduction awaited. Where the container
+    pipelines, the next piece's forward runs inside the backward (child calls counted there);
+    a backward that raises with the next forward half done, then a clean step."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} fwd_bwd rank {g.rank}"
+    model, ref, kin, kout, tok, T = setup(g, 2, rows_of=lambda d: 7 if d == 0 else 1)
+    gen = torch.Generator().manual_seed(81)
+    inside, real_next = [], pipeline._Lookahead._next
+    finishes, real_finish = [], axonn_c.grads.finish
+
+    def counted(self):
+        inside.append(torch._C._current_graph_task_id() != -1)
+        return real_next(self)
+
+    def counted_finish():
+        finishes.append(1)
+        real_finish()
+    pipeline._Lookahead._next = counted
+    axonn_c.grads.finish = counted_finish  # (what the end of backward calls)
+    try:
+        for micro in (2, 3, 1):
+            X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+            model.zero_grad()
+            ref.zero_grad()
+            inside.clear()
+            finishes.clear()
+            loss = axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
+                                            lambda y, d: (y * d).sum(), micro_batches=micro)
+            # once per pass: the chunk calls made ahead count for the next pass, not this one
+            # (miscounted, a weight's record would complete early and its next chunk finish all)
+            assert len(finishes) == micro, f"{what}: finish() ran {len(finishes)} times"
+            axonn_c.sync_gradients(model)
+            ref_loss = (ref(X) * dY).sum()
+            ref_loss.backward()
+            case = f"{what} micro={micro}"
+            if g.G_intra_r * g.G_intra_c == 1:  # (the loss is summed over the output group)
+                axonn_c.comm.all_reduce(loss, "world")
+                close(loss, ref_loss.detach(), f"{case} loss")
+            for m, r in zip(linears(model), ref_linears(ref)):
+                close(m.weight.grad, shard_of(r.weight.grad, m), f"{case} dW")
+            st = axonn_c.scheduler_stats()
+            assert st["results_done"] == st["results_held"], f"{case}: {st}"
+            if micro > 1 and model._pipelines(X[tok][:, kin]):
+                assert any(inside), f"{case}: no forward ran inside a backward: {inside}"
+            else:
+                assert not inside, f"{case}: looked ahead where it does not pipeline"
+    finally:
+        pipeline._Lookahead._next = real_next
+        axonn_c.grads.finish = real_finish
+    X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+    Boom.armed = True
+    try:
+        axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
+                                 lambda y, d: (y * d).sum(), micro_batches=2)
+        raise AssertionError(f"{what}: the backward did not raise")
+    except RuntimeError as e:
+        assert "boom" in str(e), e
+    finally:
+        Boom.armed = False
+    st = axonn_c.scheduler_stats()
+    assert st["results_done"] == st["results_held"], f"{what} after boom: {st}"
+    model.zero_grad()
+    ref.zero_grad()
+    axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
+                             lambda y, d: (y * d).sum(), micro_batches=2)
+    axonn_c.sync_gradients(model)
+    (ref(X) * dY).sum().backward()
+    for m, r in zip(linears(model), ref_linears(ref)):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} after boom dW")
+
+
 def check_easy_uneven(g):
     """Easy-layout children (the default layout: every rank its own tokens, counts may differ):
     each rank splits its rows into exactly `chunks` pieces, some empty, so every rank makes the
@@ -484,6 +557,7 @@ def main():
         for chunks in (2, 3):
             check(g, chunks)
         check_uses(g)
+        check_forward_backward(g)
         check_easy_uneven(g)
         if g.G_data > 1:
             check_sync_then_no_sync(g)
