@@ -171,7 +171,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     `concurrent_microbatches=n` (> 1) opens n + 3 independent channels of every group, so that
     axonn_c.run_concurrent() can run n micro-batches at once in threads, one micro-batch's
     GEMMs hiding the others' collectives, while the caller sums finished gradients
-    (axonn_c/concurrent.py).
+    (axonn_c/concurrent.py). Host tensors only: the extra channels open no NCCL communicators.
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")

@@ -129,9 +129,13 @@ void axc_coll_volume(const axc_coll *c, int G, int r, uint64_t *sent, uint64_t *
 
 static int n_slots(const axc_comm *comm) { return comm->channels * AXC_GROUP_COUNT; }
 
+/* Opens the backend's groups. NCCL only on channel 0: the other channels carry concurrent
+ * micro-batches (axonn_c.run_concurrent), which take host tensors only, and each NCCL group is
+ * a communicator with its own GPU memory and proxy thread. */
 static axc_status open_groups(axc_comm *comm, axc_backend *be, int is_nccl)
 {
-    for (int k = 0; k < n_slots(comm); k++) {
+    int n = is_nccl ? AXC_GROUP_COUNT : n_slots(comm);
+    for (int k = 0; k < n; k++) {
         group_slot *g = &comm->groups[k];
         void **slot = is_nccl ? &g->nccl_group : &g->shm_group;
         AXC_TRY(be->group_open(be, &g->info, slot));
@@ -366,6 +370,11 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
     if ((c->device >= 0 && comm->nccl_preferred) || nccl_barrier) {
         be = comm->nccl;
         bg = g->nccl_group;
+        if (!bg) /* (open on channel 0 only: open_groups) */
+            return axc_fail(AXC_ERR_INVALID,
+                            "%s on CUDA tensors from channel %d: only channel 0 has NCCL "
+                            "communicators (concurrent micro-batches take host tensors)",
+                            axc_coll_name(c->kind), tl_channel);
     } else if (comm->shm) {
         be = comm->shm;
         bg = g->shm_group;

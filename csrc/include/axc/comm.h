@@ -101,7 +101,9 @@ const char *axc_comm_backends(const axc_comm *comm);
 int axc_comm_host_collectives(const axc_comm *comm);
 
 /* Channels: `cfg.channels` independent copies of every group (shm: own slots and progress
- * thread; NCCL: own communicator and stream). Collectives are matched across ranks in issue
+ * thread). NCCL communicators exist on channel 0 only: the other channels carry concurrent
+ * micro-batches, which take host tensors; a CUDA collective there is refused (AXC_ERR_INVALID).
+ * Collectives are matched across ranks in issue
  * order per (group, channel), so threads that run concurrently (e.g. concurrent micro-batches)
  * each take a channel of their own and need no common order between them. A thread uses
  * channel 0 until it sets another; the setting is per thread. */

@@ -69,7 +69,9 @@ typedef struct uid { char internal[128]; } uid;
 static const size_t dsz[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 int ncclGetVersion(int *v) { *v = 22809; return 0; }
 int ncclGetUniqueId(void *id) { memset(id, 7, 128); return 0; }
-static int g_live, g_aborts_begun; /* communicators created and not destroyed; aborts entered */
+/* communicators created and not destroyed (read by test_nccl_mock); aborts entered */
+int g_live;
+static int g_aborts_begun;
 int ncclCommInitRankConfig(void **c, int n, uid id, int r, void *cfg)
 {
     (void)id, (void)cfg;

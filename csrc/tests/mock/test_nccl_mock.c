@@ -39,10 +39,6 @@ int main(void)
     cfg.backend = "nccl";
     cfg.job_id = "mockjob";
     cfg.timeout_s = 0.5;
-    axc_comm *comm = NULL;
-    CHECK_OK(axc_comm_create(&comm, &cfg));
-    if (!comm)
-        return ctest_summary("test_nccl_mock");
     float buf[16] = {0};
     axc_coll c;
     memset(&c, 0, sizeof c);
@@ -52,6 +48,33 @@ int main(void)
     c.count = 16;
     c.dtype = AXC_DT_F32;
     c.device = 0;
+    /* channels for concurrent micro-batches (host tensors only) open no NCCL communicators, and
+     * a CUDA collective from such a channel is refused by name */
+    int *live = dlsym(RTLD_DEFAULT, "g_live");
+    CHECK(live != NULL);
+    if (!live)
+        return ctest_summary("test_nccl_mock");
+    axc_comm *comm = NULL;
+    CHECK_OK(axc_comm_create(&comm, &cfg));
+    int live_one = *live;
+    axc_comm_destroy(comm);
+    cfg.channels = 4;
+    comm = NULL;
+    CHECK_OK(axc_comm_create(&comm, &cfg));
+    printf("NCCL communicators: %d with one channel, %d with four\n", live_one, *live);
+    CHECK(live_one > 0 && *live == live_one);
+    axc_work *wc = NULL;
+    CHECK_OK(axc_comm_set_thread_channel(comm, 2));
+    axc_status chs = axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &wc);
+    printf("CUDA collective on channel 2: %s: %s\n", axc_status_name(chs), axc_last_error());
+    CHECK(chs == AXC_ERR_INVALID && wc == NULL && strstr(axc_last_error(), "channel 2"));
+    CHECK_OK(axc_comm_set_thread_channel(comm, 0));
+    axc_comm_destroy(comm);
+    cfg.channels = 1;
+    comm = NULL;
+    CHECK_OK(axc_comm_create(&comm, &cfg));
+    if (!comm)
+        return ctest_summary("test_nccl_mock");
     int *capturing = dlsym(RTLD_DEFAULT, "g_capturing");
     int *query_err = dlsym(RTLD_DEFAULT, "g_query_err");
     int *exchanges = dlsym(RTLD_DEFAULT, "g_mode_exchanges");
