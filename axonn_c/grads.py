@@ -129,6 +129,7 @@ _parked: List[_Bucket] = []  # full buckets waiting for their chunk records befo
 # records those calls' backwards accumulate into, by weight parameter
 _chunk_calls: Dict[Tensor, int] = {}
 _chunk_open: Dict[Tensor, _ChunkRecord] = {}
+_counting_ahead = False  # inside chunk_counts: a forward run ahead, not a recomputation
 _queued_task = None  # graph task whose end runs _end_of_backward
 _pass_alive = None  # weakref to the callback queued for that pass: dead once the pass is gone
 
@@ -213,7 +214,7 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
 def expect_chunk(param: Tensor) -> None:
     """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
     accumulate into param's gradient in this pass."""
-    if (torch._C._current_graph_task_id() != -1
+    if (not _counting_ahead and torch._C._current_graph_task_id() != -1
             and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
         # a forward inside backward under saved-tensor hooks: torch.utils.checkpoint's
         # recomputation (use_reentrant=False), whose graph never runs backward (the original
@@ -228,12 +229,13 @@ def chunk_counts(into: Dict[Tensor, int]):
     """Counts the chunk calls made inside into `into`: a forward run ahead inside another pass's
     backward (axonn_c.forward_backward), whose calls belong to the next pass, not to the one
     that finish() ends; add_chunk_counts hands them over once that pass is over."""
-    global _chunk_calls
+    global _chunk_calls, _counting_ahead
     saved, _chunk_calls = _chunk_calls, into
+    _counting_ahead = True
     try:
         yield
     finally:
-        _chunk_calls = saved
+        _chunk_calls, _counting_ahead = saved, False
 
 
 def add_chunk_counts(counts: Dict[Tensor, int]) -> None:
@@ -385,7 +387,8 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
         return
     groups = tuple(n for n in p._axonn_hook_groups if runtime.group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:
-        return  # nothing to sum / an unusual gradient: sync_gradients sums it
+        _unreduce(p)  # nothing to sum / an unusual gradient: sync_gradients sums the total
+        return
     prev = p.grad
     copies = _copies(p)
     view = _bucket_view(p.numel(), p, groups)

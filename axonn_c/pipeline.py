@@ -19,6 +19,7 @@ and the knobs decide: it is the same on every rank, as collective matching requi
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -239,12 +240,18 @@ class _Lookahead:
     backward's reductions and its own reductions run under the backward's GEMMs. The chunk calls
     it makes belong to the next pass (grads.chunk_counts), not to the one running."""
 
-    def __init__(self, steps):
+    def __init__(self, steps, casts):
         self.steps, self.out, self.counts = steps, None, {}
-        self.done = False
+        self.done, self.casts = False, casts
 
     def _next(self) -> bool:
-        with torch.enable_grad(), grads.chunk_counts(self.counts):
+        # (the caller's autocast: on CUDA the backward, and so this forward, runs on autograd's
+        # device thread, whose autocast state is not the caller's)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.enable_grad())
+            for cast in self.casts:
+                stack.enter_context(torch.autocast(**cast))
+            stack.enter_context(grads.chunk_counts(self.counts))
             try:
                 return next(self.steps)
             except StopIteration as e:
@@ -264,6 +271,40 @@ class _Lookahead:
         return self.out
 
 
+def _autocasts() -> list:
+    """The caller's autocast state per device type, to re-enter on another thread."""
+    kinds = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return [dict(device_type=k, enabled=torch.is_autocast_enabled(k),
+                 dtype=torch.get_autocast_dtype(k), cache_enabled=torch.is_autocast_cache_enabled())
+            for k in kinds]
+
+
+def _call_with_hooks(model: nn.Module, steps_of, x):
+    """model(x) through `steps_of(x)` (a generator returning the output), with the container's
+    forward pre-hooks and forward hooks run around it as Module.__call__ would: the hooks are
+    user code that may exist on some ranks only, so they must not decide whether the forward is
+    looked ahead (every rank must issue the same collectives in the same order). A generator."""
+    from torch.nn.modules import module as M
+
+    pre = {**M._global_forward_pre_hooks, **model._forward_pre_hooks}
+    for hid, hook in pre.items():
+        if hid in model._forward_pre_hooks_with_kwargs:
+            res = hook(model, (x,), {})
+            args = res[0] if res is not None else (x,)
+        else:
+            res = hook(model, (x,))
+            args = (res if isinstance(res, tuple) else (res,)) if res is not None else (x,)
+        x = args[0]
+    out = yield from steps_of(x)
+    post = {**M._global_forward_hooks, **model._forward_hooks}
+    for hid, hook in post.items():
+        res = (hook(model, (x,), {}, out) if hid in model._forward_hooks_with_kwargs
+               else hook(model, (x,), out))
+        if res is not None:
+            out = res
+    return out
+
+
 def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) -> Tensor:
     """Forward and backward of a batch in `micro_batches` pieces along dim 0, with the gradients
     of `sum over pieces of loss_fn(model(piece of inputs[0]), pieces of inputs[1:]...)`
@@ -279,6 +320,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     from .parallel import no_grad_sync
 
     global _lookahead
+    outer = _lookahead
     micro_batches = int(micro_batches)
     if micro_batches < 1:
         raise ValueError(f"forward_backward: micro_batches must be >= 1, got {micro_batches}")
@@ -292,9 +334,13 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
             raise ValueError(f"forward_backward: every input needs the same dim 0 ({rows}), "
                              f"got {tuple(t.shape)}")
     pieces = list(zip(*(torch.tensor_split(t, micro_batches, dim=0) for t in inputs)))
-    interleave = (micro_batches > 1 and isinstance(model, Sequential) and _lookahead is None
-                  and torch.is_grad_enabled() and _plain_container(model)
-                  and model._pipelines(pieces[0][0]))
+    # (decided by the model and the grid only, the same on every rank: not by hooks)
+    interleave = (micro_batches > 1 and isinstance(model, Sequential) and outer is None
+                  and torch.is_grad_enabled() and model._pipelines(pieces[0][0])
+                  and getattr(model, "_compiled_call_impl", None) is None)
+    if interleave:
+        _refuse_backward_hooks(model)
+        casts = _autocasts()
 
     def loss_of(out, piece):
         loss = loss_fn(out, *piece[1:])
@@ -305,7 +351,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     total = None
     loss = loss_of(model(pieces[0][0]), pieces[0])
     for i in range(micro_batches):
-        ahead = (_Lookahead(model._steps(pieces[i + 1][0]))
+        ahead = (_Lookahead(_call_with_hooks(model, model._steps, pieces[i + 1][0]), casts)
                  if interleave and i + 1 < micro_batches else None)
         last = i + 1 == micro_batches
         try:
@@ -320,7 +366,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
                 ahead.steps.close()  # (awaits its reductions in flight)
             raise
         finally:
-            _lookahead = None
+            _lookahead = outer
         total = loss.detach() if total is None else total + loss.detach()
         if not last:
             out = ahead.result() if ahead is not None else model(pieces[i + 1][0])
@@ -328,9 +374,14 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     return total
 
 
-def _plain_container(m: nn.Module) -> bool:
-    """No hooks on the container itself (forward_backward calls its steps directly)."""
+def _refuse_backward_hooks(m: nn.Module) -> None:
+    """Full backward hooks on the container itself (local or global) are not run around a
+    looked-ahead forward: refused rather than skipped (hooks on the container's children are
+    fine, they run as usual)."""
     from torch.nn.modules import module as M
 
-    return not (m._forward_hooks or m._forward_pre_hooks or M._global_forward_hooks
-                or M._global_forward_pre_hooks)
+    if (m._backward_hooks or m._backward_pre_hooks or M._global_backward_hooks
+            or M._global_backward_pre_hooks):
+        raise RuntimeError("forward_backward: the axonn_c.Sequential has (or all modules have) a "
+                           "full backward hook, which a forward run inside the previous "
+                           "micro-batch's backward cannot call; register it on its children")

@@ -372,7 +372,7 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
         bg = g->nccl_group;
         if (!bg) /* (open on channel 0 only: open_groups) */
             return axc_fail(AXC_ERR_INVALID,
-                            "%s on CUDA tensors from channel %d: only channel 0 has NCCL "
+                            "%s over NCCL from channel %d: only channel 0 has NCCL "
                             "communicators (concurrent micro-batches take host tensors)",
                             axc_coll_name(c->kind), tl_channel);
     } else if (comm->shm) {

@@ -445,6 +445,13 @@ def check_forward_backward(g):
         real_finish()
     pipeline._Lookahead._next = counted
     axonn_c.grads.finish = counted_finish  # (what the end of backward calls)
+    # container hooks: a forward hook on rank 0 only (statistics), which must not change the
+    # collectives' order, and a pre-hook on every rank that replaces the input (x 2, of an
+    # input halved below), which every piece must see
+    seen = []
+    hooks = [model.register_forward_pre_hook(lambda m, args: (args[0] * 2,))]
+    if g.rank == 0:
+        hooks.append(model.register_forward_hook(lambda m, args, out: seen.append(out.shape[0])))
     try:
         for micro in (2, 3, 1):
             X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
@@ -452,8 +459,11 @@ def check_forward_backward(g):
             ref.zero_grad()
             inside.clear()
             finishes.clear()
-            loss = axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
+            seen.clear()
+            x2 = X[tok][:, kin] / 2
+            loss = axonn_c.forward_backward(model, (x2, dY[tok][:, kout]),
                                             lambda y, d: (y * d).sum(), micro_batches=micro)
+            assert g.rank != 0 or len(seen) == micro, f"{what}: forward hook ran {seen}"
             # once per pass: the chunk calls made ahead count for the next pass, not this one
             # (miscounted, a weight's record would complete early and its next chunk finish all)
             assert len(finishes) == micro, f"{what}: finish() ran {len(finishes)} times"
@@ -475,6 +485,8 @@ def check_forward_backward(g):
     finally:
         pipeline._Lookahead._next = real_next
         axonn_c.grads.finish = real_finish
+        for h in hooks:
+            h.remove()
     X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
     Boom.armed = True
     try:
