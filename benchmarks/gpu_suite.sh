@@ -208,7 +208,7 @@ if want bench; then
     # the overlap benchmark (shm, simulated link) with the whole package built for CUDA, on a
     # machine with a spare core per rank and progress thread
     step bench_overlap 900 "$PY" "$REPO/benchmarks/bench_overlap.py" \
-        --json "$OUT/overlap_cpu.json" --trace "$OUT/overlap_trace.json"
+        --micro-batches 2 --json "$OUT/overlap_cpu.json" --trace "$OUT/overlap_trace.json"
 
     # host overhead of one-rank nccl collectives (start+wait, no host sync), and device time
     step bench_nccl_world1 300 "$PY" - <<'EOF'

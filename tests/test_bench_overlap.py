@@ -21,7 +21,7 @@ def test_bench_overlap_quick(tmp_path):
     env.pop("AXONN_C_BENCH_SKIP", None)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_overlap.py"),
                            "--quick", "--ranks", "2", "--json", str(out), "--trace", str(trace),
-                           "--ablate-defer", "--gelu"],
+                           "--ablate-defer", "--gelu", "--micro-batches", "2"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())
@@ -31,10 +31,11 @@ def test_bench_overlap_quick(tmp_path):
     assert row["ranks"] == 2
     assert row["G_data"] * row["G_intra_r"] * row["G_intra_c"] * row["G_intra_d"] == 2
     for k in ("t_overlap_s", "t_no_overlap_s", "t_compute_s", "t_comm_s",
-              "t_overlap_nodefer_s", "t_pipelined_s"):
+              "t_overlap_nodefer_s", "t_pipelined_s", "t_microbatched_s"):
         assert row[k] > 0, (k, row)
     assert row["exposed_comm_s"] >= 0 and row["exposed_nodefer_s"] >= 0
     assert row["exposed_pipelined_s"] >= 0 and row["pipeline_chunks"] == 2 and row["gelu"]
+    assert row["exposed_microbatched_s"] >= 0 and row["micro_batches"] == 2
     # the phase bound: each phase at least its longer side, within the steps it comes from
     assert 0 < row["t_compute_fwd_s"] < row["t_compute_s"]
     assert 0 < row["t_comm_fwd_s"] < row["t_comm_s"]
