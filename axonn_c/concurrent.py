@@ -31,6 +31,7 @@ skips what is summed and only scales. Without `model=` everything is summed by s
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -50,6 +51,16 @@ def refuse_cuda(device) -> None:
         "run_concurrent runs CPU micro-batches only: torch's autograd runs all CUDA backward "
         "passes on one device thread, so concurrent CUDA micro-batches would not overlap (and "
         f"their collectives would leave the micro-batch channels); got a tensor on {device}")
+
+
+def caller_autocasts() -> list:
+    """The calling thread's autocast state per device type (enabled, dtype, cache), as keyword
+    arguments of torch.autocast: autocast is thread-local, so code run for the caller on another
+    thread re-enters it."""
+    kinds = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return [dict(device_type=k, enabled=torch.is_autocast_enabled(k),
+                 dtype=torch.get_autocast_dtype(k), cache_enabled=torch.is_autocast_cache_enabled())
+            for k in kinds]
 
 
 def active() -> bool:
@@ -409,17 +420,17 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     results: List[Any] = [None] * n
     errors: List[Optional[BaseException]] = [None] * n
     grad_mode = torch.is_grad_enabled()
-    # autocast is thread-local too: the caller's CPU autocast (dtype, cache) reaches every
-    # micro-batch, as torch.nn.parallel.parallel_apply does for its threads
-    cast = dict(device_type="cpu", enabled=torch.is_autocast_enabled("cpu"),
-                dtype=torch.get_autocast_dtype("cpu"),
-                cache_enabled=torch.is_autocast_cache_enabled())
+    # the caller's autocast reaches every micro-batch, as torch.nn.parallel.parallel_apply does
+    casts = caller_autocasts()
 
     def body(i: int) -> None:
         _tls.index, _tls.uses = i, {}
         try:
             _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
-            with torch.set_grad_enabled(grad_mode), torch.autocast(**cast):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.set_grad_enabled(grad_mode))
+                for cast in casts:
+                    stack.enter_context(torch.autocast(**cast))
                 results[i] = fn(*args[i])
         except BaseException as e:  # re-raised on the calling thread
             errors[i] = e

@@ -271,16 +271,8 @@ class _Lookahead:
         return self.out
 
 
-def _autocasts() -> list:
-    """The caller's autocast state per device type, to re-enter on another thread."""
-    kinds = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    return [dict(device_type=k, enabled=torch.is_autocast_enabled(k),
-                 dtype=torch.get_autocast_dtype(k), cache_enabled=torch.is_autocast_cache_enabled())
-            for k in kinds]
-
-
-def _call_with_hooks(model: nn.Module, steps_of, x):
-    """model(x) through `steps_of(x)` (a generator returning the output), with the container's
+def _call_with_hooks(model: "Sequential", x):
+    """model(x) through model._steps(x) (a generator returning the output), with the container's
     forward pre-hooks and forward hooks run around it as Module.__call__ would: the hooks are
     user code that may exist on some ranks only, so they must not decide whether the forward is
     looked ahead (every rank must issue the same collectives in the same order). A generator."""
@@ -295,7 +287,7 @@ def _call_with_hooks(model: nn.Module, steps_of, x):
             res = hook(model, (x,))
             args = (res if isinstance(res, tuple) else (res,)) if res is not None else (x,)
         x = args[0]
-    out = yield from steps_of(x)
+    out = yield from model._steps(x)
     post = {**M._global_forward_hooks, **model._forward_hooks}
     for hid, hook in post.items():
         res = (hook(model, (x,), {}, out) if hid in model._forward_hooks_with_kwargs
@@ -340,7 +332,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
                   and getattr(model, "_compiled_call_impl", None) is None)
     if interleave:
         _refuse_backward_hooks(model)
-        casts = _autocasts()
+        casts = concurrent.caller_autocasts()
 
     def loss_of(out, piece):
         loss = loss_fn(out, *piece[1:])
@@ -351,7 +343,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     total = None
     loss = loss_of(model(pieces[0][0]), pieces[0])
     for i in range(micro_batches):
-        ahead = (_Lookahead(_call_with_hooks(model, model._steps, pieces[i + 1][0]), casts)
+        ahead = (_Lookahead(_call_with_hooks(model, pieces[i + 1][0]), casts)
                  if interleave and i + 1 < micro_batches else None)
         last = i + 1 == micro_batches
         try:
