@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from . import _C, concurrent, grads, runtime
 
 _state = threading.local()
-_lookahead = None  # the _Lookahead that forward_backward's running backward advances
 
 
 # hold bits (axonn_c/linear.py reads them): a direct child leaves its forward all-reduce
@@ -80,6 +79,28 @@ def _await(t: Tensor) -> None:
     _C.sched_await_result(t.data_ptr(), _nbytes(t))
 
 
+class _Pass:
+    """One micro-batch of a forward_backward call: the nodes its forward made carry it
+    (_AwaitGrad), so that only its own backward advances the next micro-batch's forward, not
+    another graph's backward running meanwhile (another thread, or a backward run from a hook)."""
+
+    __slots__ = ("ahead",)
+
+    def __init__(self):
+        self.ahead = None  # the _Lookahead to advance while this pass's backward runs
+
+
+@contextlib.contextmanager
+def _forward_of(p: _Pass):
+    """The forward run inside belongs to micro-batch p (on this thread)."""
+    outer = getattr(_state, "pass_", None)
+    _state.pass_ = p
+    try:
+        yield
+    finally:
+        _state.pass_ = outer
+
+
 class _AwaitGrad(torch.autograd.Function):
     """Identity in front of a Linear child's input: in backward, the child's dX all-reduce (held
     by the child) completes here, before the gradient reaches anything else (the previous
@@ -87,13 +108,15 @@ class _AwaitGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
+        ctx.pass_ = getattr(_state, "pass_", None)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
         if runtime.is_initialized():
-            if _lookahead is not None:  # the next micro-batch's GEMM hides this reduction
-                _lookahead.advance()
+            ahead = ctx.pass_.ahead if ctx.pass_ is not None else None
+            if ahead is not None:  # the next micro-batch's GEMM hides this reduction
+                ahead.advance()
             _await(g)
             grads.release_done()
         return g
@@ -240,9 +263,9 @@ class _Lookahead:
     backward's reductions and its own reductions run under the backward's GEMMs. The chunk calls
     it makes belong to the next pass (grads.chunk_counts), not to the one running."""
 
-    def __init__(self, steps, casts):
+    def __init__(self, steps, casts, pass_):
         self.steps, self.out, self.counts = steps, None, {}
-        self.done, self.casts = False, casts
+        self.done, self.casts, self.pass_ = False, casts, pass_
 
     def _next(self) -> bool:
         # (the caller's autocast: on CUDA the backward, and so this forward, runs on autograd's
@@ -252,6 +275,7 @@ class _Lookahead:
             for cast in self.casts:
                 stack.enter_context(torch.autocast(**cast))
             stack.enter_context(grads.chunk_counts(self.counts))
+            stack.enter_context(_forward_of(self.pass_))
             try:
                 return next(self.steps)
             except StopIteration as e:
@@ -311,8 +335,6 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
     from .parallel import no_grad_sync
 
-    global _lookahead
-    outer = _lookahead
     micro_batches = int(micro_batches)
     if micro_batches < 1:
         raise ValueError(f"forward_backward: micro_batches must be >= 1, got {micro_batches}")
@@ -326,9 +348,11 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
             raise ValueError(f"forward_backward: every input needs the same dim 0 ({rows}), "
                              f"got {tuple(t.shape)}")
     pieces = list(zip(*(torch.tensor_split(t, micro_batches, dim=0) for t in inputs)))
-    # (decided by the model and the grid only, the same on every rank: not by hooks)
-    interleave = (micro_batches > 1 and isinstance(model, Sequential) and outer is None
-                  and torch.is_grad_enabled() and model._pipelines(pieces[0][0])
+    # (decided by the model and the grid only, the same on every rank: not by hooks; and not
+    # from inside a forward that forward_backward runs)
+    interleave = (micro_batches > 1 and isinstance(model, Sequential)
+                  and getattr(_state, "pass_", None) is None and torch.is_grad_enabled()
+                  and model._pipelines(pieces[0][0])
                   and getattr(model, "_compiled_call_impl", None) is None)
     if interleave:
         _refuse_backward_hooks(model)
@@ -341,13 +365,16 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
         return loss
 
     total = None
-    loss = loss_of(model(pieces[0][0]), pieces[0])
+    passes = [_Pass() for _ in range(micro_batches)] if interleave else None
+    with _forward_of(passes[0]) if interleave else contextlib.nullcontext():
+        loss = loss_of(model(pieces[0][0]), pieces[0])
     for i in range(micro_batches):
-        ahead = (_Lookahead(_call_with_hooks(model, pieces[i + 1][0]), casts)
+        ahead = (_Lookahead(_call_with_hooks(model, pieces[i + 1][0]), casts, passes[i + 1])
                  if interleave and i + 1 < micro_batches else None)
         last = i + 1 == micro_batches
         try:
-            _lookahead = ahead
+            if ahead is not None:
+                passes[i].ahead = ahead
             if last:
                 loss.backward()
             else:
@@ -358,7 +385,8 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
                 ahead.steps.close()  # (awaits its reductions in flight)
             raise
         finally:
-            _lookahead = outer
+            if ahead is not None:
+                passes[i].ahead = None
         total = loss.detach() if total is None else total + loss.detach()
         if not last:
             out = ahead.result() if ahead is not None else model(pieces[i + 1][0])

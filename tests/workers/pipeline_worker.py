@@ -509,6 +509,69 @@ def check_forward_backward(g):
         close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} after boom dW")
 
 
+class _OtherBackward(torch.autograd.Function):
+    """Identity whose backward first runs `run` (once): another graph's forward and backward,
+    run while forward_backward's backward is running."""
+    run = None
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        run, _OtherBackward.run = _OtherBackward.run, None
+        if run is not None:
+            with torch.enable_grad():
+                run()
+        return g
+
+
+def check_lookahead_own_pass(g):
+    """A backward of another graph (its own axonn_c.Sequential) run from inside the first
+    micro-batch's backward leaves the look-ahead alone: only the micro-batch's own backward
+    advances the next one's forward. Both graphs' gradients stay right."""
+    what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} own pass rank {g.rank}"
+    model, ref, kin, kout, tok, T = setup(g, 2)
+    other, other_ref, okin, okout = chain_case(83, 2)
+    gen = torch.Generator().manual_seed(84)
+    X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+    blocks = g.G_data * g.G_intra_d  # (token shards: 4 rows each)
+    Xo, dYo = torch.randn(4 * blocks, H, generator=gen), torch.randn(4 * blocks, H, generator=gen)
+    mine = slice(4 * (g.data_rank * g.G_intra_d + g.depth_rank), 4 * (g.data_rank * g.G_intra_d
+                                                                      + g.depth_rank + 1))
+    advances, during, real_advance = [], [], pipeline._Lookahead.advance
+
+    def counted(self):
+        advances.append(1)
+        real_advance(self)
+
+    def other_step():
+        before = len(advances)
+        other(Xo[mine][:, okin]).backward(dYo[mine][:, okout])
+        during.append(len(advances) - before)
+    _OtherBackward.run = other_step
+    pipeline._Lookahead.advance = counted
+    try:
+        axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
+                                 lambda y, d: (_OtherBackward.apply(y) * d).sum(),
+                                 micro_batches=2)
+    finally:
+        pipeline._Lookahead.advance = real_advance
+        _OtherBackward.run = None
+    assert during == [0], f"{what}: the other graph's backward advanced the look-ahead {during}"
+    if model._pipelines(X[tok][:, kin]):
+        assert advances, f"{what}: the own backward never advanced the look-ahead"
+    axonn_c.sync_gradients(model)
+    axonn_c.sync_gradients(other)
+    (ref(X) * dY).sum().backward()
+    other_ref(Xo).backward(dYo)
+    for m, r in zip(linears(model), ref_linears(ref)):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} dW")
+    for m, r in zip(other, other_ref):
+        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} other dW")
+
+
 def check_easy_uneven(g):
     """Easy-layout children (the default layout: every rank its own tokens, counts may differ):
     each rank splits its rows into exactly `chunks` pieces, some empty, so every rank makes the
@@ -570,6 +633,7 @@ def main():
             check(g, chunks)
         check_uses(g)
         check_forward_backward(g)
+        check_lookahead_own_pass(g)
         check_easy_uneven(g)
         if g.G_data > 1:
             check_sync_then_no_sync(g)
