@@ -16,32 +16,11 @@
 #include "axc/sched.h"
 #include "ctest.h"
 #include "fork_ranks.h"
+#include "rank_tally.h"
 
 #define N 777       /* elements of a layer's depth shard */
 #define M 1001      /* elements of a deferred collective's piece */
 #define SLEEP_MS 5  /* between acquire and release: lets the prefetches issued by acquire land */
-
-/* The children's CHECK counts, per rank in shared memory, added to the parent's. */
-typedef struct tally {
-    int passed, failed, done;
-} tally;
-static tally *g_tally;
-static int g_rank = -1;
-
-/* CHECK with the rank and a formatted explanation on failure (one write, so that the ranks'
- * messages do not interleave). */
-#define CHECK_MSG(cond, ...)                                                                  \
-    do {                                                                                      \
-        if (cond) {                                                                           \
-            ctest_passed_++;                                                                  \
-        } else {                                                                              \
-            char ctest_m_[512];                                                               \
-            ctest_failed_++;                                                                  \
-            snprintf(ctest_m_, sizeof ctest_m_, __VA_ARGS__);                                 \
-            fprintf(stderr, "%s:%d: rank %d: CHECK failed: %s: %s\n", __FILE__, __LINE__,     \
-                    g_rank, #cond, ctest_m_);                                                 \
-        }                                                                                     \
-    } while (0)
 
 typedef struct rank_ctx {
     int rank, G_d;
@@ -785,19 +764,6 @@ static int ctx_open(rank_ctx *c, int rank, int world, const int dims[4], const c
     return st == AXC_OK;
 }
 
-static void rank_begin(int rank)
-{
-    g_rank = rank;
-    ctest_passed_ = ctest_failed_ = 0; /* counts inherited from the parent */
-    alarm(20);                         /* a hang kills the rank, which fails the test */
-}
-
-static void rank_end(int rank)
-{
-    g_tally[rank] = (tally){ctest_passed_, ctest_failed_, 1};
-    fails += ctest_failed_;
-}
-
 /* G_d = 2: everything but the deferred collectives */
 static void depth2_main(int rank, int world, const int dims[4], double timeout)
 {
@@ -830,33 +796,10 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
     rank_end(rank);
 }
 
-static void spawn_and_tally(const char *what, int world, fork_rank_fn fn, const int dims[4])
-{
-    memset(g_tally, 0, sizeof(tally) * 16);
-    int bad = fork_ranks_spawn(world, fn, dims, 10.0, 1);
-    for (int r = 0; r < world; r++) {
-        if (!g_tally[r].done)
-            fprintf(stderr, "%s: rank %d did not finish\n", what, r);
-        ctest_passed_ += g_tally[r].passed;
-        ctest_failed_ += g_tally[r].failed;
-    }
-    if (bad)
-        fprintf(stderr,
-                "%s: %d of %d ranks failed (failed checks, a signal such as the hang alarm, or "
-                "a LeakSanitizer report: see above)\n",
-                what, bad, world);
-    CHECK(bad == 0);
-}
-
 int main(void)
 {
-    fork_ranks_init();
-    g_tally = mmap(NULL, sizeof(tally) * 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
-    if (g_kv == MAP_FAILED || g_tally == MAP_FAILED) {
-        perror("mmap");
+    if (!rank_tally_init())
         return 1;
-    }
     int64_t t0 = axc_now_ns();
     static const int depth2[4] = {1, 1, 1, 2}, data2[4] = {2, 1, 1, 2};
     spawn_and_tally("G_d=2", 2, depth2_main, depth2);

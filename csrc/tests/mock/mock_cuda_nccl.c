@@ -33,7 +33,17 @@ int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(1); r
 int cudaStreamCreateWithPriority(void **s, unsigned f, int p) { (void)f, (void)p; *s = malloc(1); return 0; }
 int cudaDeviceGetStreamPriorityRange(int *l, int *g) { *l = 0; *g = -5; return 0; }
 int cudaStreamDestroy(void *s) { free(s); return 0; }
-int cudaStreamSynchronize(void *s) { (void)s; return 0; }
+/* streams a test watches (test_sched_mock: the fake compute streams) and their host waits;
+ * others (the shm backend's staging streams, synchronised on its lane threads) go uncounted */
+void *mock_watch[2];
+int mock_watch_syncs[2];
+int cudaStreamSynchronize(void *s)
+{
+    for (int i = 0; i < 2; i++)
+        if (s && s == mock_watch[i])
+            __atomic_add_fetch(&mock_watch_syncs[i], 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
 int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)f; return 0; }
 int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
 int cudaEventDestroy(void *e) { free(e); return 0; }
@@ -61,6 +71,33 @@ int cudaFreeHost(void *p) { free(p); return 0; }
 int mock_cuda_mallocs; /* read by test_gemm_mock */
 int cudaMalloc(void **p, size_t n) { mock_cuda_mallocs++; *p = malloc(n ? n : 1); return 0; }
 int cudaFree(void *p) { free(p); return 0; }
+/* stream-ordered allocations (read by test_sched_mock): calls, those not yet freed, the stream
+ * of the last of each; while mock_malloc_async_err is nonzero cudaMallocAsync fails with it
+ * (2: cudaErrorMemoryAllocation) */
+int mock_async_mallocs, mock_async_frees, mock_async_live, mock_malloc_async_err;
+void *mock_last_malloc_stream, *mock_last_free_stream;
+int cudaMallocAsync(void **p, size_t n, void *st)
+{
+    if (mock_malloc_async_err)
+        return mock_malloc_async_err;
+    *p = malloc(n ? n : 1);
+    if (!*p)
+        return 2;
+    __atomic_add_fetch(&mock_async_mallocs, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&mock_async_live, 1, __ATOMIC_SEQ_CST);
+    mock_last_malloc_stream = st;
+    return 0;
+}
+int cudaFreeAsync(void *p, void *st)
+{
+    if (p) {
+        __atomic_add_fetch(&mock_async_frees, 1, __ATOMIC_SEQ_CST);
+        __atomic_sub_fetch(&mock_async_live, 1, __ATOMIC_SEQ_CST);
+    }
+    mock_last_free_stream = st;
+    free(p);
+    return 0;
+}
 const char *cudaGetErrorString(int e) { return e ? "mock cuda error" : "no error"; }
 
 /* ---- nccl (one rank) ---- */

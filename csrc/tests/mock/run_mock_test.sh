@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the nccl backend against CPU mocks of libcudart/libnccl (no GPU needed), plain and under
-# ASan+UBSan: the one-rank flow of test_cuda_rt and the watchdog/abort path of test_nccl_mock.
+# ASan+UBSan: the one-rank flow of test_cuda_rt, the watchdog/abort path of test_nccl_mock, and
+# the scheduler's CUDA branch (stream-ordered gathered weights) in test_sched_mock (two forked
+# ranks over the shm backend, which stages the mock's "device" buffers through host memory).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=build/mock
@@ -13,7 +15,8 @@ CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
 for mode in plain san; do
     FLAGS="-O1 -g"
     [ "$mode" = san ] && FLAGS="$FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-    for t in csrc/tests/test_cuda_rt.c csrc/tests/mock/test_nccl_mock.c; do
+    for t in csrc/tests/test_cuda_rt.c csrc/tests/mock/test_nccl_mock.c \
+        csrc/tests/mock/test_sched_mock.c; do
         bin="$OUT/$(basename "$t" .c)_$mode"
         # shellcheck disable=SC2086
         gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers $FLAGS \
