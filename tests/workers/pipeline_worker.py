@@ -530,46 +530,63 @@ class _OtherBackward(torch.autograd.Function):
 def check_lookahead_own_pass(g):
     """A backward of another graph (its own axonn_c.Sequential) run from inside the first
     micro-batch's backward leaves the look-ahead alone: only the micro-batch's own backward
-    advances the next one's forward. Both graphs' gradients stay right."""
+    advances the next one's forward. Run as a plain backward, and as a forward_backward of its
+    own (nested: it looks ahead too, advancing only its own). Both graphs' gradients right."""
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} own pass rank {g.rank}"
     model, ref, kin, kout, tok, T = setup(g, 2)
     other, other_ref, okin, okout = chain_case(83, 2)
     gen = torch.Generator().manual_seed(84)
-    X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
     blocks = g.G_data * g.G_intra_d  # (token shards: 4 rows each)
-    Xo, dYo = torch.randn(4 * blocks, H, generator=gen), torch.randn(4 * blocks, H, generator=gen)
     mine = slice(4 * (g.data_rank * g.G_intra_d + g.depth_rank), 4 * (g.data_rank * g.G_intra_d
                                                                       + g.depth_rank + 1))
-    advances, during, real_advance = [], [], pipeline._Lookahead.advance
+    advanced, real_advance = [], pipeline._Lookahead.advance
 
     def counted(self):
-        advances.append(1)
+        advanced.append(self)
         real_advance(self)
-
-    def other_step():
-        before = len(advances)
-        other(Xo[mine][:, okin]).backward(dYo[mine][:, okout])
-        during.append(len(advances) - before)
-    _OtherBackward.run = other_step
     pipeline._Lookahead.advance = counted
     try:
-        axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
-                                 lambda y, d: (_OtherBackward.apply(y) * d).sum(),
-                                 micro_batches=2)
+        for nested in (False, True):
+            case = f"{what} nested={nested}"
+            X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)
+            Xo = torch.randn(4 * blocks, H, generator=gen)
+            dYo = torch.randn(4 * blocks, H, generator=gen)
+            for m in (model, ref, other, other_ref):
+                m.zero_grad()
+            window = []  # (first, end) of the advances made while the other graph ran
+
+            def other_step():
+                first = len(advanced)
+                if nested:
+                    axonn_c.forward_backward(other, (Xo[mine][:, okin], dYo[mine][:, okout]),
+                                             lambda y, d: (y * d).sum(), micro_batches=2)
+                else:
+                    other(Xo[mine][:, okin]).backward(dYo[mine][:, okout])
+                window.append((first, len(advanced)))
+            advanced.clear()
+            _OtherBackward.run = other_step
+            axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
+                                     lambda y, d: (_OtherBackward.apply(y) * d).sum(),
+                                     micro_batches=2)
+            assert len(window) == 1, f"{case}: the other graph ran {len(window)} times"
+            a, b = window[0]
+            inside, outside = advanced[a:b], advanced[:a] + advanced[b:]
+            assert not {id(x) for x in inside} & {id(x) for x in outside}, \
+                f"{case}: the other graph's backward advanced this one's look-ahead"
+            if model._pipelines(X[tok][:, kin]):
+                assert outside, f"{case}: the own backward never advanced the look-ahead"
+                assert bool(inside) == nested, f"{case}: {len(inside)} advances inside"
+            axonn_c.sync_gradients(model)
+            axonn_c.sync_gradients(other)
+            (ref(X) * dY).sum().backward()
+            other_ref(Xo).backward(dYo)
+            for m, r in zip(linears(model), ref_linears(ref)):
+                close(m.weight.grad, shard_of(r.weight.grad, m), f"{case} dW")
+            for m, r in zip(other, other_ref):
+                close(m.weight.grad, shard_of(r.weight.grad, m), f"{case} other dW")
     finally:
         pipeline._Lookahead.advance = real_advance
         _OtherBackward.run = None
-    assert during == [0], f"{what}: the other graph's backward advanced the look-ahead {during}"
-    if model._pipelines(X[tok][:, kin]):
-        assert advances, f"{what}: the own backward never advanced the look-ahead"
-    axonn_c.sync_gradients(model)
-    axonn_c.sync_gradients(other)
-    (ref(X) * dY).sum().backward()
-    other_ref(Xo).backward(dYo)
-    for m, r in zip(linears(model), ref_linears(ref)):
-        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} dW")
-    for m, r in zip(other, other_ref):
-        close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} other dW")
 
 
 def check_easy_uneven(g):
