@@ -230,12 +230,12 @@ def chunk_counts(into: Dict[Tensor, int]):
     backward (axonn_c.forward_backward), whose calls belong to the next pass, not to the one
     that finish() ends; add_chunk_counts hands them over once that pass is over."""
     global _chunk_calls, _counting_ahead
-    saved, _chunk_calls = _chunk_calls, into
-    _counting_ahead = True
+    saved, was = _chunk_calls, _counting_ahead
+    _chunk_calls, _counting_ahead = into, True
     try:
         yield
     finally:
-        _chunk_calls, _counting_ahead = saved, False
+        _chunk_calls, _counting_ahead = saved, was
 
 
 def add_chunk_counts(counts: Dict[Tensor, int]) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -91,8 +92,8 @@ class _Pass:
 
 
 @contextlib.contextmanager
-def _forward_of(p: _Pass):
-    """The forward run inside belongs to micro-batch p (on this thread)."""
+def _forward_of(p: Optional[_Pass]):
+    """The forward run inside belongs to micro-batch p (on this thread; None: to none)."""
     outer = getattr(_state, "pass_", None)
     _state.pass_ = p
     try:
@@ -365,9 +366,13 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
         return loss
 
     total = None
-    passes = [_Pass() for _ in range(micro_batches)] if interleave else None
-    with _forward_of(passes[0]) if interleave else contextlib.nullcontext():
-        loss = loss_of(model(pieces[0][0]), pieces[0])
+    # (the model's forwards carry their micro-batch, loss_fn's nodes none: only the model's own
+    # _AwaitGrad nodes advance a look-ahead; without one, a forward_backward called from inside
+    # another's forward does not tag its nodes with the outer micro-batch)
+    passes = [_Pass() for _ in range(micro_batches)] if interleave else [None] * micro_batches
+    with _forward_of(passes[0]):
+        out = model(pieces[0][0])
+    loss = loss_of(out, pieces[0])
     for i in range(micro_batches):
         ahead = (_Lookahead(_call_with_hooks(model, pieces[i + 1][0]), casts, passes[i + 1])
                  if interleave and i + 1 < micro_batches else None)
@@ -389,7 +394,11 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
                 passes[i].ahead = None
         total = loss.detach() if total is None else total + loss.detach()
         if not last:
-            out = ahead.result() if ahead is not None else model(pieces[i + 1][0])
+            if ahead is not None:
+                out = ahead.result()
+            else:
+                with _forward_of(passes[i + 1]):
+                    out = model(pieces[i + 1][0])
             loss = loss_of(out, pieces[i + 1])
     return total
 

@@ -457,14 +457,18 @@ axc_status axc_sched_release(axc_sched *s, int layer, void *stream)
     pthread_mutex_lock(&s->mu);
     axc_status st = AXC_OK;
     layer_slot *L = slot(s, layer);
-    if (L && L->full && !s->cfg.cache) {
-        int keep = 0; /* needed again within the prefetch window: do not gather it twice */
+    if (L && L->full) {
+        /* kept: cached until the step ends, or needed again within the prefetch window (not
+         * gathered twice) */
+        int keep = s->cfg.cache;
         for (int j = 1; L->pos >= 0 && j <= s->cfg.prefetch &&
                         L->pos + j < (int64_t)s->order.len && !keep;
              j++)
             keep = s->order.v[L->pos + j].layer == layer;
-        if (!keep) /* (its readers were queued on `stream`) */
-            st = buf_drop(s, L, move_to_stream(L, stream));
+        /* its readers were queued on `stream`: the free, now or later, must follow them */
+        st = move_to_stream(L, stream);
+        if (!keep)
+            st = buf_drop(s, L, st);
     }
     pthread_mutex_unlock(&s->mu);
     return st;

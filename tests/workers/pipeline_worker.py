@@ -499,6 +499,7 @@ def check_forward_backward(g):
         Boom.armed = False
     st = axonn_c.scheduler_stats()
     assert st["results_done"] == st["results_held"], f"{what} after boom: {st}"
+    assert getattr(pipeline._state, "pass_", None) is None, f"{what}: tag left set after boom"
     model.zero_grad()
     ref.zero_grad()
     axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
@@ -569,6 +570,7 @@ def check_lookahead_own_pass(g):
                                      lambda y, d: (_OtherBackward.apply(y) * d).sum(),
                                      micro_batches=2)
             assert len(window) == 1, f"{case}: the other graph ran {len(window)} times"
+            assert getattr(pipeline._state, "pass_", None) is None, f"{case}: tag left set"
             a, b = window[0]
             inside, outside = advanced[a:b], advanced[:a] + advanced[b:]
             assert not {id(x) for x in inside} & {id(x) for x in outside}, \

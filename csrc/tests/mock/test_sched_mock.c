@@ -9,7 +9,8 @@
  *      the same wait, right values, a hit or a wait, and the free on the new stream;
  *   d. cudaMallocAsync failing on both ranks: acquire names it, nothing is alive, and the next
  *      acquire works (no rank issued the gather, so they are still in step);
- *   e. destroy with buffers alive frees every one of them.
+ *   e. a cached buffer released on another stream moves to it (its later free follows those
+ *      readers); destroy with buffers alive frees every one of them.
  * Run by run_mock_test.sh (plain and ASan+UBSan; the ranks end with exit(), so LeakSanitizer
  * runs in each). */
 #include <dlfcn.h>
@@ -333,6 +334,11 @@ static void test_destroy(const rank_ctx *c)
     CHECK(full_ok(&A, full));
     CHECK_OK(axc_sched_release(s, A.id, S2));
     counts d = since(t0);
+    /* kept, with readers on S2: its later free must follow them, so S2 owns it now */
+    CHECK_MSG(d.sync1 == 1 && d.sync2 == 0,
+              "e. a cached buffer of S1 released on S2: %d host waits for S1 and %d for S2; "
+              "expected 1 and 0",
+              d.sync1, d.sync2);
     CHECK_MSG(d.live == 2 && alive_buffers(s) == 2,
               "e. before destroy: %d allocations live, %d buffers alive; expected 2 and 2",
               d.live, alive_buffers(s));
