@@ -115,7 +115,7 @@ class _AwaitGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if runtime.is_initialized():
-            ahead = ctx.pass_.ahead if ctx.pass_ is not None else None
+            ahead = getattr(ctx.pass_, "ahead", None)
             if ahead is not None:  # the next micro-batch's GEMM hides this reduction
                 ahead.advance()
             _await(g)

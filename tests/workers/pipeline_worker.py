@@ -537,9 +537,9 @@ def check_lookahead_own_pass(g):
     model, ref, kin, kout, tok, T = setup(g, 2)
     other, other_ref, okin, okout = chain_case(83, 2)
     gen = torch.Generator().manual_seed(84)
-    blocks = g.G_data * g.G_intra_d  # (token shards: 4 rows each)
-    mine = slice(4 * (g.data_rank * g.G_intra_d + g.depth_rank), 4 * (g.data_rank * g.G_intra_d
-                                                                      + g.depth_rank + 1))
+    blocks = g.G_data * g.G_intra_d  # (token shards: 4 rows each, as in setup)
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    mine = slice(4 * blk, 4 * (blk + 1))
     advanced, real_advance = [], pipeline._Lookahead.advance
 
     def counted(self):

@@ -14,12 +14,9 @@
  * Run by run_mock_test.sh (plain and ASan+UBSan; the ranks end with exit(), so LeakSanitizer
  * runs in each). */
 #include <dlfcn.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "axc/comm.h"
 #include "axc/sched.h"
