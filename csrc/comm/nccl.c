@@ -10,7 +10,8 @@
  *
  * Streams. Every group owns a high-priority non-blocking comm stream. start() forks from the
  * caller's stream (`ready` recorded there, the comm stream waits on it), enqueues the NCCL call on
- * the comm stream and records `done` behind it. wait() joins: the caller's stream waits on `done`
+ * the comm stream and records `done` behind it; a collective that must follow other groups' works
+ * (axc_comm_start_after) also waits on their `done` events there. wait() joins: the caller's stream waits on `done`
  * (no host synchronisation; a barrier alone waits on the host). Event pairs live in `slots`,
  * pooled and recycled once `done` has fired and the work is detached.
  *
@@ -1086,6 +1087,28 @@ static ncclResult_t issue_locked(nccl_backend *be, nccl_group *g, const axc_coll
     return ncclInvalidArgument;
 }
 
+/* Orders group g's comm stream after the works `w` must follow (axc_comm_start_after: e.g. the
+ * depth reduce-scatters that wrote the bucket a data-parallel sum reads): a stream wait on each
+ * one's `done` event, so neither the caller's stream nor the host waits for them. Skipped: works
+ * of the same group (its stream is in order already) and works already waited, whose join
+ * ordered the caller's stream and so this collective's fork. */
+static axc_status follow_after(nccl_backend *be, nccl_group *g, const axc_work *w)
+{
+    axc_status st = AXC_OK;
+    pthread_mutex_lock(&be->mu); /* a concurrent wait() detaches the slot under mu */
+    for (size_t i = 0; i < w->n_after && st == AXC_OK; i++) {
+        const axc_work *a = w->after[i];
+        const nccl_slot *s = a->backend == &be->base ? a->backend_data : NULL;
+        if (!s || s->group == g)
+            continue;
+        st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, s->done, 0),
+                            "cudaStreamWaitEvent (nccl comm stream waits for another group's "
+                            "collective)");
+    }
+    pthread_mutex_unlock(&be->mu);
+    return st;
+}
+
 static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
 {
     nccl_backend *be = (nccl_backend *)base;
@@ -1150,6 +1173,8 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
     if (st == AXC_OK)
         st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, slot->ready, 0),
                             "cudaStreamWaitEvent (nccl comm stream waits for the caller)");
+    if (st == AXC_OK)
+        st = follow_after(be, g, w);
     if (st != AXC_OK) {
         slot_put_unused(be, slot);
         dev_leave(be, &dg);
@@ -1416,6 +1441,7 @@ axc_status axc_nccl_backend_create(axc_backend **out, const axc_comm_config *cfg
     be->base.group_open = nccl_group_open;
     be->base.group_close = nccl_group_close;
     be->base.start = nccl_start;
+    be->base.follows_after = 1; /* follow_after(): stream waits on the works' events */
     be->base.wait = nccl_wait;
     be->base.query = nccl_query;
     be->base.destroy = nccl_destroy;

@@ -120,9 +120,11 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
  * on this rank, typically on other groups) have finished, e.g. a sum over data-parallel ranks of
  * what depth reduce-scatters produce. Groups progress independently (NCCL: a stream per group;
  * shm: a thread per group kind), so without this a collective may run before another group's
- * earlier one. The shm backend waits for them on the group's thread (the caller never blocks);
- * elsewhere the caller's stream is made to wait for them (CUDA) or the caller waits (host). The
- * works in `after` must stay alive until this one has finished. */
+ * earlier one. The shm backend waits for them on the group's thread, and the nccl backend makes
+ * the group's comm stream wait on their completion events: neither blocks the caller or its
+ * stream. Works of another backend that are still pending are waited for here (a stream join for
+ * CUDA, a host wait otherwise). The works in `after` must stay alive until this one has
+ * finished. */
 axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                                 axc_work *const *after, size_t n_after, axc_work **work);
 
@@ -163,7 +165,8 @@ struct axc_backend {
     void (*group_close)(axc_backend *be, void *group);
     /* Starts the collective; completion is reported by axc_work_complete(). */
     axc_status (*start)(axc_backend *be, void *group, axc_work *work);
-    /* 1: start() honours work->after (the backend waits for those works before executing) */
+    /* 1: start() honours work->after (the backend orders the collective after those of its own
+     * works, without the caller waiting) */
     int follows_after;
     /* Waits for `work` (host or stream wait, see axc_work_wait). */
     axc_status (*wait)(axc_backend *be, axc_work *work);

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct ev { int pending; } ev;
+typedef struct ev { int pending; void *stream; } ev; /* stream: of its last record */
 /* exported, so both mock libraries share one copy (ELF interposition, libcudart loaded first) */
 int g_hung, g_calls, g_hang_at = -1, g_polls;
 
@@ -44,10 +44,23 @@ int cudaStreamSynchronize(void *s)
             __atomic_add_fetch(&mock_watch_syncs[i], 1, __ATOMIC_SEQ_CST);
     return 0;
 }
-int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)f; return 0; }
+/* stream waits (read by test_nccl_mock): [i][0] the waiting stream, [i][1] the stream the
+ * awaited event was last recorded on; mock_waits counts every wait, the first 64 are logged */
+void *mock_wait_log[64][2];
+int mock_waits;
+int cudaStreamWaitEvent(void *s, void *e, unsigned f)
+{
+    (void)f;
+    int i = __atomic_fetch_add(&mock_waits, 1, __ATOMIC_SEQ_CST);
+    if (i < 64) {
+        mock_wait_log[i][0] = s;
+        mock_wait_log[i][1] = ((ev *)e)->stream;
+    }
+    return 0;
+}
 int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
 int cudaEventDestroy(void *e) { free(e); return 0; }
-int cudaEventRecord(void *e, void *s) { (void)s; ((ev *)e)->pending = g_hung; return 0; }
+int cudaEventRecord(void *e, void *s) { ((ev *)e)->pending = g_hung; ((ev *)e)->stream = s; return 0; }
 /* set by test_nccl_mock: every stream is being captured into a CUDA graph; every event query
  * fails with this code (another thread captures: cudaErrorStreamCaptureImplicit = 906). Set
  * by test_gemm_mock: this one stream is being captured. */

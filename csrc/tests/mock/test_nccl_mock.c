@@ -14,6 +14,65 @@
 #include "axc/grid.h"
 #include "../ctest.h"
 
+/* The stream waits logged by the mock from number `from` on: `by_caller` waits by the caller's
+ * stream `caller`, `follows` waits of a comm stream on an event recorded on a comm stream (not
+ * a fork from the caller's stream). */
+static void count_waits(void *(*log)[2], int from, int to, const void *caller, int *by_caller,
+                        int *follows)
+{
+    *by_caller = *follows = 0;
+    for (int i = from; i < to && i < 64; i++) {
+        if (log[i][0] == caller)
+            (*by_caller)++;
+        else if (log[i][1] != caller)
+            (*follows)++;
+    }
+}
+
+/* axc_comm_start_after over NCCL: the later group's comm stream waits on the earlier works'
+ * `done` events; the caller's stream and the host wait for nothing (a caller's stream joined to
+ * a depth reduce-scatter before a data-parallel bucket's sum would stall the GEMMs queued after
+ * it). Returns the number of collectives issued. */
+static int check_follow_after(axc_comm *comm, axc_coll c)
+{
+    int *calls = dlsym(RTLD_DEFAULT, "g_calls");
+    int *waits = dlsym(RTLD_DEFAULT, "mock_waits");
+    void *(*log)[2] = dlsym(RTLD_DEFAULT, "mock_wait_log");
+    CHECK(calls && waits && log);
+    if (!calls || !waits || !log)
+        return 0;
+    static char caller_stream; /* a fake stream: the mock never dereferences one */
+    c.stream = &caller_stream;
+    int calls0 = *calls, by_caller, follows;
+    axc_work *rs = NULL, *ar = NULL, *same = NULL, *later = NULL;
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &rs));
+    int mark = *waits;
+    CHECK_OK(axc_comm_start_after(comm, AXC_GROUP_DATA, &c, &rs, 1, &ar));
+    CHECK(*waits <= 64);
+    count_waits(log, mark, *waits, &caller_stream, &by_caller, &follows);
+    printf("data sum after a depth work: %d wait(s) of the caller's stream, %d comm stream "
+           "wait(s) on another group's event, depth work waited: %d\n", by_caller, follows,
+           rs ? rs->waited : -1);
+    CHECK(by_caller == 0 && follows == 1 && rs && !rs->waited);
+    /* the same group's stream is in order already: no wait */
+    mark = *waits;
+    CHECK_OK(axc_comm_start_after(comm, AXC_GROUP_DEPTH, &c, &rs, 1, &same));
+    count_waits(log, mark, *waits, &caller_stream, &by_caller, &follows);
+    CHECK(by_caller == 0 && follows == 0 && !rs->waited);
+    /* a work already waited for ordered the caller's stream, and so the fork */
+    CHECK_OK(axc_work_wait(rs));
+    mark = *waits;
+    CHECK_OK(axc_comm_start_after(comm, AXC_GROUP_DATA, &c, &rs, 1, &later));
+    count_waits(log, mark, *waits, &caller_stream, &by_caller, &follows);
+    CHECK(by_caller == 0 && follows == 0);
+    axc_work *works[] = {ar, same, later, rs};
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(axc_work_wait(works[i]));
+        axc_work_free(works[i]);
+    }
+    return *calls - calls0;
+}
+
 static int g_abort_failures; /* the backend's "ncclCommAbort call(s) failed" warnings */
 static void on_log(int level, const char *msg)
 {
@@ -75,6 +134,16 @@ int main(void)
     CHECK_OK(axc_comm_create(&comm, &cfg));
     if (!comm)
         return ctest_summary("test_nccl_mock");
+    /* before the MOCK_HANG_AT count starts: the hang moves back by the collectives issued here */
+    int *hang_at = dlsym(RTLD_DEFAULT, "g_hang_at");
+    CHECK(hang_at != NULL);
+    if (!hang_at)
+        return ctest_summary("test_nccl_mock");
+    *hang_at = 0; /* no hang */
+    int issued = check_follow_after(comm, c);
+    const char *hang_env = getenv("MOCK_HANG_AT");
+    int hang = hang_env ? atoi(hang_env) : 0;
+    *hang_at = hang > 0 ? hang + issued : 0;
     int *capturing = dlsym(RTLD_DEFAULT, "g_capturing");
     int *query_err = dlsym(RTLD_DEFAULT, "g_query_err");
     int *exchanges = dlsym(RTLD_DEFAULT, "g_mode_exchanges");
