@@ -7,7 +7,9 @@
  *   AXC_TEST_NCCL_LIB=/path/libnccl.so.2   preload it and check ncclGetVersion
  * On a GPU machine, when built with -DAXC_HAVE_CUDA_HEADERS -DAXC_HAVE_NCCL_HEADERS (as
  * benchmarks/gpu_suite.sh does), it also runs every collective on every group of a one-rank nccl
- * communicator and compares the results. */
+ * communicator and compares the results. Against the CPU mock runtime (run_mock_test.sh) that
+ * flow runs too, and the mock's stream-order checker must find no violation in it: the
+ * collectives' fork from and join into the caller's stream, the token-count buffer's order. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -20,6 +22,7 @@
 #include "axc/grid.h"
 #include "axc/linear.h"
 #include "ctest.h"
+#include "mock/mock_order_check.h"
 
 static void *preload(const char *env)
 {
@@ -274,15 +277,18 @@ static void test_nccl_one_rank(void)
         }
         /* in-place all-reduce on the legacy default stream */
         run_coll(comm, cu, AXC_GROUP_WORLD, AXC_COLL_ALL_REDUCE, AXC_RED_SUM, 4096, dr, dr, NULL);
-        /* many in flight before any wait: the event pool grows and recycles */
+        /* many in flight before any wait: the event pool grows and recycles (each into a buffer
+         * of its own: on different groups' streams they run concurrently) */
         enum { INFLIGHT = 64 };
         axc_work *ws[INFLIGHT];
+        void *recv[INFLIGHT] = {NULL};
         for (int i = 0; i < INFLIGHT; i++) {
+            CHECK_OK(axc_cuda_check(cu->Malloc(&recv[i], 1024 * sizeof(float)), "cudaMalloc"));
             axc_coll c;
             memset(&c, 0, sizeof c);
             c.kind = AXC_COLL_ALL_REDUCE;
             c.send = ds;
-            c.recv = dr;
+            c.recv = recv[i];
             c.count = 1024;
             c.dtype = AXC_DT_F32;
             c.device = 0;
@@ -292,6 +298,8 @@ static void test_nccl_one_rank(void)
         for (int i = INFLIGHT - 1; i >= 0; i--)
             axc_work_free(ws[i]); /* waits */
         CHECK_OK(axc_cuda_check(cu->StreamSynchronize(stream), "cudaStreamSynchronize"));
+        for (int i = 0; i < INFLIGHT; i++)
+            cu->Free(recv[i]);
         /* host buffers are refused by nccl with a message naming the problem */
         {
             float hb[4] = {0};
@@ -352,5 +360,8 @@ int main(void)
     test_nccl_versions();
     test_nccl_unavailable();
     test_nccl_one_rank();
+    order_checker oc;
+    if (order_checker_find(&oc)) /* the mock runtime: was the GPU work ordered right? */
+        CHECK(order_violations(&oc, "test_cuda_rt") == 0);
     return ctest_summary("test_cuda_rt");
 }

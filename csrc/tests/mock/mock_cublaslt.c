@@ -2,11 +2,15 @@
  * the cudart mock), so the cuBLASLt path of csrc/device/cublaslt.c - row-major to column-major
  * mapping, bias epilogue, ones-vector bias gradient, K == 0, descriptor and cache handling - runs
  * on a machine without a GPU. "Device" memory is host memory and cublasLtMatmul computes on the
- * host, checking that every descriptor is consistent. f32 and bf16 only.
+ * host, checking that every descriptor is consistent. f32 and bf16 only. Every call that touches
+ * device memory reports its accesses to the stream-order checker (mock_stream_order.c; the
+ * libcublasLt copy binds to libcudart's, loaded first).
  * Build and run: see csrc/tests/mock/run_gemm_mock_test.sh. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "mock_stream_order.h"
 
 #ifdef MOCK_CUDART_EXTRA
 /* appended to the cudart mock */
@@ -14,14 +18,16 @@
 int cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, int k,
                       void *st)
 {
-    (void)k, (void)st;
+    (void)k;
+    if (h > 0) /* the rows' whole span (the checker works per allocation) */
+        mock_order_rw("cudaMemcpy2DAsync", st, s, (h - 1) * sp + w, d, (h - 1) * dp + w);
     for (size_t i = 0; i < h; i++)
         memmove((char *)d + i * dp, (const char *)s + i * sp, w);
     return 0;
 }
 int cudaMemsetAsync(void *d, int v, size_t n, void *st)
 {
-    (void)st;
+    mock_order_rw("cudaMemsetAsync", st, NULL, 0, d, n);
     memset(d, v, n);
     return 0;
 }
@@ -125,6 +131,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return 0;
 }
 
+/* the bytes a column-major layout spans */
+static size_t extent(const mlayout *l)
+{
+    size_t es = l->type == CUDA_R_32F ? 4 : 2;
+    if (!l->rows || !l->cols)
+        return 0;
+    return ((size_t)(l->cols - 1) * (size_t)l->ld + (size_t)l->rows) * es;
+}
+
 static float ld_el(cudaDataType t, const void *p, int64_t i)
 {
     if (t == CUDA_R_32F)
@@ -153,7 +168,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
                               const cublasLtMatmulAlgo_t *algo, void *ws, size_t wss,
                               cudaStream_t s)
 {
-    (void)h, (void)s;
+    (void)h;
     const mdesc *d = (const mdesc *)dsc;
     const mlayout *a = (const mlayout *)Al, *b = (const mlayout *)Bl, *c = (const mlayout *)Cl,
                   *dl = (const mlayout *)Dl;
@@ -166,6 +181,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
     float al, be;
     memcpy(&al, alpha, 4);
     memcpy(&be, beta, 4);
+    /* reads A, B, C (when beta != 0) and the bias; writes D and the workspace (scratch) */
+    int with_bias = d->epi == CUBLASLT_EPILOGUE_BIAS;
+    size_t bias_bytes = (size_t)m * (c->type == CUDA_R_32F ? 4 : 2);
+    mock_span spans[] = {
+        {A, extent(a), 0},
+        {B, extent(b), 0},
+        {C, be != 0.0f ? extent(c) : 0, 0},
+        {with_bias ? d->bias : NULL, with_bias ? bias_bytes : 0, 0},
+        {D, extent(dl), 1},
+        {ws, wss, 1},
+    };
+    mock_order_op("cublasLtMatmul", s, spans, (int)(sizeof spans / sizeof spans[0]));
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
             float acc = 0.0f;

@@ -5,10 +5,14 @@
  * communicator is aborted. MOCK_ABORTS_TOGETHER=1: an abort returns only once every live
  * communicator's abort has begun, as a real abort waits for kernels that may wait on another
  * communicator's; made one after the other, the first fails after 2 s (ncclSystemError).
+ * Every call that orders or touches device memory also reports to the stream-order checker
+ * (mock_stream_order.c), which tells whether the work would be ordered right on a real GPU.
  * Build: see csrc/tests/mock/run_mock_test.sh. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "mock_stream_order.h"
 
 typedef struct ev { int pending; void *stream; } ev; /* stream: of its last record */
 /* exported, so both mock libraries share one copy (ELF interposition, libcudart loaded first) */
@@ -28,11 +32,27 @@ int cudaGetDeviceCount(int *c) { *c = 1; return 0; }
 int cudaGetDevice(int *d) { *d = 0; return 0; }
 int cudaSetDevice(int d) { return d == 0 ? 0 : 101; }
 int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
-int cudaMemcpyAsync(void *d, const void *s, size_t n, int k, void *st) { (void)k, (void)st; memmove(d, s, n); return 0; }
-int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
-int cudaStreamCreateWithPriority(void **s, unsigned f, int p) { (void)f, (void)p; *s = malloc(1); return 0; }
+int cudaMemcpyAsync(void *d, const void *s, size_t n, int k, void *st)
+{
+    (void)k;
+    mock_order_rw("cudaMemcpyAsync", st, s, n, d, n);
+    memmove(d, s, n);
+    return 0;
+}
+int cudaStreamCreateWithFlags(void **s, unsigned f)
+{
+    (void)f;
+    *s = malloc(1);
+    mock_order_stream_created(*s);
+    return 0;
+}
+int cudaStreamCreateWithPriority(void **s, unsigned f, int p)
+{
+    (void)p;
+    return cudaStreamCreateWithFlags(s, f);
+}
 int cudaDeviceGetStreamPriorityRange(int *l, int *g) { *l = 0; *g = -5; return 0; }
-int cudaStreamDestroy(void *s) { free(s); return 0; }
+int cudaStreamDestroy(void *s) { mock_order_stream_destroyed(s); free(s); return 0; }
 /* streams a test watches (test_sched_mock: the fake compute streams) and their host waits;
  * others (the shm backend's staging streams, synchronised on its lane threads) go uncounted */
 void *mock_watch[2];
@@ -42,6 +62,7 @@ int cudaStreamSynchronize(void *s)
     for (int i = 0; i < 2; i++)
         if (s && s == mock_watch[i])
             __atomic_add_fetch(&mock_watch_syncs[i], 1, __ATOMIC_SEQ_CST);
+    mock_order_host_waits_stream(s);
     return 0;
 }
 /* stream waits (read by test_nccl_mock): [i][0] the waiting stream, [i][1] the stream the
@@ -56,11 +77,18 @@ int cudaStreamWaitEvent(void *s, void *e, unsigned f)
         mock_wait_log[i][0] = s;
         mock_wait_log[i][1] = ((ev *)e)->stream;
     }
+    mock_order_stream_waits(s, e);
     return 0;
 }
 int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
-int cudaEventDestroy(void *e) { free(e); return 0; }
-int cudaEventRecord(void *e, void *s) { ((ev *)e)->pending = g_hung; ((ev *)e)->stream = s; return 0; }
+int cudaEventDestroy(void *e) { mock_order_event_destroyed(e); free(e); return 0; }
+int cudaEventRecord(void *e, void *s)
+{
+    ((ev *)e)->pending = g_hung;
+    ((ev *)e)->stream = s;
+    mock_order_event_record(e, s);
+    return 0;
+}
 /* set by test_nccl_mock: every stream is being captured into a CUDA graph; every event query
  * fails with this code (another thread captures: cudaErrorStreamCaptureImplicit = 906). Set
  * by test_gemm_mock: this one stream is being captured. */
@@ -70,7 +98,10 @@ int cudaEventQuery(void *e)
 {
     if (g_query_err)
         return g_query_err;
-    return (((ev *)e)->pending && g_hung) ? 600 : 0;
+    if (((ev *)e)->pending && g_hung)
+        return 600; /* cudaErrorNotReady */
+    mock_order_host_waits_event(e); /* the host saw it fire */
+    return 0;
 }
 int cudaStreamIsCapturing(void *s, int *status)
 {
@@ -78,12 +109,18 @@ int cudaStreamIsCapturing(void *s, int *status)
     return 0;
 }
 int cudaThreadExchangeStreamCaptureMode(int *mode) { g_mode_exchanges++; *mode = 0; return 0; }
-int cudaEventSynchronize(void *e) { (void)e; return 0; }
+int cudaEventSynchronize(void *e) { mock_order_host_waits_event(e); return 0; }
 int cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
 int cudaFreeHost(void *p) { free(p); return 0; }
 int mock_cuda_mallocs; /* read by test_gemm_mock */
-int cudaMalloc(void **p, size_t n) { mock_cuda_mallocs++; *p = malloc(n ? n : 1); return 0; }
-int cudaFree(void *p) { free(p); return 0; }
+/* device memory belongs to the checker (which keeps freed blocks a while, see there) */
+int cudaMalloc(void **p, size_t n)
+{
+    mock_cuda_mallocs++;
+    *p = mock_order_malloc(n);
+    return *p ? 0 : 2;
+}
+int cudaFree(void *p) { mock_order_free(p); return 0; }
 /* stream-ordered allocations (read by test_sched_mock): calls, those not yet freed, the stream
  * of the last of each; while mock_malloc_async_err is nonzero cudaMallocAsync fails with it
  * (2: cudaErrorMemoryAllocation) */
@@ -93,7 +130,7 @@ int cudaMallocAsync(void **p, size_t n, void *st)
 {
     if (mock_malloc_async_err)
         return mock_malloc_async_err;
-    *p = malloc(n ? n : 1);
+    *p = mock_order_malloc_async(n, st);
     if (!*p)
         return 2;
     __atomic_add_fetch(&mock_async_mallocs, 1, __ATOMIC_SEQ_CST);
@@ -108,7 +145,7 @@ int cudaFreeAsync(void *p, void *st)
         __atomic_sub_fetch(&mock_async_live, 1, __ATOMIC_SEQ_CST);
     }
     mock_last_free_stream = st;
-    free(p);
+    mock_order_free_async(p, st);
     return 0;
 }
 const char *cudaGetErrorString(int e) { return e ? "mock cuda error" : "no error"; }
@@ -183,17 +220,34 @@ static int op_done(void *c)
     ((comm *)c)->polls_left = g_calls % 3 == 0; /* some enqueues report ncclInProgress */
     return ((comm *)c)->polls_left ? 7 : 0;
 }
+/* one rank: every collective copies send to recv, reading and writing them on stream st */
+static int coll(const char *name, const void *s, void *r, size_t n, int dt, void *c, void *st)
+{
+    mock_order_rw(name, st, s, n * dsz[dt], r, n * dsz[dt]);
+    memmove(r, s, n * dsz[dt]);
+    return op_done(c);
+}
 int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, void *c, void *st)
-{ (void)op, (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+{ (void)op; return coll("ncclAllReduce", s, r, n, dt, c, st); }
 int ncclAllGather(const void *s, void *r, size_t n, int dt, void *c, void *st)
-{ (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+{ return coll("ncclAllGather", s, r, n, dt, c, st); }
 int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, void *c, void *st)
-{ (void)op, (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+{ (void)op; return coll("ncclReduceScatter", s, r, n, dt, c, st); }
 int ncclBroadcast(const void *s, void *r, size_t n, int dt, int root, void *c, void *st)
-{ (void)root, (void)st; memmove(r, s, n * dsz[dt]); return op_done(c); }
+{ (void)root; return coll("ncclBroadcast", s, r, n, dt, c, st); }
 int ncclSend(const void *s, size_t n, int dt, int peer, void *c, void *st)
-{ (void)n, (void)dt, (void)peer, (void)st; ((comm *)c)->pending_send = s; return 0; }
+{
+    (void)peer;
+    mock_order_rw("ncclSend", st, s, n * dsz[dt], NULL, 0);
+    ((comm *)c)->pending_send = s;
+    return 0;
+}
 int ncclRecv(void *r, size_t n, int dt, int peer, void *c, void *st)
-{ (void)peer, (void)st; memmove(r, ((comm *)c)->pending_send, n * dsz[dt]); return 0; }
+{
+    (void)peer;
+    mock_order_rw("ncclRecv", st, NULL, 0, r, n * dsz[dt]);
+    memmove(r, ((comm *)c)->pending_send, n * dsz[dt]);
+    return 0;
+}
 int ncclGroupStart(void) { return 0; }
 int ncclGroupEnd(void) { return 0; }

@@ -2,6 +2,8 @@
 # Runs the cuBLASLt path of the GEMM layer against CPU mocks of libcudart and libcublasLt (no GPU
 # needed), plain and under ASan+UBSan. Needs the CUDA runtime and cuBLASLt headers
 # (CUDA_INC, CUBLAS_INC: the toolkit, or the nvidia-cuda-runtime / nvidia-cublas wheels).
+# The mock libcudart carries the stream-order checker (mock_stream_order.c; libcublasLt's copy
+# binds to libcudart's, loaded first), so the test also checks the GEMM layer's stream ordering.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=build/mock_gemm
@@ -10,11 +12,13 @@ CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
 CUBLAS_INC="${CUBLAS_INC:-$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')}"
 INC="-I$CUDA_INC -I$CUBLAS_INC"
 # shellcheck disable=SC2086
-gcc -shared -fPIC -O1 -DMOCK_CUDART_EXTRA $INC -Wl,-soname,libcudart.so.13 -o "$OUT/libcudart.so.13" \
-    csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_cublaslt.c
+gcc -shared -fPIC -O1 -Wall -Wextra -DMOCK_CUDART_EXTRA $INC -Wl,-soname,libcudart.so.13 \
+    -o "$OUT/libcudart.so.13" csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_cublaslt.c \
+    csrc/tests/mock/mock_stream_order.c -lpthread
 # shellcheck disable=SC2086
 gcc -shared -fPIC -O1 -std=c11 -Wall -Wextra -Werror $INC -Wl,-soname,libcublasLt.so.13 \
-    -o "$OUT/libcublasLt.so.13" csrc/tests/mock/mock_cublaslt.c
+    -o "$OUT/libcublasLt.so.13" csrc/tests/mock/mock_cublaslt.c csrc/tests/mock/mock_stream_order.c \
+    -lpthread
 CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
 for mode in plain san; do
     FLAGS="-O1 -g"

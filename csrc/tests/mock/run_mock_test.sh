@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Runs the nccl backend against CPU mocks of libcudart/libnccl (no GPU needed), plain and under
-# ASan+UBSan: the one-rank flow of test_cuda_rt, the watchdog/abort path of test_nccl_mock, and
-# the scheduler's CUDA branch (stream-ordered gathered weights) in test_sched_mock (two forked
-# ranks over the shm backend, which stages the mock's "device" buffers through host memory).
+# ASan+UBSan: the one-rank flow of test_cuda_rt, the watchdog/abort path of test_nccl_mock, the
+# scheduler's CUDA branch (stream-ordered gathered weights) in test_sched_mock (two forked ranks
+# over the shm backend, which stages the mock's "device" buffers through host memory), and
+# test_order_mock, the stream-order checker's own test. The mock libcudart carries the
+# stream-order checker (mock_stream_order.c): every test also checks that the core orders its
+# GPU work right across streams (libnccl's copy of it binds to libcudart's, loaded first).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=build/mock
 mkdir -p "$OUT"
 NCCL_INC="${NCCL_INC:-$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "include"))')}"
 CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
-gcc -shared -fPIC -O1 -Wl,-soname,libcudart.so.13 -o "$OUT/libcudart.so.13" csrc/tests/mock/mock_cuda_nccl.c
-gcc -shared -fPIC -O1 -Wl,-soname,libnccl.so.2 -o "$OUT/libnccl.so.2" csrc/tests/mock/mock_cuda_nccl.c
+MOCK_SRC="csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_stream_order.c"
+for lib in libcudart.so.13 libnccl.so.2; do
+    # shellcheck disable=SC2086
+    gcc -shared -fPIC -O1 -Wall -Wextra -Wl,-soname,$lib -o "$OUT/$lib" $MOCK_SRC -lpthread
+done
 CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
 for mode in plain san; do
     FLAGS="-O1 -g"
     [ "$mode" = san ] && FLAGS="$FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
     for t in csrc/tests/test_cuda_rt.c csrc/tests/mock/test_nccl_mock.c \
-        csrc/tests/mock/test_sched_mock.c; do
+        csrc/tests/mock/test_sched_mock.c csrc/tests/mock/test_order_mock.c; do
         bin="$OUT/$(basename "$t" .c)_$mode"
         # shellcheck disable=SC2086
         gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers $FLAGS \

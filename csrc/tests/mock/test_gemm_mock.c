@@ -1,7 +1,11 @@
 /* The cuBLASLt path of the GEMM layer against CPU mocks of libcudart and libcublasLt (built and
  * run by run_gemm_mock_test.sh): the row-major -> column-major mapping for every transpose
  * combination and padded leading dimensions, alpha/beta, the bias epilogue, the bias gradient
- * through the ones vector, K == 0 through the zeros vector, the algorithm cache, copies/fills. */
+ * through the ones vector, K == 0 through the zeros vector, the algorithm cache, copies/fills.
+ * The workspaces and constant vectors are the mock's device memory, so its stream-order checker
+ * sees their use; a second stream grows the ones vector that the first then reads, and the
+ * checker must find no violation (every stream's GEMMs after the vector is complete). A probe
+ * prints (does not fail on) a latent ordering issue: a workspace keyed by a reused stream handle. */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -12,6 +16,7 @@
 #include "axc/cuda_rt.h"
 #include "axc/gemm.h"
 #include "../ctest.h"
+#include "mock_order_check.h"
 
 static void *lt_lib;
 
@@ -23,6 +28,43 @@ static void preload(const char *env, void **out)
         fprintf(stderr, "cannot preload %s=%s: %s\n", env, p ? p : "(unset)", dlerror());
     if (out)
         *out = h;
+}
+
+/* A latent ordering issue of the cuBLASLt path, printed, not failed (not fixed here):
+ * lt_workspace() keys a stream's workspace by its handle, and cudaStreamDestroy returns while the
+ * stream's work may still run; a stream created next at the same address (a runtime may reuse
+ * it) gets the same workspace while the old stream's GEMM may still use it. Here the mock is
+ * told that the handle was destroyed and made again (malloc's reuse is not to be relied on). In
+ * torch's use streams come from its pool and are never destroyed. */
+static void probe_reused_stream_handle(const order_checker *oc)
+{
+    void *destroyed = dlsym(RTLD_DEFAULT, "mock_order_stream_destroyed");
+    void *created = dlsym(RTLD_DEFAULT, "mock_order_stream_created");
+    void (*destroy)(void *), (*create)(void *);
+    memcpy(&destroy, &destroyed, sizeof destroyed);
+    memcpy(&create, &created, sizeof created);
+    CHECK(destroyed && created);
+    if (!destroyed || !created)
+        return;
+    CHECK(order_violations(oc, "test_gemm_mock (before the probe)") == 0);
+    static char handle; /* one address, two streams in turn */
+    static float a[64], b[64], c[64];
+    axc_gemm_args g = {.device = 0, .dtype = AXC_DT_F32, .M = 3, .N = 4, .K = 5, .A = a,
+                       .lda = 5, .B = b, .ldb = 4, .C = c, .ldc = 4, .alpha = 1.0f,
+                       .stream = &handle};
+    create(&handle);
+    CHECK_OK(axc_gemm(&g));
+    destroy(&handle); /* cudaStreamDestroy: its GEMM may still be running */
+    create(&handle);  /* cudaStreamCreate returns the same address */
+    CHECK_OK(axc_gemm(&g));
+    if (*oc->violations)
+        printf("KNOWN ORDERING ISSUE (csrc/device/cublaslt.c lt_workspace, not fixed here): a "
+               "stream created at a destroyed stream's address shares its workspace; the checker "
+               "says:\n%s",
+               oc->text);
+    else
+        printf("the known issue of lt_workspace (a stream handle reused) no longer reproduces\n");
+    oc->reset(); /* the final check is about everything else */
 }
 
 static int counter(const char *name)
@@ -207,6 +249,30 @@ int main(void)
         }
     }
 
+    /* a second stream: its first bias gradient grows the ones vector (made on that stream) and
+     * gets a workspace of its own; the legacy stream's next GEMMs read the new vector, a K == 0
+     * GEMM on the second stream the zeros vector made on the legacy stream */
+    {
+        static char s2; /* any non-NULL handle */
+        enum { BIG = 200000 }; /* past the ones vector's 131072 elements */
+        float *dy = malloc(sizeof(float) * BIG), db[1] = {0};
+        CHECK(dy != NULL);
+        if (dy) {
+            for (int i = 0; i < BIG; i++)
+                dy[i] = (float)(i % 3);
+            CHECK_OK(axc_bias_grad(0, &s2, AXC_DT_F32, dy, BIG, 1, 1, db, 0));
+            CHECK(db[0] == (float)(BIG / 3 + 2 * (BIG / 3) + (BIG % 3 == 2 ? 1 : 0)));
+            CHECK_OK(axc_bias_grad(0, NULL, AXC_DT_F32, dy, BIG, 1, 1, db, 1));
+            free(dy);
+        }
+        CHECK(check_one(AXC_DT_F32, 4, 6, 0, 0, 0, 0, 1.0f, 0.5f, 1)); /* the legacy stream */
+        static float a[4], b[4], c[24];
+        axc_gemm_args g = {.device = 0, .stream = &s2, .dtype = AXC_DT_F32, .M = 4, .N = 6,
+                           .K = 0, .A = a, .lda = 1, .B = b, .ldb = 6, .C = c, .ldc = 6,
+                           .alpha = 1.0f, .beta = 0.5f};
+        CHECK_OK(axc_gemm(&g));
+    }
+
     /* copies and fills through the runtime */
     unsigned char src[6 * 10], dst[6 * 12];
     for (int i = 0; i < 60; i++)
@@ -226,5 +292,10 @@ int main(void)
                        .lda = 1, .B = &x, .ldb = 1, .C = &x, .ldc = 1, .alpha = 1.0f};
     CHECK(axc_gemm(&g) == AXC_ERR_INVALID && strstr(axc_last_error(), "device 3"));
     printf("test_gemm_mock: %d GEMM configurations through the cuBLASLt path\n", n);
+    order_checker oc;
+    CHECK(order_checker_find(&oc));
+    if (oc.violations)
+        probe_reused_stream_handle(&oc);
+    CHECK(order_violations(&oc, "test_gemm_mock") == 0);
     return ctest_summary("test_gemm_mock");
 }

@@ -11,6 +11,10 @@
  *      acquire works (no rank issued the gather, so they are still in step);
  *   e. a cached buffer released on another stream moves to it (its later free follows those
  *      readers); destroy with buffers alive frees every one of them.
+ * Between acquire and release, each visit's GEMMs "read" the gathered weight on its streams (the
+ * acquire's and the release's, registered with the mock's stream-order checker), and at the end
+ * of each rank the checker must have found no violation: every cudaFreeAsync of a gathered
+ * buffer after its gather and its readers on every stream, no reader ahead of the gather.
  * Run by run_mock_test.sh (plain and ASan+UBSan; the ranks end with exit(), so LeakSanitizer
  * runs in each). */
 #include <dlfcn.h>
@@ -23,6 +27,7 @@
 #include "../ctest.h"
 #include "../fork_ranks.h"
 #include "../rank_tally.h"
+#include "mock_order_check.h"
 
 #define N 513 /* elements of a layer's depth shard */
 
@@ -36,6 +41,19 @@ static struct mock {
 static char s1_, s2_;
 #define S1 ((void *)&s1_)
 #define S2 ((void *)&s2_)
+
+static order_checker g_oc;
+
+/* The visit's GEMMs reading the gathered weight: on the stream of its acquire (where the layer
+ * computes) and, when the test releases it on another one, there too (readers on two streams). */
+static void gemm_reads(const void *full, void *acquired_on, void *released_on)
+{
+    if (!full)
+        return;
+    g_oc.access(full, acquired_on, 0);
+    if (released_on != acquired_on)
+        g_oc.access(full, released_on, 0);
+}
 
 /* what the mock has counted since a snapshot */
 typedef struct counts {
@@ -153,6 +171,7 @@ static void test_miss(const rank_ctx *c)
               "a miss: %d cudaMallocAsync (%d alive), the last on %s; expected 1 on S1",
               d.mallocs, d.live, stream_name(*g_mock.last_malloc_stream));
     CHECK_MSG(alive_buffers(s) == 1, "a miss: %d buffers alive after acquire", alive_buffers(s));
+    gemm_reads(full, S1, S1);
     CHECK_OK(axc_sched_release(s, X.id, S1));
     d = since(t0);
     CHECK_MSG(d.frees == 1 && d.live == 0 && *g_mock.last_free_stream == S1,
@@ -180,7 +199,8 @@ static void test_two_streams(const rank_ctx *c)
     const void *full = NULL;
     CHECK_OK(axc_sched_acquire(s, &w, &full));
     CHECK(full_ok(&X, full));
-    /* readers were queued on S2: the free must not run ahead of the gather on S1 */
+    /* readers were queued on S2 (and S1): the free must not run ahead of the gather on S1 */
+    gemm_reads(full, S1, S2);
     CHECK_OK(axc_sched_release(s, X.id, S2));
     counts d = since(t0);
     CHECK_MSG(d.sync1 == 1 && d.sync2 == 0,
@@ -204,6 +224,7 @@ static void visit_on(axc_sched *s, const tlayer *L, void *stream)
     const void *full = NULL;
     CHECK_OK(axc_sched_acquire(s, &w, &full));
     CHECK(full_ok(L, full));
+    gemm_reads(full, stream, stream);
     CHECK_OK(axc_sched_release(s, L->id, stream));
 }
 
@@ -235,6 +256,7 @@ static void test_prefetch_moves(const rank_ctx *c)
     CHECK_MSG(d.mallocs == 2 && *g_mock.last_malloc_stream == S1,
               "c. acquire A: %d cudaMallocAsync, the last (B's prefetch) on %s; expected 2, S1",
               d.mallocs, stream_name(*g_mock.last_malloc_stream));
+    gemm_reads(full, S1, S1);
     CHECK_OK(axc_sched_release(s, A.id, S1));
     /* B's visit runs on S2: it waits for S1 (B's gather) once, then B belongs to S2 */
     counts t1 = snap();
@@ -254,6 +276,7 @@ static void test_prefetch_moves(const rank_ctx *c)
               "c. acquire B on S2 (prefetched on S1): %d host waits for S1 and %d for S2; "
               "expected 1 and 0",
               d.sync1, d.sync2);
+    gemm_reads(full, S2, S2);
     CHECK_OK(axc_sched_release(s, B.id, S2));
     d = since(t1);
     CHECK_MSG(d.sync1 == 1 && d.sync2 == 0,
@@ -297,6 +320,7 @@ static void test_malloc_fails(const rank_ctx *c)
     full = NULL;
     CHECK_OK(axc_sched_acquire(s, &w, &full));
     CHECK_MSG(full_ok(&X, full), "d. the acquire after the failure gathered wrong values");
+    gemm_reads(full, S1, S1);
     CHECK_OK(axc_sched_release(s, X.id, S1));
     d = since(t0);
     CHECK_MSG(d.mallocs == 1 && d.frees == 1 && d.live == 0 && alive_buffers(s) == 0,
@@ -329,6 +353,7 @@ static void test_destroy(const rank_ctx *c)
     const void *full = NULL;
     CHECK_OK(axc_sched_acquire(s, &w, &full));
     CHECK(full_ok(&A, full));
+    gemm_reads(full, S1, S2);
     CHECK_OK(axc_sched_release(s, A.id, S2));
     counts d = since(t0);
     /* kept, with readers on S2: its later free must follow them, so S2 owns it now */
@@ -366,6 +391,10 @@ static void rank_main(int rank, int world, const int dims[4], double timeout)
         CHECK_MSG(d.live == 0, "%d stream-ordered allocations never freed", d.live);
         axc_comm_destroy(c.comm);
     }
+    char who[64];
+    snprintf(who, sizeof who, "test_sched_mock rank %d", rank);
+    int v = order_violations(&g_oc, who);
+    CHECK_MSG(v == 0, "the stream-order checker found %d violation(s) (above)", v);
     rank_end(rank);
 }
 
@@ -394,8 +423,14 @@ static int find_mock(void)
                         "allocation counters\n", rt);
         return 0;
     }
+    if (!order_checker_find(&g_oc)) {
+        fprintf(stderr, "the mock CUDA runtime at %s has no stream-order checker\n", rt);
+        return 0;
+    }
     g_mock.watch[0] = S1;
     g_mock.watch[1] = S2;
+    g_oc.name_stream(S1, "S1"); /* before the fork: every rank's checker knows the names */
+    g_oc.name_stream(S2, "S2");
     return 1;
 }
 
