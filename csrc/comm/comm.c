@@ -386,7 +386,9 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
 
     int skip = c->kind != AXC_COLL_BARRIER && axc_bench_skips("comm");
     int follows = !skip && backend_follows(be, after, n_after);
-    if (!skip && !follows) /* order it here: a stream wait (CUDA) or a host wait */
+    /* order it here: a host wait, or for CUDA a stream join, which orders the stream the
+     * earlier work was started on (only a mix of backends gets here: both follow their own) */
+    if (!skip && !follows)
         for (size_t i = 0; i < n_after; i++)
             if (after[i] && !after[i]->waited)
                 AXC_TRY(axc_work_wait(after[i]));

@@ -199,6 +199,8 @@ typedef struct nccl_group nccl_group;
 typedef struct nccl_slot {
     void *ready;            /* recorded on the caller's stream; the comm stream waits on it */
     void *done;             /* recorded on the comm stream after the NCCL call */
+    void *follow;           /* made on first use: marks where another stream joined a work this
+                             * one follows (follow_after) */
     axc_work *work;         /* attached until wait() detaches it (the work is freed after that) */
     nccl_group *group;      /* NULL once its group was closed */
     axc_coll_kind coll_kind;
@@ -471,6 +473,8 @@ static void slot_free(nccl_backend *be, nccl_slot *s)
         be->cu->EventDestroy(s->ready);
     if (s->done)
         be->cu->EventDestroy(s->done);
+    if (s->follow)
+        be->cu->EventDestroy(s->follow);
     free(s);
 }
 
@@ -1088,22 +1092,41 @@ static ncclResult_t issue_locked(nccl_backend *be, nccl_group *g, const axc_coll
 }
 
 /* Orders group g's comm stream after the works `w` must follow (axc_comm_start_after: e.g. the
- * depth reduce-scatters that wrote the bucket a data-parallel sum reads): a stream wait on each
- * one's `done` event, so neither the caller's stream nor the host waits for them. Skipped: works
- * of the same group (its stream is in order already) and works already waited, whose join
- * ordered the caller's stream and so this collective's fork. */
-static axc_status follow_after(nccl_backend *be, nccl_group *g, const axc_work *w)
+ * depth reduce-scatters that wrote the bucket a data-parallel sum reads), without the caller's
+ * stream or the host waiting: a stream wait on each pending one's `done` event (none for a work
+ * of the same group: its stream is in order already). A work already waited was joined into the
+ * stream it was started on; when that is not this collective's stream, the point of the join is
+ * marked there (`slot->follow`) and waited for. */
+static axc_status follow_after(nccl_backend *be, nccl_group *g, nccl_slot *slot,
+                               const axc_work *w)
 {
     axc_status st = AXC_OK;
     pthread_mutex_lock(&be->mu); /* a concurrent wait() detaches the slot under mu */
     for (size_t i = 0; i < w->n_after && st == AXC_OK; i++) {
         const axc_work *a = w->after[i];
-        const nccl_slot *s = a->backend == &be->base ? a->backend_data : NULL;
-        if (!s || s->group == g)
+        if (a->backend != &be->base)
             continue;
-        st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, s->done, 0),
-                            "cudaStreamWaitEvent (nccl comm stream waits for another group's "
-                            "collective)");
+        const nccl_slot *s = a->backend_data;
+        if (s) {
+            if (s->group != g)
+                st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, s->done, 0),
+                                    "cudaStreamWaitEvent (nccl comm stream waits for another "
+                                    "group's collective)");
+            continue;
+        }
+        if (!a->waited || a->coll.device < 0 || a->coll.stream == w->coll.stream)
+            continue; /* (a barrier was waited on the host; the same stream: the fork orders) */
+        if (!slot->follow)
+            st = axc_cuda_check(
+                be->cu->EventCreateWithFlags(&slot->follow, AXC_CUDA_EVENT_DISABLE_TIMING),
+                "cudaEventCreateWithFlags (nccl follow event)");
+        if (st == AXC_OK)
+            st = axc_cuda_check(be->cu->EventRecord(slot->follow, a->coll.stream),
+                                "cudaEventRecord (where another stream joined a followed work)");
+        if (st == AXC_OK)
+            st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, slot->follow, 0),
+                                "cudaStreamWaitEvent (nccl comm stream waits for a followed "
+                                "work joined on another stream)");
     }
     pthread_mutex_unlock(&be->mu);
     return st;
@@ -1174,7 +1197,7 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
         st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, slot->ready, 0),
                             "cudaStreamWaitEvent (nccl comm stream waits for the caller)");
     if (st == AXC_OK)
-        st = follow_after(be, g, w);
+        st = follow_after(be, g, slot, w);
     if (st != AXC_OK) {
         slot_put_unused(be, slot);
         dev_leave(be, &dg);

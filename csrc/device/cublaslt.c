@@ -7,7 +7,8 @@
  * which is what CUBLASLT_EPILOGUE_BIAS adds (D = alpha*AB + beta*C + bias, one rounding).
  *
  * Per device: one cuBLASLt handle; one 32 MiB workspace per stream (so GEMMs on two streams never
- * share scratch memory; after AXC_LT_MAX_STREAMS streams, further ones run without workspace);
+ * share scratch memory; a stream is told apart from a destroyed one at the same address by
+ * cudaStreamGetId; after AXC_LT_MAX_STREAMS streams, further ones run without workspace);
  * device-resident ones/zeros vectors for the bias gradient (a GEMV against ones) and for K == 0.
  * Algorithms from the heuristic are cached per shape/alignment key in a small hash table.
  *
@@ -151,6 +152,8 @@ enum {
 
 typedef struct lt_stream_ws {
     void *stream;
+    unsigned long long id; /* cudaStreamGetId: a handle can be reused after cudaStreamDestroy */
+    int has_id;
     void *ws;        /* NULL when the allocation failed: that stream runs without workspace */
     size_t ws_bytes;
 } lt_stream_ws;
@@ -217,11 +220,27 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
     lt_device *d = &devs_[device];
     *ws = NULL;
     *bytes = 0;
+    unsigned long long id = 0;
+    int has_id = api->StreamGetId && api->StreamGetId(stream, &id) == AXC_CUDA_SUCCESS;
     int i;
     for (i = 0; i < d->n_ws; i++)
         if (d->ws[i].stream == stream)
             break;
-    if (i == d->n_ws && d->n_ws < AXC_LT_MAX_STREAMS && !lt_capturing(api, stream)) {
+    int fresh = i == d->n_ws && d->n_ws < AXC_LT_MAX_STREAMS;
+    if (i < d->n_ws && has_id && d->ws[i].has_id && d->ws[i].id != id) {
+        /* a new stream at a destroyed one's address: that one's GEMMs may still use the
+         * workspace. cudaFree waits for them; under capture (no cudaFree) it runs without. */
+        if (lt_capturing(api, stream)) {
+            pthread_mutex_unlock(&lt_mu_);
+            return;
+        }
+        if (d->ws[i].ws)
+            (void)api->Free(d->ws[i].ws);
+        d->ws[i].ws = NULL;
+        d->ws[i].ws_bytes = 0;
+        fresh = 1;
+    }
+    if (fresh && !lt_capturing(api, stream)) {
         void *p = NULL;
         int err = api->Malloc(&p, AXC_LT_WORKSPACE_BYTES);
         if (err != AXC_CUDA_SUCCESS) {
@@ -231,9 +250,12 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
             p = NULL;
         }
         d->ws[i].stream = stream;
+        d->ws[i].id = id;
+        d->ws[i].has_id = has_id;
         d->ws[i].ws = p;
         d->ws[i].ws_bytes = p ? AXC_LT_WORKSPACE_BYTES : 0;
-        d->n_ws++;
+        if (i == d->n_ws)
+            d->n_ws++;
     }
     if (i < d->n_ws) {
         *ws = d->ws[i].ws;

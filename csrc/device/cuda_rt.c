@@ -59,6 +59,9 @@ AXC_PROTO_IS(cudaMallocAsync, cudaError_t (*)(void **, size_t, cudaStream_t));
 AXC_PROTO_IS(cudaFreeAsync, cudaError_t (*)(void *, cudaStream_t));
 AXC_PROTO_IS(cudaStreamIsCapturing, cudaError_t (*)(cudaStream_t, enum cudaStreamCaptureStatus *));
 AXC_PROTO_IS(cudaThreadExchangeStreamCaptureMode, cudaError_t (*)(enum cudaStreamCaptureMode *));
+#if CUDART_VERSION >= 12000
+AXC_PROTO_IS(cudaStreamGetId, cudaError_t (*)(cudaStream_t, unsigned long long *));
+#endif
 
 _Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
 _Static_assert(sizeof(enum cudaMemcpyKind) == sizeof(int), "cudaMemcpyKind is not int-sized");
@@ -204,6 +207,8 @@ static void load_runtime(void)
         memcpy(&api.StreamIsCapturing, &sym, sizeof sym);
     if ((sym = dlsym(h, "cudaThreadExchangeStreamCaptureMode")) != NULL)
         memcpy(&api.ThreadExchangeStreamCaptureMode, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaStreamGetId")) != NULL)
+        memcpy(&api.StreamGetId, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)

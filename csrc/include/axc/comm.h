@@ -122,8 +122,9 @@ axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c
  * shm: a thread per group kind), so without this a collective may run before another group's
  * earlier one. The shm backend waits for them on the group's thread, and the nccl backend makes
  * the group's comm stream wait on their completion events: neither blocks the caller or its
- * stream. Works of another backend that are still pending are waited for here (a stream join for
- * CUDA, a host wait otherwise). The works in `after` must stay alive until this one has
+ * stream (nccl also orders it after a work already waited on another stream). Works of another
+ * backend that are still pending are waited for here (a host wait, or for CUDA a join into the
+ * stream that work was started on). The works in `after` must stay alive until this one has
  * finished. */
 axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                                 axc_work *const *after, size_t n_after, axc_work **work);

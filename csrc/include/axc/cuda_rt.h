@@ -60,6 +60,9 @@ typedef struct axc_cuda_api {
      * helper thread in AXC_CUDA_CAPTURE_MODE_RELAXED may query events while another thread
      * captures in cudaStreamCaptureModeGlobal, torch's default) */
     int (*ThreadExchangeStreamCaptureMode)(int *mode);
+    /* optional (CUDA >= 12): a stream's id, unique for the process's lifetime (a stream handle
+     * may be reused once cudaStreamDestroy returned) */
+    int (*StreamGetId)(void *stream, unsigned long long *id);
 } axc_cuda_api;
 
 /* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */

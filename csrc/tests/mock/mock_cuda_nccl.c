@@ -53,6 +53,7 @@ int cudaStreamCreateWithPriority(void **s, unsigned f, int p)
 }
 int cudaDeviceGetStreamPriorityRange(int *l, int *g) { *l = 0; *g = -5; return 0; }
 int cudaStreamDestroy(void *s) { mock_order_stream_destroyed(s); free(s); return 0; }
+int cudaStreamGetId(void *s, unsigned long long *id) { *id = mock_order_stream_id(s); return 0; }
 /* streams a test watches (test_sched_mock: the fake compute streams) and their host waits;
  * others (the shm backend's staging streams, synchronised on its lane threads) go uncounted */
 void *mock_watch[2];

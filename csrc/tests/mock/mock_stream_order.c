@@ -48,6 +48,7 @@
 typedef struct mo_stream {
     const void *handle;
     int live; /* 0 once destroyed: a new stream at the same address gets a new index */
+    unsigned long long id; /* cudaStreamGetId: never repeated */
     char name[40];
     uint32_t vc[MO_STREAMS];
 } mo_stream;
@@ -121,9 +122,11 @@ static int new_stream(const void *handle)
         if (i == MO_STREAMS)
             return MO_STREAMS - 1;
     }
+    static unsigned long long next_id;
     mo_stream *s = &streams_[i];
     s->handle = handle;
     s->live = 1;
+    s->id = ++next_id;
     if (handle)
         snprintf(s->name, sizeof s->name, "stream #%d (%p)", i, handle);
     else
@@ -360,6 +363,14 @@ void mock_order_stream_created(void *s)
             streams_[i].live = 0;
     (void)new_stream(s);
     pthread_mutex_unlock(&mu_);
+}
+
+unsigned long long mock_order_stream_id(const void *s)
+{
+    pthread_mutex_lock(&mu_);
+    unsigned long long id = streams_[stream_index(s)].id;
+    pthread_mutex_unlock(&mu_);
+    return id;
 }
 
 void mock_order_stream_destroyed(void *s)

@@ -36,6 +36,7 @@ extern char mock_order_text[MOCK_ORDER_KEEP * MOCK_ORDER_MSG];
 /* streams and events */
 void mock_order_stream_created(void *s);
 void mock_order_stream_destroyed(void *s);
+unsigned long long mock_order_stream_id(const void *s); /* distinct for every stream ever seen */
 void mock_order_event_record(void *e, void *s);
 void mock_order_event_destroyed(void *e);
 void mock_order_stream_waits(void *s, void *e);

@@ -30,13 +30,13 @@ static void preload(const char *env, void **out)
         *out = h;
 }
 
-/* A latent ordering issue of the cuBLASLt path, printed, not failed (not fixed here):
- * lt_workspace() keys a stream's workspace by its handle, and cudaStreamDestroy returns while the
- * stream's work may still run; a stream created next at the same address (a runtime may reuse
- * it) gets the same workspace while the old stream's GEMM may still use it. Here the mock is
- * told that the handle was destroyed and made again (malloc's reuse is not to be relied on). In
- * torch's use streams come from its pool and are never destroyed. */
-static void probe_reused_stream_handle(const order_checker *oc)
+/* cudaStreamDestroy returns while the stream's work may still run, and a stream created next
+ * may get the same address: lt_workspace() tells them apart by cudaStreamGetId, so the new
+ * stream does not share the workspace the old one's GEMM may still use (it was keyed by the
+ * handle alone before: a race the checker reported). Here the mock is told that the handle was
+ * destroyed and made again (malloc's reuse is not to be relied on). In torch's use streams come
+ * from its pool and are never destroyed. */
+static void check_reused_stream_handle(const order_checker *oc)
 {
     void *destroyed = dlsym(RTLD_DEFAULT, "mock_order_stream_destroyed");
     void *created = dlsym(RTLD_DEFAULT, "mock_order_stream_created");
@@ -57,14 +57,9 @@ static void probe_reused_stream_handle(const order_checker *oc)
     destroy(&handle); /* cudaStreamDestroy: its GEMM may still be running */
     create(&handle);  /* cudaStreamCreate returns the same address */
     CHECK_OK(axc_gemm(&g));
-    if (*oc->violations)
-        printf("KNOWN ORDERING ISSUE (csrc/device/cublaslt.c lt_workspace, not fixed here): a "
-               "stream created at a destroyed stream's address shares its workspace; the checker "
-               "says:\n%s",
-               oc->text);
-    else
-        printf("the known issue of lt_workspace (a stream handle reused) no longer reproduces\n");
-    oc->reset(); /* the final check is about everything else */
+    CHECK(order_violations(oc, "test_gemm_mock (a GEMM on a new stream at a destroyed stream's "
+                               "address)") == 0);
+    oc->reset();
 }
 
 static int counter(const char *name)
@@ -295,7 +290,7 @@ int main(void)
     order_checker oc;
     CHECK(order_checker_find(&oc));
     if (oc.violations)
-        probe_reused_stream_handle(&oc);
+        check_reused_stream_handle(&oc);
     CHECK(order_violations(&oc, "test_gemm_mock") == 0);
     return ctest_summary("test_gemm_mock");
 }

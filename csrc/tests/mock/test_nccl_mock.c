@@ -96,14 +96,13 @@ static int check_follow_after(axc_comm *comm, axc_coll c, void *bucket, void *su
     return *calls - calls0;
 }
 
-/* A latent ordering issue of the nccl backend, printed, not failed (not fixed here):
- * follow_after() skips an `after` work already waited, because "its join ordered the caller's
- * stream and so this collective's fork"; but wait() joined the stream that work was started
- * on, and the new collective may be issued on another one. Then nothing orders the new
- * collective's comm stream after the earlier work on a GPU still busy with it (no in-tree
- * caller does this: the scheduler's `after` works are never waited before). Returns the
- * number of collectives issued. */
-static int probe_waited_on_another_stream(axc_comm *comm, axc_coll c)
+/* An `after` work already waited was joined into the stream it was started on; a collective
+ * issued after it on another stream must still be ordered after it (follow_after marks the
+ * join on the first stream and makes the comm stream wait there). Before that fix nothing
+ * ordered the new collective's comm stream after the earlier work on a GPU still busy with it
+ * (no in-tree caller does this: the scheduler's `after` works are never waited before).
+ * Returns the number of collectives issued. */
+static int check_waited_on_another_stream(axc_comm *comm, axc_coll c)
 {
     int *query_err = dlsym(RTLD_DEFAULT, "g_query_err");
     const axc_cuda_api *cu = NULL;
@@ -130,15 +129,9 @@ static int probe_waited_on_another_stream(axc_comm *comm, axc_coll c)
     axc_work_free(rs);
     cu->Free(bucket);
     cu->Free(sum);
-    if (*g_oc.violations)
-        printf("KNOWN ORDERING ISSUE (csrc/comm/nccl.c follow_after, not fixed here): a data "
-               "sum issued on stream B after a depth collective already waited on stream A is "
-               "not ordered after it; the checker says:\n%s",
-               g_oc.text);
-    else
-        printf("the known issue of follow_after (a work waited on another stream) no longer "
-               "reproduces\n");
-    g_oc.reset(); /* the final check is about everything else */
+    CHECK(order_violations(&g_oc, "test_nccl_mock (a data sum on stream B after a depth "
+                                  "collective waited on stream A)") == 0);
+    g_oc.reset();
     return 2;
 }
 
@@ -219,7 +212,7 @@ int main(void)
         return ctest_summary("test_nccl_mock");
     *hang_at = 0; /* no hang */
     int issued = check_follow_after(comm, c, dbuf[1], dbuf[2], dbuf[3]);
-    issued += probe_waited_on_another_stream(comm, c);
+    issued += check_waited_on_another_stream(comm, c);
     const char *hang_env = getenv("MOCK_HANG_AT");
     int hang = hang_env ? atoi(hang_env) : 0;
     *hang_at = hang > 0 ? hang + issued : 0;
