@@ -329,19 +329,6 @@ static axc_status skipped_wait(axc_backend *be, axc_work *w)
 /* The "backend" of skipped works: waits return at once, and the state is already DONE. */
 static axc_backend skipped_backend = {.name = "skipped", .wait = skipped_wait};
 
-/* Whether `be` can be handed `after` to wait for on its own: all of them are its works (or
- * already complete). */
-static int backend_follows(const axc_backend *be, axc_work *const *after, size_t n)
-{
-    if (!be->follows_after)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (after[i] && after[i]->backend != be &&
-            atomic_load_explicit(&after[i]->state, memory_order_acquire) == AXC_WORK_PENDING)
-            return 0;
-    return 1;
-}
-
 axc_status axc_comm_start(axc_comm *comm, axc_group_kind kind, const axc_coll *c,
                           axc_work **out)
 {
@@ -385,12 +372,13 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
     }
 
     int skip = c->kind != AXC_COLL_BARRIER && axc_bench_skips("comm");
-    int follows = !skip && backend_follows(be, after, n_after);
-    /* order it here: a host wait, or for CUDA a stream join, which orders the stream the
-     * earlier work was started on (only a mix of backends gets here: both follow their own) */
-    if (!skip && !follows)
+    /* a backend that follows orders the collective after its own works; the others' are
+     * waited for here (a host wait, or for CUDA a join into the stream that work was started
+     * on: only a mix of backends gets here) */
+    int follows = !skip && be->follows_after;
+    if (!skip)
         for (size_t i = 0; i < n_after; i++)
-            if (after[i] && !after[i]->waited)
+            if (after[i] && !after[i]->waited && (!follows || after[i]->backend != be))
                 AXC_TRY(axc_work_wait(after[i]));
     axc_work *w = calloc(1, sizeof *w);
     if (!w)

@@ -11,9 +11,9 @@
  * Streams. Every group owns a high-priority non-blocking comm stream. start() forks from the
  * caller's stream (`ready` recorded there, the comm stream waits on it), enqueues the NCCL call on
  * the comm stream and records `done` behind it; a collective that must follow other groups' works
- * (axc_comm_start_after) also waits on their `done` events there. wait() joins: the caller's stream waits on `done`
- * (no host synchronisation; a barrier alone waits on the host). Event pairs live in `slots`,
- * pooled and recycled once `done` has fired and the work is detached.
+ * (axc_comm_start_after) also waits on their `done` events there. wait() joins: the caller's
+ * stream waits on `done` (no host synchronisation; a barrier alone waits on the host). The events
+ * live in `slots`, pooled and recycled once `done` has fired and the work is detached.
  *
  * Failure. A watchdog thread watches every in-flight slot (EventQuery against cfg->timeout_s) and
  * every communicator (ncclCommGetAsyncError). On expiry or error it aborts all communicators
@@ -201,6 +201,7 @@ typedef struct nccl_slot {
     void *done;             /* recorded on the comm stream after the NCCL call */
     void *follow;           /* made on first use: marks where another stream joined a work this
                              * one follows (follow_after) */
+    uint64_t seq;           /* start order on this rank (under mu) */
     axc_work *work;         /* attached until wait() detaches it (the work is freed after that) */
     nccl_group *group;      /* NULL once its group was closed */
     axc_coll_kind coll_kind;
@@ -238,6 +239,7 @@ struct nccl_backend {
 
     pthread_mutex_t issue_mu;
     pthread_mutex_t mu;
+    uint64_t slot_seq; /* slots started so far (under mu): their `seq` */
     pthread_cond_t cv;
     pthread_t watchdog;
     int watchdog_started;
@@ -1093,29 +1095,55 @@ static ncclResult_t issue_locked(nccl_backend *be, nccl_group *g, const axc_coll
 
 /* Orders group g's comm stream after the works `w` must follow (axc_comm_start_after: e.g. the
  * depth reduce-scatters that wrote the bucket a data-parallel sum reads), without the caller's
- * stream or the host waiting: a stream wait on each pending one's `done` event (none for a work
- * of the same group: its stream is in order already). A work already waited was joined into the
- * stream it was started on; when that is not this collective's stream, the point of the join is
- * marked there (`slot->follow`) and waited for. */
+ * stream or the host waiting. A group's works finish in order on its stream, so one stream wait
+ * on the `done` event of its latest pending work in the list covers them all (none for works of
+ * g itself: its stream is in order already). A work already waited was joined into the stream
+ * it was started on; when that is not this collective's stream, the point is marked there
+ * (`slot->follow`) and waited for. Other backends' works were waited for by the caller. */
 static axc_status follow_after(nccl_backend *be, nccl_group *g, nccl_slot *slot,
                                const axc_work *w)
 {
+    enum { MAX_LATEST = 16 };
+    const nccl_slot *latest[MAX_LATEST]; /* per other group, its newest pending work here */
+    int nlatest = 0;
     axc_status st = AXC_OK;
     pthread_mutex_lock(&be->mu); /* a concurrent wait() detaches the slot under mu */
     for (size_t i = 0; i < w->n_after && st == AXC_OK; i++) {
         const axc_work *a = w->after[i];
-        if (a->backend != &be->base)
-            continue;
+        if (a->backend != &be->base || a->coll.kind == AXC_COLL_BARRIER)
+            continue; /* (a barrier is waited on the host) */
         const nccl_slot *s = a->backend_data;
         if (s) {
-            if (s->group != g)
+            if (s->group == g)
+                continue;
+            int k = 0;
+            while (k < nlatest && latest[k]->group != s->group)
+                k++;
+            if (k < nlatest) {
+                if (s->seq > latest[k]->seq)
+                    latest[k] = s;
+            } else if (nlatest < MAX_LATEST) {
+                latest[nlatest++] = s;
+            } else { /* (more groups than fit: waited for on its own) */
                 st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, s->done, 0),
                                     "cudaStreamWaitEvent (nccl comm stream waits for another "
                                     "group's collective)");
+            }
             continue;
         }
         if (!a->waited || a->coll.device < 0 || a->coll.stream == w->coll.stream)
-            continue; /* (a barrier was waited on the host; the same stream: the fork orders) */
+            continue; /* (the same stream: the fork orders this collective after the join) */
+        int capture = AXC_CUDA_CAPTURE_NONE;
+        if (be->cu->StreamIsCapturing &&
+            be->cu->StreamIsCapturing(a->coll.stream, &capture) == AXC_CUDA_SUCCESS &&
+            capture != AXC_CUDA_CAPTURE_NONE) {
+            st = axc_fail(AXC_ERR_INVALID,
+                          "nccl: %s on the %s group follows a collective joined on a stream "
+                          "that is being captured into a CUDA graph; axonn_c's NCCL collectives "
+                          "cannot be captured",
+                          axc_coll_name(w->coll.kind), axc_group_name(g->kind));
+            break;
+        }
         if (!slot->follow)
             st = axc_cuda_check(
                 be->cu->EventCreateWithFlags(&slot->follow, AXC_CUDA_EVENT_DISABLE_TIMING),
@@ -1128,6 +1156,10 @@ static axc_status follow_after(nccl_backend *be, nccl_group *g, nccl_slot *slot,
                                 "cudaStreamWaitEvent (nccl comm stream waits for a followed "
                                 "work joined on another stream)");
     }
+    for (int k = 0; k < nlatest && st == AXC_OK; k++)
+        st = axc_cuda_check(be->cu->StreamWaitEvent(g->stream, latest[k]->done, 0),
+                            "cudaStreamWaitEvent (nccl comm stream waits for another group's "
+                            "collective)");
     pthread_mutex_unlock(&be->mu);
     return st;
 }
@@ -1280,6 +1312,7 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
     slot->count = c->count;
     slot->dtype = c->dtype;
     slot->start_ns = axc_now_ns();
+    slot->seq = ++be->slot_seq;
     slot->completed = slot->reported = 0;
     g->inflight++;
     inflight_append(be, slot);

@@ -154,6 +154,7 @@ typedef struct lt_stream_ws {
     void *stream;
     unsigned long long id; /* cudaStreamGetId: a handle can be reused after cudaStreamDestroy */
     int has_id;
+    int captured;    /* handed to a GEMM under CUDA-graph capture: never freed (replays use it) */
     void *ws;        /* NULL when the allocation failed: that stream runs without workspace */
     size_t ws_bytes;
 } lt_stream_ws;
@@ -222,25 +223,38 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
     *bytes = 0;
     unsigned long long id = 0;
     int has_id = api->StreamGetId && api->StreamGetId(stream, &id) == AXC_CUDA_SUCCESS;
+    /* cudaStreamPerThread is one handle for a different stream on each thread: an entry each */
+    int per_thread = stream == (void *)2;
+    int capturing = lt_capturing(api, stream);
     int i;
     for (i = 0; i < d->n_ws; i++)
-        if (d->ws[i].stream == stream)
+        if (d->ws[i].stream == stream &&
+            (!per_thread || !has_id || !d->ws[i].has_id || d->ws[i].id == id))
             break;
     int fresh = i == d->n_ws && d->n_ws < AXC_LT_MAX_STREAMS;
-    if (i < d->n_ws && has_id && d->ws[i].has_id && d->ws[i].id != id) {
+    if (i < d->n_ws && has_id && !d->ws[i].has_id) {
+        d->ws[i].id = id; /* (made when the id could not be read) */
+        d->ws[i].has_id = 1;
+    } else if (i < d->n_ws && has_id && d->ws[i].id != id) {
         /* a new stream at a destroyed one's address: that one's GEMMs may still use the
-         * workspace. cudaFree waits for them; under capture (no cudaFree) it runs without. */
-        if (lt_capturing(api, stream)) {
+         * workspace. cudaFree waits for them; one a CUDA graph captured is kept (its replays
+         * use it); under capture (no cudaFree) the GEMM runs without. */
+        if (capturing) {
             pthread_mutex_unlock(&lt_mu_);
             return;
         }
-        if (d->ws[i].ws)
-            (void)api->Free(d->ws[i].ws);
+        if (d->ws[i].ws && !d->ws[i].captured) {
+            int err = api->Free(d->ws[i].ws);
+            if (err != AXC_CUDA_SUCCESS)
+                axc_log(2, "axonn_c: cudaFree of a cuBLASLt workspace on device %d failed "
+                           "(cudaError %d)", device, err);
+        }
         d->ws[i].ws = NULL;
         d->ws[i].ws_bytes = 0;
+        d->ws[i].captured = 0;
         fresh = 1;
     }
-    if (fresh && !lt_capturing(api, stream)) {
+    if (fresh && !capturing) {
         void *p = NULL;
         int err = api->Malloc(&p, AXC_LT_WORKSPACE_BYTES);
         if (err != AXC_CUDA_SUCCESS) {
@@ -252,6 +266,7 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
         d->ws[i].stream = stream;
         d->ws[i].id = id;
         d->ws[i].has_id = has_id;
+        d->ws[i].captured = 0;
         d->ws[i].ws = p;
         d->ws[i].ws_bytes = p ? AXC_LT_WORKSPACE_BYTES : 0;
         if (i == d->n_ws)
@@ -260,6 +275,8 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
     if (i < d->n_ws) {
         *ws = d->ws[i].ws;
         *bytes = d->ws[i].ws_bytes;
+        if (capturing && *ws)
+            d->ws[i].captured = 1;
     }
     pthread_mutex_unlock(&lt_mu_);
 }

@@ -4,8 +4,8 @@
  * through the ones vector, K == 0 through the zeros vector, the algorithm cache, copies/fills.
  * The workspaces and constant vectors are the mock's device memory, so its stream-order checker
  * sees their use; a second stream grows the ones vector that the first then reads, and the
- * checker must find no violation (every stream's GEMMs after the vector is complete). A probe
- * prints (does not fail on) a latent ordering issue: a workspace keyed by a reused stream handle. */
+ * checker must find no violation (every stream's GEMMs after the vector is complete), also when
+ * a new stream gets a destroyed one's address (its own workspace: cudaStreamGetId). */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
