@@ -224,7 +224,7 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
     unsigned long long id = 0;
     int has_id = api->StreamGetId && api->StreamGetId(stream, &id) == AXC_CUDA_SUCCESS;
     /* cudaStreamPerThread is one handle for a different stream on each thread: an entry each */
-    int per_thread = stream == (void *)2;
+    int per_thread = stream == (void *)cudaStreamPerThread;
     int capturing = lt_capturing(api, stream);
     int i;
     for (i = 0; i < d->n_ws; i++)
