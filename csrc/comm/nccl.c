@@ -208,6 +208,9 @@ typedef struct nccl_slot {
     axc_group_kind group_kind;
     size_t count;
     axc_dtype dtype;
+    axc_redop op;
+    uint64_t group_seq;     /* this collective's number on its group (1 = the first), the same on
+                             * every rank in step: a timeout names it so ranks can be compared */
     int64_t start_ns;
     int completed;          /* `done` observed fired */
     int reported;           /* axc_work_complete() already called for `work` */
@@ -223,6 +226,7 @@ struct nccl_group {
     void *stream;     /* comm stream */
     void *barrier_buf; /* one int32 on the device */
     int inflight;     /* slots with group == this */
+    uint64_t issued;  /* collectives enqueued on this group so far (under issue_mu) */
     char name[160];   /* NCCL commName */
     nccl_group *next;
 };
@@ -364,6 +368,26 @@ static axc_status failure_status(nccl_backend *be)
     if (!st)
         return AXC_OK;
     return axc_fail((axc_status)st, "%s", msg);
+}
+
+/* "all_reduce (sum) of 1024 x float32 on the row group (its collective #5)": what a
+ * timeout names, so that the ranks' errors can be set side by side (ranks in step have issued
+ * the same collectives in the same order on every group; the first differing number or
+ * description shows which rank left the common order). */
+static void describe_coll(char *out, size_t cap, axc_coll_kind kind, axc_redop op, size_t count,
+                          axc_dtype dtype, axc_group_kind group, uint64_t group_seq)
+{
+    if (kind == AXC_COLL_BARRIER)
+        snprintf(out, cap, "barrier on the %s group (its collective #%llu)",
+                 axc_group_name(group), (unsigned long long)group_seq);
+    else if (kind == AXC_COLL_ALL_REDUCE || kind == AXC_COLL_REDUCE_SCATTER)
+        snprintf(out, cap, "%s (%s) of %zu x %s on the %s group (its collective #%llu)",
+                 axc_coll_name(kind), axc_redop_name(op), count, axc_dtype_name(dtype),
+                 axc_group_name(group), (unsigned long long)group_seq);
+    else
+        snprintf(out, cap, "%s of %zu x %s on the %s group (its collective #%llu)",
+                 axc_coll_name(kind), count, axc_dtype_name(dtype), axc_group_name(group),
+                 (unsigned long long)group_seq);
 }
 
 /* ---------------------------------------------------------------- slots (mu held) */
@@ -630,12 +654,14 @@ static void *watchdog_main(void *arg)
                     double waited = (double)(now - s->start_ns) / 1e9;
                     if (waited > be->timeout_s) {
                         reason = AXC_ERR_TIMEOUT;
+                        char what[200];
+                        describe_coll(what, sizeof what, s->coll_kind, s->op, s->count, s->dtype,
+                                      s->group_kind, s->group_seq);
                         snprintf(msg, sizeof msg,
-                                 "%s of %zu x %s on the %s group did not complete within %.1f s "
-                                 "(job %s, rank %d): a peer died, hung, or issued a different "
-                                 "collective; all NCCL communicators were aborted",
-                                 axc_coll_name(s->coll_kind), s->count, axc_dtype_name(s->dtype),
-                                 axc_group_name(s->group_kind), be->timeout_s, be->job, be->rank);
+                                 "%s did not complete within %.1f s (job %s, rank %d): a peer "
+                                 "died, hung, or issued a different collective (compare the "
+                                 "other ranks' errors); all NCCL communicators were aborted",
+                                 what, be->timeout_s, be->job, be->rank);
                     }
                 } else {
                     reason = AXC_ERR_BACKEND;
@@ -1247,15 +1273,16 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
                                        axc_group_name(g->kind));
     }
     int skip = c->count == 0 && c->kind != AXC_COLL_BARRIER; /* nothing to move; keep ordering */
+    uint64_t group_seq = ++g->issued;
     ncclResult_t r = skip ? ncclSuccess : issue_locked(be, g, c, dt, op);
     int aborted = 0;
     if (r == ncclInProgress)
         r = poll_comm(be, g->comm, deadline_after(be->timeout_s), &aborted);
     if (r != ncclSuccess) {
-        char msg[512], what[160];
+        char msg[512], what[200];
         axc_status fs;
-        snprintf(what, sizeof what, "%s of %zu x %s on the %s group", axc_coll_name(c->kind),
-                 c->count, axc_dtype_name(c->dtype), axc_group_name(g->kind));
+        describe_coll(what, sizeof what, c->kind, c->op, c->count, c->dtype, g->kind,
+                      group_seq);
         if (aborted) {
             pthread_mutex_unlock(&be->issue_mu);
             slot_put_unused(be, slot);
@@ -1311,6 +1338,8 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
     slot->group_kind = g->kind;
     slot->count = c->count;
     slot->dtype = c->dtype;
+    slot->op = c->op;
+    slot->group_seq = group_seq;
     slot->start_ns = axc_now_ns();
     slot->seq = ++be->slot_seq;
     slot->completed = slot->reported = 0;
@@ -1392,11 +1421,13 @@ static axc_status nccl_wait(axc_backend *base, axc_work *w)
         }
         pthread_mutex_unlock(&be->mu);
         if (axc_now_ns() >= deadline) {
-            char m[512];
+            char m[512], what[200];
+            describe_coll(what, sizeof what, AXC_COLL_BARRIER, AXC_RED_SUM, 0, AXC_DT_F32,
+                          w->group.kind, slot->group_seq);
             snprintf(m, sizeof m,
-                     "barrier on the %s group did not complete within %.1f s (job %s, rank %d): "
-                     "a peer died or is stuck; all NCCL communicators were aborted",
-                     axc_group_name(w->group.kind), be->timeout_s, be->job, be->rank);
+                     "%s did not complete within %.1f s (job %s, rank %d): a peer died or is "
+                     "stuck; all NCCL communicators were aborted",
+                     what, be->timeout_s, be->job, be->rank);
             fail_all(be, AXC_ERR_TIMEOUT, m, 0); /* the next round sees slot->reported */
             continue;
         }

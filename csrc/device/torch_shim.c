@@ -121,3 +121,79 @@ axc_status axc_torch_check(int32_t err, const char *what)
     return axc_fail(AXC_ERR_BACKEND, "%s failed (torch error %d)%s%s", what ? what : "torch call",
                     (int)err, msg && msg[0] ? ": " : "", msg && msg[0] ? msg : "");
 }
+
+/* ---------------------------------------------------------------- torch's CUDA allocator */
+
+static pthread_once_t cuda_once_ = PTHREAD_ONCE_INIT;
+static axc_torch_cuda_api cuda_api_;
+static axc_status cuda_status_ = AXC_ERR_UNAVAILABLE;
+static char cuda_msg_[768];
+
+static void load_torch_cuda(void)
+{
+    const char *name = "libtorch_cuda.so";
+    void *h = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    const char *path = getenv("AXONN_C_TORCH_CUDA_LIB");
+    if (!h && path && path[0]) {
+        name = path;
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+        snprintf(cuda_msg_, sizeof cuda_msg_,
+                 "torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
+        return;
+    }
+    static const char *const syms[4] = {
+        "aoti_torch_create_cuda_stream_guard", "aoti_torch_delete_cuda_stream_guard",
+        "aoti_torch_cuda_caching_allocator_raw_alloc",
+        "aoti_torch_cuda_caching_allocator_raw_delete"};
+    axc_torch_cuda_api api;
+    void *fields[4] = {&api.create_stream_guard, &api.delete_stream_guard, &api.raw_alloc,
+                       &api.raw_delete};
+    for (int i = 0; i < 4; i++) {
+        void *sym = dlsym(h, syms[i]);
+        if (!sym) {
+            snprintf(cuda_msg_, sizeof cuda_msg_, "%s has no symbol %s (torch older than 2.10)",
+                     name, syms[i]);
+            return;
+        }
+        memcpy(fields[i], &sym, sizeof sym);
+    }
+    cuda_api_ = api;
+    cuda_status_ = AXC_OK;
+}
+
+axc_status axc_torch_cuda_load(const axc_torch_cuda_api **api)
+{
+    if (api)
+        *api = NULL;
+    if (pthread_once(&cuda_once_, load_torch_cuda) != 0)
+        return axc_fail(AXC_ERR_SYSTEM, "pthread_once failed while loading torch's CUDA library");
+    if (cuda_status_ != AXC_OK)
+        return axc_fail(cuda_status_, "%s", cuda_msg_);
+    if (api)
+        *api = &cuda_api_;
+    return AXC_OK;
+}
+
+axc_status axc_torch_cuda_alloc(const axc_torch_cuda_api *api, size_t bytes, int device,
+                                void *stream, void **out)
+{
+    *out = NULL;
+    char what[160];
+    snprintf(what, sizeof what, "making stream %p of cuda:%d torch's current stream", stream,
+             device);
+    axc_torch_stream_guard guard = NULL;
+    AXC_TRY(axc_torch_check(api->create_stream_guard(stream, device, &guard), what));
+    snprintf(what, sizeof what, "torch's CUDA caching allocator (%zu bytes on cuda:%d)", bytes,
+             device);
+    axc_status st = axc_torch_check(api->raw_alloc((uint64_t)bytes, out), what);
+    axc_status gs = axc_torch_check(api->delete_stream_guard(guard),
+                                    "restoring torch's current CUDA stream");
+    if (st == AXC_OK && gs != AXC_OK) { /* keep nothing when the guard could not be undone */
+        api->raw_delete(*out);
+        *out = NULL;
+        st = gs;
+    }
+    return st;
+}

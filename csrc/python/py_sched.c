@@ -155,13 +155,14 @@ static PyObject *py_sched_stats(PyObject *self, PyObject *args)
     if (reset)
         axc_sched_stats_reset(s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:L,s:L,s:K,s:K,s:K,s:K}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:K,s:L,s:L,s:K,s:K,s:K,s:K}",
         "visits",
         t.visits,
         "hits", t.hits, "waits", t.waits, "misses", t.misses, "prefetches", t.prefetches,
         "budget_skips", t.budget_skips, "stale", t.stale, "relearned", t.relearned, "off_order",
         t.off_order, "deferred", t.deferred, "alive_bytes", t.alive_bytes, "peak_bytes",
         t.peak_bytes, "alive_buffers", t.alive_buffers, "peak_buffers", t.peak_buffers,
+        "torch_buffers", t.torch_buffers,
         "order_len", (long long)t.order_len, "pending", (long long)t.pending, "tasks", t.tasks,
         "tasks_run", t.tasks_run, "results_held", t.results_held, "results_done",
         t.results_done);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/torch_shim.h"
 
 typedef struct visit {
     int32_t layer, phase;
@@ -29,6 +30,10 @@ typedef struct layer_slot {
      * there; a visit on another stream first waits for it on the host, then owns it); frees go
      * there */
     void *full_stream;
+    /* CUDA: the buffer is a block of torch's caching allocator, which belongs to the stream it
+     * was allocated on (else it came from cudaMallocAsync, freed on full_stream) */
+    int full_from_torch;
+    void *full_alloc_stream;
     axc_work *gather;  /* in flight, or NULL once waited */
     int64_t pos;       /* position of its current visit in the learned order, -1 if none */
 } layer_slot;
@@ -111,17 +116,27 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
             return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory for a %zu-byte gathered "
                                            "weight", bytes);
     } else {
+        /* torch's caching allocator where torch is there (its cached free blocks serve us, and
+         * torch.cuda.memory_allocated() counts us); CUDA's stream-ordered pool otherwise */
+        const axc_torch_cuda_api *tc = NULL;
+        if (axc_torch_cuda_load(&tc) != AXC_OK)
+            tc = NULL;
         const axc_cuda_api *cu;
         int prev;
         AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));
         axc_status st = AXC_OK;
-        if (!cu->MallocAsync)
+        if (tc)
+            st = axc_torch_cuda_alloc(tc, bytes, L->device, stream, &p);
+        else if (!cu->MallocAsync)
             st = axc_fail(AXC_ERR_UNAVAILABLE,
                           "scheduler: the CUDA runtime has no cudaMallocAsync (CUDA >= 11.2 "
                           "needed for gathered weights)");
         else
             st = axc_cuda_check(cu->MallocAsync(&p, bytes, stream), "cudaMallocAsync");
         AXC_TRY(axc_cuda_device_leave(cu, L->device, prev, st));
+        L->full_from_torch = tc != NULL;
+        L->full_alloc_stream = stream;
+        s->st.torch_buffers += tc != NULL;
     }
     L->full = p;
     L->full_bytes = bytes;
@@ -153,6 +168,23 @@ static axc_status move_to_stream(layer_slot *L, void *stream)
     return axc_cuda_device_leave(cu, L->device, prev, st);
 }
 
+/* Hands a block of torch's caching allocator back. torch gives it to the next allocation on
+ * the stream it was allocated on at once, and that stream is ordered after the gather (the
+ * wait joined it) and after the readers that ran there; readers on another stream (the buffer
+ * moved: rare) are waited for on the host first. A block is never freed while that is unsure:
+ * it is kept (leaked) rather than handed out under a reader. */
+static axc_status torch_block_free(layer_slot *L, const axc_cuda_api *cu)
+{
+    const axc_torch_cuda_api *tc = NULL;
+    AXC_TRY(axc_torch_cuda_load(&tc));
+    if (L->full_stream != L->full_alloc_stream)
+        AXC_TRY(axc_cuda_check(cu->StreamSynchronize(L->full_stream),
+                               "cudaStreamSynchronize (a gathered weight read on another stream "
+                               "than the one it was allocated on)"));
+    return axc_torch_check(tc->raw_delete(L->full), "freeing a gathered weight to torch's CUDA "
+                                                    "caching allocator");
+}
+
 /* Waits for the layer's gather (if any) and frees its buffer (CUDA: on L->full_stream, after
  * the gather and every reader). Keeps the first error. */
 static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
@@ -173,7 +205,10 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
         int prev;
         axc_status cs = axc_cuda_device_enter(L->device, &cu, &prev, "scheduler");
         if (cs == AXC_OK) {
-            cs = axc_cuda_check(cu->FreeAsync(L->full, L->full_stream), "cudaFreeAsync");
+            if (L->full_from_torch)
+                cs = torch_block_free(L, cu);
+            else
+                cs = axc_cuda_check(cu->FreeAsync(L->full, L->full_stream), "cudaFreeAsync");
             cs = axc_cuda_device_leave(cu, L->device, prev, cs);
         }
         if (st == AXC_OK)

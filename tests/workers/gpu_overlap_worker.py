@@ -3,7 +3,7 @@ group's lane stages through pinned host memory), launched by torchrun.
 
 An expert-layout MLP (Linear(H, 2H) -> tanh -> Linear(2H, H, transpose=True), with biases) is
 trained for three SGD steps on several grids with everything on: prefetched depth all-gathers
-(buffers from cudaMallocAsync), deferred reduce-scatters, data-parallel buckets, chunked
+(buffers from torch's caching allocator), deferred reduce-scatters, data-parallel buckets, chunked
 all-reduces, deferred dW GEMMs, the biases' gradient hooks. After each backward (before sync_gradients) every
 gradient must already equal serial PyTorch's on the CPU, and the weights must follow the serial
 ones step by step (a stale prefetched weight would not). Usage:
@@ -75,6 +75,9 @@ def check_grid(sizes):
     stats = axonn_c.scheduler_stats()
     if g.G_intra_d > 1:
         assert stats["prefetches"] > 0, f"{what}: nothing was prefetched: {stats}"
+        if DEV == "cuda":  # gathered weights share torch's pool (cudaMallocAsync: torch < 2.10)
+            assert stats["torch_buffers"] > 0, \
+                f"{what}: no gathered weight came from torch's caching allocator: {stats}"
     if g.G_data > 1 or g.G_intra_d > 1:
         assert stats["deferred"] > 0, f"{what}: nothing was deferred: {stats}"
     if g.G_intra_d == 1:  # defer_wgrad: every dW GEMM is a scheduler task (on the CUDA stream)

@@ -73,6 +73,8 @@ typedef struct axc_sched_stats {
     uint64_t deferred;     /* collectives handed over for later completion */
     uint64_t alive_bytes, peak_bytes; /* gathered-weight bytes alive now / at most */
     int alive_buffers, peak_buffers;
+    uint64_t torch_buffers; /* CUDA gathered weights allocated by torch's caching allocator (the
+                             * rest came from cudaMallocAsync; CPU ones from the C heap) */
     int64_t order_len;     /* visits in the learned order */
     int64_t pending;       /* deferred collectives not yet finished */
     uint64_t tasks;        /* tasks added (axc_sched_add_task; never reset) */

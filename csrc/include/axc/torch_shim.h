@@ -4,6 +4,7 @@
 #ifndef AXC_TORCH_SHIM_H
 #define AXC_TORCH_SHIM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "axc/status.h"
@@ -43,6 +44,33 @@ axc_status axc_torch_load(const axc_torch_api **api);
 /* Turns a torch shim error code into AXC_ERR_BACKEND naming `what` (with torch's message when
  * this torch exports it). */
 axc_status axc_torch_check(int32_t err, const char *what);
+
+/* torch's CUDA caching allocator (the CUDA part of the shim, in libtorch_cuda; torch >= 2.10).
+ * Memory from it is what torch.cuda.memory_allocated() counts and what torch's cached free
+ * blocks can serve, so near the memory limit our buffers and torch's tensors share one pool.
+ * A block belongs to the stream it was allocated on: once freed, torch hands it to the next
+ * allocation on that stream at once, so every use on another stream must be waited for before
+ * the free (as with torch's record_stream). */
+typedef struct axc_torch_stream_guard_opaque *axc_torch_stream_guard;
+
+typedef struct axc_torch_cuda_api {
+    /* makes `stream` (on `device`) torch's current stream until the guard is deleted */
+    int32_t (*create_stream_guard)(void *stream, int32_t device, axc_torch_stream_guard *ret);
+    int32_t (*delete_stream_guard)(axc_torch_stream_guard guard);
+    /* a block of torch's caching allocator on the current stream; freed by raw_delete */
+    int32_t (*raw_alloc)(uint64_t nbytes, void **ret);
+    int32_t (*raw_delete)(void *ptr);
+} axc_torch_cuda_api;
+
+/* Loads it once (thread-safe): the libtorch_cuda.so that `import torch` loaded (RTLD_NOLOAD),
+ * else the library named by AXONN_C_TORCH_CUDA_LIB (the CPU mock tests). AXC_ERR_UNAVAILABLE
+ * with the reason when there is none (CPU-only torch, no Python, a torch older than 2.10): the
+ * caller then allocates on its own. */
+axc_status axc_torch_cuda_load(const axc_torch_cuda_api **api);
+
+/* `bytes` from torch's caching allocator, on `stream` of `device` (the block is that stream's). */
+axc_status axc_torch_cuda_alloc(const axc_torch_cuda_api *api, size_t bytes, int device,
+                                void *stream, void **out);
 
 #ifdef __cplusplus
 }

@@ -262,10 +262,10 @@ int main(void)
     axc_work_free(w0);
     CHECK(*exchanges >= 1); /* the watchdog put itself in the relaxed capture mode */
     axc_work *w1 = NULL, *w2 = NULL; /* MOCK_HANG_AT=3: the third collective hangs */
-    CHECK_OK(axc_comm_start(comm, AXC_GROUP_DEPTH, &c, &w1));
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_ROW, &c, &w1));
     CHECK_OK(axc_work_wait(w1));
     axc_work_free(w1);
-    CHECK_OK(axc_comm_start(comm, AXC_GROUP_ROW, &c, &w2));
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_ROW, &c, &w2)); /* the row group's second */
     CHECK(axc_work_done(w2) == 0);
     struct timespec ts = {1, 200000000};
     nanosleep(&ts, NULL); /* > timeout: the watchdog aborts */
@@ -273,7 +273,9 @@ int main(void)
     axc_status st = axc_work_wait(w2);
     printf("wait after the hang: %s: %s\n", axc_status_name(st), axc_last_error());
     CHECK(st == AXC_ERR_TIMEOUT);
-    CHECK(strstr(axc_last_error(), "all_reduce") && strstr(axc_last_error(), "row"));
+    CHECK(strstr(axc_last_error(), "all_reduce (sum)") && strstr(axc_last_error(), "row"));
+    /* numbered per group (the depth group's collective before does not count) */
+    CHECK(strstr(axc_last_error(), "on the row group (its collective #2)") != NULL);
     axc_work_free(w2);
     axc_work *w3 = NULL;
     st = axc_comm_start(comm, AXC_GROUP_COL, &c, &w3);

@@ -11,6 +11,13 @@
  *      acquire works (no rank issued the gather, so they are still in step);
  *   e. a cached buffer released on another stream moves to it (its later free follows those
  *      readers); destroy with buffers alive frees every one of them.
+ * With AXONN_C_TORCH_CUDA_LIB naming the mock of torch's CUDA shim (mock_torch_cuda.c), the
+ * same checks run on the path a job with torch takes: gathered weights are blocks of torch's
+ * caching allocator (counted in place of the cudaMallocAsync ones), which belong to the stream
+ * they were allocated on and go back to it at once when freed; so a buffer that moved to
+ * another stream is waited for on the host once more before its free (b, c), and the checker
+ * sees every reuse of a freed block as a write on its stream (a free ahead of a reader on the
+ * other stream is a violation at the next allocation that reuses it).
  * Between acquire and release, each visit's GEMMs "read" the gathered weight on its streams (the
  * acquire's and the release's, registered with the mock's stream-order checker), and at the end
  * of each rank the checker must have found no violation: every cudaFreeAsync of a gathered
@@ -33,9 +40,20 @@
 
 /* the mock's counters (exported by the library, found with dlsym) */
 static struct mock {
-    int *mallocs, *frees, *live, *malloc_err, *watch_syncs;
+    int torch; /* gathered weights come from (the mock of) torch's caching allocator */
+    int *mallocs, *frees, *live, *malloc_err, *watch_syncs, *reuses, *guards_live;
     void **last_malloc_stream, **last_free_stream, **watch;
 } g_mock;
+
+/* the allocation calls as the messages name them */
+#define ALLOC (g_mock.torch ? "torch raw_alloc" : "cudaMallocAsync")
+#define FREE (g_mock.torch ? "torch raw_delete" : "cudaFreeAsync")
+
+/* cudaFreeAsync goes to the stream that owns the buffer; torch's blocks have no free stream */
+static int freed_on(const void *stream)
+{
+    return g_mock.torch || *g_mock.last_free_stream == stream;
+}
 
 /* the fake compute streams: any distinct non-NULL handles (the mock never dereferences them) */
 static char s1_, s2_;
@@ -168,16 +186,15 @@ static void test_miss(const rank_ctx *c)
               "a miss: acquire on S1 did not gather rank 0's and rank 1's shard");
     counts d = since(t0);
     CHECK_MSG(d.mallocs == 1 && d.live == 1 && *g_mock.last_malloc_stream == S1,
-              "a miss: %d cudaMallocAsync (%d alive), the last on %s; expected 1 on S1",
-              d.mallocs, d.live, stream_name(*g_mock.last_malloc_stream));
+              "a miss: %d %s (%d alive), the last on %s; expected 1 on S1", d.mallocs, ALLOC,
+              d.live, stream_name(*g_mock.last_malloc_stream));
     CHECK_MSG(alive_buffers(s) == 1, "a miss: %d buffers alive after acquire", alive_buffers(s));
     gemm_reads(full, S1, S1);
     CHECK_OK(axc_sched_release(s, X.id, S1));
     d = since(t0);
-    CHECK_MSG(d.frees == 1 && d.live == 0 && *g_mock.last_free_stream == S1,
-              "a miss: release on S1: %d cudaFreeAsync (%d alive), the last on %s; expected 1 "
-              "on S1",
-              d.frees, d.live, stream_name(*g_mock.last_free_stream));
+    CHECK_MSG(d.frees == 1 && d.live == 0 && freed_on(S1),
+              "a miss: release on S1: %d %s (%d alive), the last on %s; expected 1 on S1",
+              d.frees, FREE, d.live, stream_name(*g_mock.last_free_stream));
     CHECK_MSG(d.sync1 == 0 && d.sync2 == 0,
               "a miss: one stream, yet %d host waits for S1 and %d for S2", d.sync1, d.sync2);
     CHECK_MSG(alive_buffers(s) == 0, "a miss: %d buffers alive after release", alive_buffers(s));
@@ -203,14 +220,15 @@ static void test_two_streams(const rank_ctx *c)
     gemm_reads(full, S1, S2);
     CHECK_OK(axc_sched_release(s, X.id, S2));
     counts d = since(t0);
-    CHECK_MSG(d.sync1 == 1 && d.sync2 == 0,
+    /* torch: the block goes back to S1 at once, so S2's readers are waited for too */
+    int want2 = g_mock.torch ? 1 : 0;
+    CHECK_MSG(d.sync1 == 1 && d.sync2 == want2,
               "b. release on S2 of a buffer of S1: %d host waits for S1 and %d for S2; expected "
-              "1 and 0",
-              d.sync1, d.sync2);
-    CHECK_MSG(d.mallocs == 1 && d.frees == 1 && d.live == 0 && *g_mock.last_free_stream == S2,
-              "b. %d cudaMallocAsync, %d cudaFreeAsync (%d alive), the last free on %s; "
-              "expected 1, 1, on S2",
-              d.mallocs, d.frees, d.live, stream_name(*g_mock.last_free_stream));
+              "1 and %d",
+              d.sync1, d.sync2, want2);
+    CHECK_MSG(d.mallocs == 1 && d.frees == 1 && d.live == 0 && freed_on(S2),
+              "b. %d %s, %d %s (%d alive), the last free on %s; expected 1, 1, on S2", d.mallocs,
+              ALLOC, d.frees, FREE, d.live, stream_name(*g_mock.last_free_stream));
     CHECK_MSG(alive_buffers(s) == 0, "b. %d buffers alive after release", alive_buffers(s));
     CHECK_OK(axc_sched_step_end(s));
     axc_sched_destroy(s);
@@ -254,8 +272,8 @@ static void test_prefetch_moves(const rank_ctx *c)
               "c. acquire A: %llu prefetches, %llu misses; expected 1 and 1",
               (unsigned long long)st.prefetches, (unsigned long long)st.misses);
     CHECK_MSG(d.mallocs == 2 && *g_mock.last_malloc_stream == S1,
-              "c. acquire A: %d cudaMallocAsync, the last (B's prefetch) on %s; expected 2, S1",
-              d.mallocs, stream_name(*g_mock.last_malloc_stream));
+              "c. acquire A: %d %s, the last (B's prefetch) on %s; expected 2, S1", d.mallocs,
+              ALLOC, stream_name(*g_mock.last_malloc_stream));
     gemm_reads(full, S1, S1);
     CHECK_OK(axc_sched_release(s, A.id, S1));
     /* B's visit runs on S2: it waits for S1 (B's gather) once, then B belongs to S2 */
@@ -279,11 +297,12 @@ static void test_prefetch_moves(const rank_ctx *c)
     gemm_reads(full, S2, S2);
     CHECK_OK(axc_sched_release(s, B.id, S2));
     d = since(t1);
-    CHECK_MSG(d.sync1 == 1 && d.sync2 == 0,
-              "c. release B on S2: %d host waits for S1 and %d for S2 in all; expected 1 and 0",
-              d.sync1, d.sync2);
-    CHECK_MSG(d.frees == 1 && *g_mock.last_free_stream == S2,
-              "c. release B on S2: %d cudaFreeAsync, the last on %s; expected 1 on S2", d.frees,
+    int want2 = g_mock.torch ? 1 : 0; /* torch: B's block goes back to S1, after S2's readers */
+    CHECK_MSG(d.sync1 == 1 && d.sync2 == want2,
+              "c. release B on S2: %d host waits for S1 and %d for S2 in all; expected 1 and %d",
+              d.sync1, d.sync2, want2);
+    CHECK_MSG(d.frees == 1 && freed_on(S2),
+              "c. release B on S2: %d %s, the last on %s; expected 1 on S2", d.frees, FREE,
               stream_name(*g_mock.last_free_stream));
     d = since(t0);
     CHECK_MSG(d.live == 0 && alive_buffers(s) == 0,
@@ -309,8 +328,9 @@ static void test_malloc_fails(const rank_ctx *c)
     const void *full = NULL;
     axc_status st = axc_sched_acquire(s, &w, &full);
     *g_mock.malloc_err = 0;
-    CHECK_MSG(st != AXC_OK && strstr(axc_last_error(), "cudaMallocAsync") != NULL,
-              "d. acquire with cudaMallocAsync failing: %s: %s", axc_status_name(st),
+    const char *named = g_mock.torch ? "torch's CUDA caching allocator" : "cudaMallocAsync";
+    CHECK_MSG(st != AXC_OK && strstr(axc_last_error(), named) != NULL,
+              "d. acquire with %s failing: %s: %s", ALLOC, axc_status_name(st),
               st != AXC_OK ? axc_last_error() : "");
     counts d = since(t0);
     CHECK_MSG(d.live == 0 && d.frees == 0 && alive_buffers(s) == 0,
@@ -324,8 +344,8 @@ static void test_malloc_fails(const rank_ctx *c)
     CHECK_OK(axc_sched_release(s, X.id, S1));
     d = since(t0);
     CHECK_MSG(d.mallocs == 1 && d.frees == 1 && d.live == 0 && alive_buffers(s) == 0,
-              "d. after the retry: %d cudaMallocAsync, %d cudaFreeAsync, %d live, %d alive",
-              d.mallocs, d.frees, d.live, alive_buffers(s));
+              "d. after the retry: %d %s, %d %s, %d live, %d alive", d.mallocs, ALLOC, d.frees,
+              FREE, d.live, alive_buffers(s));
     CHECK_OK(axc_sched_step_end(s));
     axc_sched_destroy(s);
 }
@@ -388,7 +408,14 @@ static void rank_main(int rank, int world, const int dims[4], double timeout)
         test_malloc_fails(&c);
         test_destroy(&c);
         counts d = since(t0);
-        CHECK_MSG(d.live == 0, "%d stream-ordered allocations never freed", d.live);
+        CHECK_MSG(d.live == 0, "%d gathered-weight allocations never freed", d.live);
+        if (g_mock.torch) {
+            /* freed blocks came back (so the checker saw reuses after moved readers), and
+             * every stream guard was undone */
+            CHECK_MSG(*g_mock.reuses > 0, "torch mode: no freed block was ever reused");
+            CHECK_MSG(*g_mock.guards_live == 0, "torch mode: %d stream guard(s) left",
+                      *g_mock.guards_live);
+        }
         axc_comm_destroy(c.comm);
     }
     char who[64];
@@ -423,6 +450,30 @@ static int find_mock(void)
                         "allocation counters\n", rt);
         return 0;
     }
+    const char *tc = getenv("AXONN_C_TORCH_CUDA_LIB");
+    if (tc && tc[0]) { /* the core opens the same library: its counters replace cudart's */
+        void *th = dlopen(tc, RTLD_NOW | RTLD_GLOBAL);
+        if (!th) {
+            fprintf(stderr, "AXONN_C_TORCH_CUDA_LIB=%s could not be loaded: %s\n", tc,
+                    dlerror());
+            return 0;
+        }
+        g_mock.torch = 1;
+        g_mock.mallocs = dlsym(th, "mock_torch_allocs");
+        g_mock.frees = dlsym(th, "mock_torch_deletes");
+        g_mock.live = dlsym(th, "mock_torch_live");
+        g_mock.malloc_err = dlsym(th, "mock_torch_alloc_err");
+        g_mock.last_malloc_stream = dlsym(th, "mock_torch_last_alloc_stream");
+        g_mock.reuses = dlsym(th, "mock_torch_reuses");
+        g_mock.guards_live = dlsym(th, "mock_torch_guards_live");
+        if (!g_mock.mallocs || !g_mock.frees || !g_mock.live || !g_mock.malloc_err ||
+            !g_mock.last_malloc_stream || !g_mock.reuses || !g_mock.guards_live) {
+            fprintf(stderr, "%s is not the mock of torch's CUDA shim\n", tc);
+            return 0;
+        }
+    }
+    printf("test_sched_mock: gathered weights from %s\n",
+           g_mock.torch ? "torch's caching allocator (mock)" : "cudaMallocAsync");
     if (!order_checker_find(&g_oc)) {
         fprintf(stderr, "the mock CUDA runtime at %s has no stream-order checker\n", rt);
         return 0;
