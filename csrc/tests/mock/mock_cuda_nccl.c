@@ -83,8 +83,18 @@ int cudaStreamWaitEvent(void *s, void *e, unsigned f)
 }
 int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
 int cudaEventDestroy(void *e) { mock_order_event_destroyed(e); free(e); return 0; }
+/* set by test_nccl_mock: the g_record_block_at-th cudaEventRecord from now blocks until a
+ * communicator was aborted (at most 5 s), so a collective's start runs into the watchdog's
+ * abort between its enqueue and its bookkeeping (the race fail_all must not miss) */
+int g_record_block_at, g_aborts;
 int cudaEventRecord(void *e, void *s)
 {
+    if (__atomic_load_n(&g_record_block_at, __ATOMIC_SEQ_CST) > 0 &&
+        __atomic_sub_fetch(&g_record_block_at, 1, __ATOMIC_SEQ_CST) == 0) {
+        struct timespec ms = {0, 1000000};
+        for (int i = 0; i < 5000 && !__atomic_load_n(&g_aborts, __ATOMIC_SEQ_CST); i++)
+            nanosleep(&ms, NULL);
+    }
     ((ev *)e)->pending = g_hung;
     ((ev *)e)->stream = s;
     mock_order_event_record(e, s);
@@ -204,6 +214,7 @@ int ncclCommAbort(void *c)
     }
     free(c);
     g_hung = 0;
+    __atomic_add_fetch(&g_aborts, 1, __ATOMIC_SEQ_CST);
     return result;
 }
 int ncclCommFinalize(void *c) { ((comm *)c)->polls_left = 1; return 7; }

@@ -1,6 +1,8 @@
 /* The nccl backend's failure path on the CPU mocks: a collective that never finishes makes the
- * watchdog abort within the timeout; the unwaited work fails with AXC_ERR_TIMEOUT naming the op and
- * group, and every later start fails with the same error. Before that, CUDA-graph capture: a
+ * watchdog abort within the timeout; the unwaited work fails with AXC_ERR_TIMEOUT naming the op,
+ * group and the collective's number on that group, a start overtaken by the abort (enqueued
+ * before it, booked after) fails the same way instead of passing for finished, and every later
+ * start fails with the same error. Before that, CUDA-graph capture: a
  * collective on a capturing stream is refused with a clear error, and event queries refused
  * because another thread captures do not fail the job. The buffers are the mock's device memory,
  * so its stream-order checker sees every collective's accesses: the fork from the caller's
@@ -267,6 +269,29 @@ int main(void)
     axc_work_free(w1);
     CHECK_OK(axc_comm_start(comm, AXC_GROUP_ROW, &c, &w2)); /* the row group's second */
     CHECK(axc_work_done(w2) == 0);
+    /* a collective whose start is overtaken by the abort: enqueued before it (its kernel is
+     * aborted), booked after fail_all went through the in-flight list. Its `done` record (the
+     * start's second cudaEventRecord) blocks until the watchdog has aborted w2's hang; the work
+     * must come out failed, not finished */
+    int *record_block_at = dlsym(RTLD_DEFAULT, "g_record_block_at");
+    int *aborts = dlsym(RTLD_DEFAULT, "g_aborts");
+    CHECK(record_block_at && aborts);
+    if (record_block_at && aborts) {
+        axc_work *wr = NULL;
+        axc_coll cr = c;
+        cr.send = cr.recv = dbuf[1]; /* not w2's buffer, which is still in flight */
+        *record_block_at = 2;
+        axc_status rs = axc_comm_start(comm, AXC_GROUP_COL, &cr, &wr);
+        CHECK(*aborts > 0); /* the abort did come in between */
+        if (rs == AXC_OK) {
+            rs = axc_work_wait(wr);
+            axc_work_free(wr);
+        }
+        printf("a start overtaken by the abort: %s: %s\n", axc_status_name(rs),
+               rs != AXC_OK ? axc_last_error() : "");
+        CHECK(rs == AXC_ERR_TIMEOUT);
+        CHECK(strstr(axc_last_error(), "its collective #2") != NULL); /* w2's timeout */
+    }
     struct timespec ts = {1, 200000000};
     nanosleep(&ts, NULL); /* > timeout: the watchdog aborts */
     CHECK(axc_work_done(w2) == 1);
