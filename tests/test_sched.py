@@ -13,3 +13,12 @@ pytestmark = pytest.mark.multiproc
 def test_scheduler_on_several_grids(world):
     out = torchrun(world, "sched_worker.py")
     assert f"world {world}: scheduler checks pass" in out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpu_suite_overlap_worker_on_cpu(world):
+    """The GPU suite's overlap worker (CUDA tensors on a GPU machine) with CPU tensors: its
+    checks (serial gradients after every backward, prefetches, deferrals, deferred dW GEMMs)
+    must hold here too, so that a GPU run fails only on what the GPU does differently."""
+    out = torchrun(world, "gpu_overlap_worker.py", env={"AXONN_C_TEST_DEVICE": "cpu"})
+    assert f"world {world}: overlap with cpu tensors matches serial PyTorch" in out

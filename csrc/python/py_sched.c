@@ -1,5 +1,8 @@
 /* Bindings of the scheduler (csrc/sched/sched.c): one per communicator, created at init and
- * destroyed at finalize by py_comm.c. Parsing only; the policy lives in the core. */
+ * destroyed at finalize by py_comm.c. Parsing only; the policy lives in the core. Every call
+ * into it releases the GIL: the scheduler's lock is held while torch's CUDA caching allocator
+ * runs (gathered weights), and that allocator may take the GIL (memory history recording Python
+ * stacks), so a thread holding the GIL must never wait for that lock. */
 #include <stdint.h>
 
 #include "axc/sched.h"
@@ -41,8 +44,9 @@ static PyObject *py_sched_configure(PyObject *self, PyObject *args)
     axc_sched *s = sched_or_raise();
     if (!s)
         return NULL;
-    axc_status st = axc_sched_configure(s, &cfg);
-    if (st != AXC_OK)
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_configure(s, &cfg);
+    Py_END_ALLOW_THREADS if (st != AXC_OK)
         return axc_py_raise(st);
     Py_RETURN_NONE;
 }
@@ -55,8 +59,9 @@ static PyObject *py_sched_layer_new(PyObject *self, PyObject *noargs)
     if (!s)
         return NULL;
     int id;
-    axc_status st = axc_sched_layer_new(s, &id);
-    if (st != AXC_OK)
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_layer_new(s, &id);
+    Py_END_ALLOW_THREADS if (st != AXC_OK)
         return axc_py_raise(st);
     return PyLong_FromLong(id);
 }
@@ -151,9 +156,10 @@ static PyObject *py_sched_stats(PyObject *self, PyObject *args)
     if (!s)
         return NULL;
     axc_sched_stats t;
-    axc_sched_stats_get(s, &t);
+    Py_BEGIN_ALLOW_THREADS axc_sched_stats_get(s, &t);
     if (reset)
         axc_sched_stats_reset(s);
+    Py_END_ALLOW_THREADS
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:K,s:L,s:L,s:K,s:K,s:K,s:K}",
         "visits",
@@ -178,8 +184,8 @@ static PyObject *py_sched_counters(PyObject *self, PyObject *args)
     if (!s)
         return NULL;
     axc_sched_stats t;
-    axc_sched_stats_get(s, &t);
-    return Py_BuildValue("(KKK)", t.tasks_run, t.results_held, t.results_done);
+    Py_BEGIN_ALLOW_THREADS axc_sched_stats_get(s, &t);
+    Py_END_ALLOW_THREADS return Py_BuildValue("(KKK)", t.tasks_run, t.results_held, t.results_done);
 }
 
 /* sched_await_result(ptr, bytes): completes the held results up to the newest one writing
@@ -253,7 +259,9 @@ static PyObject *py_sched_log(PyObject *self, PyObject *noargs)
     axc_sched_event *ev = PyMem_Malloc(AXC_SCHED_LOG_CAP * sizeof *ev);
     if (!ev)
         return PyErr_NoMemory();
-    size_t n = axc_sched_log_take(s, ev, AXC_SCHED_LOG_CAP);
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS n = axc_sched_log_take(s, ev, AXC_SCHED_LOG_CAP);
+    Py_END_ALLOW_THREADS
     PyObject *out = events_to_list(ev, n, 1);
     PyMem_Free(ev);
     return out;
@@ -267,11 +275,14 @@ static PyObject *py_sched_order(PyObject *self, PyObject *noargs)
     axc_sched *s = sched_or_raise();
     if (!s)
         return NULL;
-    int64_t n = axc_sched_order(s, NULL, 0);
-    axc_sched_event *ev = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *ev);
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS n = axc_sched_order(s, NULL, 0);
+    Py_END_ALLOW_THREADS axc_sched_event *ev =
+        PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *ev);
     if (!ev)
         return PyErr_NoMemory();
-    n = axc_sched_order(s, ev, (size_t)n);
+    Py_BEGIN_ALLOW_THREADS n = axc_sched_order(s, ev, (size_t)n);
+    Py_END_ALLOW_THREADS
     PyObject *out = events_to_list(ev, (size_t)n, 0);
     PyMem_Free(ev);
     return out;

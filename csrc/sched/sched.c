@@ -110,8 +110,9 @@ static layer_slot *slot(axc_sched *s, int id)
 static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *stream)
 {
     void *p = NULL;
+    size_t nb = bytes ? bytes : 1; /* an empty weight still gets a buffer (NULL means none) */
     if (L->device < 0) {
-        p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        p = aligned_alloc(64, (nb + 63) / 64 * 64);
         if (!p)
             return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory for a %zu-byte gathered "
                                            "weight", bytes);
@@ -126,13 +127,13 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
         AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));
         axc_status st = AXC_OK;
         if (tc)
-            st = axc_torch_cuda_alloc(tc, bytes, L->device, stream, &p);
+            st = axc_torch_cuda_alloc(tc, nb, L->device, stream, &p);
         else if (!cu->MallocAsync)
             st = axc_fail(AXC_ERR_UNAVAILABLE,
                           "scheduler: the CUDA runtime has no cudaMallocAsync (CUDA >= 11.2 "
                           "needed for gathered weights)");
         else
-            st = axc_cuda_check(cu->MallocAsync(&p, bytes, stream), "cudaMallocAsync");
+            st = axc_cuda_check(cu->MallocAsync(&p, nb, stream), "cudaMallocAsync");
         AXC_TRY(axc_cuda_device_leave(cu, L->device, prev, st));
         L->full_from_torch = tc != NULL;
         L->full_alloc_stream = stream;
@@ -185,21 +186,20 @@ static axc_status torch_block_free(layer_slot *L, const axc_cuda_api *cu)
                                                     "caching allocator");
 }
 
-/* Waits for the layer's gather (if any) and frees its buffer (CUDA: on L->full_stream, after
- * the gather and every reader). Keeps the first error. */
-static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
+/* Frees L's buffer (CUDA: after the gather and every reader, see above). A device buffer whose
+ * gather failed stays allocated: a failed wait does not order the collective's kernel before
+ * anything (it may be aborted, or not started yet), and freed memory could be handed out under
+ * it; the job is broken anyway. Keeps the first error. */
+static axc_status buf_free(axc_sched *s, layer_slot *L, int gather_failed, axc_status st)
 {
-    if (L->gather) {
-        axc_status ws = axc_work_wait(L->gather);
-        axc_work_free(L->gather);
-        L->gather = NULL;
-        if (st == AXC_OK)
-            st = ws;
-    }
     if (!L->full)
         return st;
     if (L->device < 0) {
         free(L->full);
+    } else if (gather_failed) {
+        axc_log(2, "scheduler: a %zu-byte gathered weight on cuda:%d stays allocated: its gather "
+                   "failed and may still write it",
+                L->full_bytes, L->device);
     } else {
         const axc_cuda_api *cu;
         int prev;
@@ -221,6 +221,21 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
     return st;
 }
 
+/* Waits for the layer's gather (if any) and frees its buffer. Keeps the first error. */
+static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
+{
+    int failed = 0;
+    if (L->gather) {
+        axc_status ws = axc_work_wait(L->gather);
+        axc_work_free(L->gather);
+        L->gather = NULL;
+        failed = ws != AXC_OK;
+        if (st == AXC_OK)
+            st = ws;
+    }
+    return buf_free(s, L, failed, st);
+}
+
 /* Starts the depth all-gather of L's last-seen shard into a new buffer. */
 static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
 {
@@ -236,9 +251,9 @@ static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
     c.device = L->device;
     c.stream = stream;
     axc_status st = axc_comm_start(s->comm, AXC_GROUP_DEPTH, &c, &L->gather);
-    if (st != AXC_OK) {
+    if (st != AXC_OK) { /* refused arguments never reached the transport */
         L->gather = NULL;
-        return buf_drop(s, L, st);
+        return buf_free(s, L, st != AXC_ERR_INVALID, st);
     }
     L->full_src = L->shard;
     L->full_version = L->version;
@@ -474,7 +489,7 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     if (st == AXC_OK)
         st = move_to_stream(L, w->stream);
     if (st != AXC_OK)
-        return buf_drop(s, L, st);
+        return buf_free(s, L, 1, st);
     *full = L->full;
     return AXC_OK;
 }

@@ -2,7 +2,7 @@
  * stream guard and the caching allocator's raw_alloc/raw_delete. It behaves as torch's allocator
  * does where ordering matters: a block belongs to the stream current at its allocation, a freed
  * block goes straight back to that stream's free list and the next allocation on that stream
- * that fits gets it, with nothing waited for. Its memory comes from the mock libcudart's
+ * that fits gets it (the most recently freed first), with nothing waited for. Its memory comes from the mock libcudart's
  * stream-order checker (loaded first, found by symbol), and handing a block out counts as a
  * write on its stream: a block freed while a reader on another stream was not yet ordered
  * before that stream is reported as a violation when it is handed out again.
@@ -21,10 +21,12 @@ typedef struct block {
     size_t bytes;
     void *stream;
     int in_use;
+    unsigned long long freed_at; /* when it was last freed (the newest is reused first) */
 } block;
 
 static block blocks_[MOCK_TORCH_BLOCKS];
 static int nblocks_;
+static unsigned long long frees_;
 static pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local void *current_stream_; /* NULL: the default stream */
 
@@ -67,8 +69,9 @@ int32_t aoti_torch_cuda_caching_allocator_raw_alloc(uint64_t nbytes, void **ret)
     void *s = current_stream_;
     pthread_mutex_lock(&mu_);
     block *b = NULL;
-    for (int i = 0; i < nblocks_ && !b; i++)
-        if (!blocks_[i].in_use && blocks_[i].stream == s && blocks_[i].bytes >= nbytes)
+    for (int i = 0; i < nblocks_; i++)
+        if (!blocks_[i].in_use && blocks_[i].stream == s && blocks_[i].bytes >= nbytes &&
+            (!b || blocks_[i].freed_at > b->freed_at))
             b = &blocks_[i];
     if (b) {
         __atomic_add_fetch(&mock_torch_reuses, 1, __ATOMIC_SEQ_CST);
@@ -77,7 +80,7 @@ int32_t aoti_torch_cuda_caching_allocator_raw_alloc(uint64_t nbytes, void **ret)
         void *p = mock_order_malloc_async(nbytes ? nbytes : 1, s);
         if (p) {
             b = &blocks_[nblocks_++];
-            *b = (block){p, nbytes ? nbytes : 1, s, 0};
+            *b = (block){p, nbytes ? nbytes : 1, s, 0, 0};
         }
     }
     if (!b) {
@@ -100,6 +103,7 @@ int32_t aoti_torch_cuda_caching_allocator_raw_delete(void *p)
     for (int i = 0; i < nblocks_ && !found; i++)
         if (blocks_[i].p == p && blocks_[i].in_use) {
             blocks_[i].in_use = 0; /* its stream's next allocation may take it */
+            blocks_[i].freed_at = ++frees_;
             found = 1;
         }
     pthread_mutex_unlock(&mu_);

@@ -10,7 +10,11 @@
  *   d. cudaMallocAsync failing on both ranks: acquire names it, nothing is alive, and the next
  *      acquire works (no rank issued the gather, so they are still in step);
  *   e. a cached buffer released on another stream moves to it (its later free follows those
- *      readers); destroy with buffers alive frees every one of them.
+ *      readers); destroy with buffers alive frees every one of them;
+ *   f. over a slow link (each gather 150 ms): a prefetch dropped while its gather is in flight
+ *      (step_abort), then a new gather on the same stream at once: the drop waits for the
+ *      gather before freeing (with torch's allocator the next allocation on that stream gets
+ *      the block at once: a free ahead of the gather is a violation of the checker there).
  * With AXONN_C_TORCH_CUDA_LIB naming the mock of torch's CUDA shim (mock_torch_cuda.c), the
  * same checks run on the path a job with torch takes: gathered weights are blocks of torch's
  * caching allocator (counted in place of the cudaMallocAsync ones), which belong to the stream
@@ -391,25 +395,73 @@ static void test_destroy(const rank_ctx *c)
               d.frees);
 }
 
+/* ------------------------------------------------------------------ f. drop in flight */
+
+static void test_drop_in_flight(const rank_ctx *c)
+{
+    axc_sched *s = sched_new(c);
+    if (!s)
+        return;
+    tlayer A, B, X;
+    layer_init(c, s, &A, 8);
+    layer_init(c, s, &B, 9);
+    layer_init(c, s, &X, 10);
+    visit_on(s, &A, S1); /* step 1 learns A, B */
+    visit_on(s, &B, S1);
+    CHECK_OK(axc_sched_step_end(s));
+    /* step 2: A's visit issues B's prefetch on S1, which the link keeps in flight */
+    axc_sched_weight wa = weight_of(&A, S1);
+    const void *full = NULL;
+    CHECK_OK(axc_sched_acquire(s, &wa, &full));
+    CHECK(full_ok(&A, full));
+    gemm_reads(full, S1, S1);
+    CHECK_OK(axc_sched_release(s, A.id, S1));
+    axc_sched_stats st;
+    axc_sched_stats_get(s, &st);
+    CHECK_MSG(st.alive_buffers == 1, "f. %d buffers alive after A (B's prefetch expected)",
+              st.alive_buffers);
+    /* the step is dropped with B's gather in flight; a new layer gathers on S1 right away (its
+     * allocation may get B's memory) */
+    CHECK_OK(axc_sched_step_abort(s));
+    axc_sched_weight wx = weight_of(&X, S1);
+    full = NULL;
+    CHECK_OK(axc_sched_acquire(s, &wx, &full));
+    CHECK_MSG(full_ok(&X, full), "f. the gather after the dropped prefetch has wrong values");
+    gemm_reads(full, S1, S1);
+    CHECK_OK(axc_sched_release(s, X.id, S1));
+    CHECK_MSG(alive_buffers(s) == 0, "f. %d buffers alive at the end", alive_buffers(s));
+    CHECK_OK(axc_sched_step_end(s));
+    axc_sched_destroy(s);
+}
+
 /* ------------------------------------------------------------------ ranks */
 
-static void rank_main(int rank, int world, const int dims[4], double timeout)
+/* A rank: sections a-e on a plain communicator, or (slow) f over one whose simulated link makes
+ * each collective take 150 ms; no gathered weight may be left, nor any ordering violation. */
+static void rank_run(int rank, int world, const int dims[4], double timeout, int slow)
 {
     rank_begin(rank);
     rank_ctx c = {rank, NULL};
     axc_comm_config cfg;
-    CHECK_OK(fork_ranks_config(&cfg, rank, world, dims, "schedmock", timeout));
+    if (slow)
+        setenv("AXONN_C_SIM_US", "150000", 1);
+    CHECK_OK(fork_ranks_config(&cfg, rank, world, dims, slow ? "schedmockslow" : "schedmock",
+                               timeout));
     CHECK_OK(axc_comm_create(&c.comm, &cfg));
     if (c.comm) {
         counts t0 = snap();
-        test_miss(&c);
-        test_two_streams(&c);
-        test_prefetch_moves(&c);
-        test_malloc_fails(&c);
-        test_destroy(&c);
+        if (slow) {
+            test_drop_in_flight(&c);
+        } else {
+            test_miss(&c);
+            test_two_streams(&c);
+            test_prefetch_moves(&c);
+            test_malloc_fails(&c);
+            test_destroy(&c);
+        }
         counts d = since(t0);
         CHECK_MSG(d.live == 0, "%d gathered-weight allocations never freed", d.live);
-        if (g_mock.torch) {
+        if (g_mock.torch && !slow) {
             /* freed blocks came back (so the checker saw reuses after moved readers), and
              * every stream guard was undone */
             CHECK_MSG(*g_mock.reuses > 0, "torch mode: no freed block was ever reused");
@@ -419,10 +471,20 @@ static void rank_main(int rank, int world, const int dims[4], double timeout)
         axc_comm_destroy(c.comm);
     }
     char who[64];
-    snprintf(who, sizeof who, "test_sched_mock rank %d", rank);
+    snprintf(who, sizeof who, "test_sched_mock%s rank %d", slow ? " (slow link)" : "", rank);
     int v = order_violations(&g_oc, who);
     CHECK_MSG(v == 0, "the stream-order checker found %d violation(s) (above)", v);
     rank_end(rank);
+}
+
+static void rank_main(int rank, int world, const int dims[4], double timeout)
+{
+    rank_run(rank, world, dims, timeout, 0);
+}
+
+static void rank_main_slow(int rank, int world, const int dims[4], double timeout)
+{
+    rank_run(rank, world, dims, timeout, 1);
 }
 
 static int find_mock(void)
@@ -495,5 +557,6 @@ int main(void)
         return 1;
     static const int depth2[4] = {1, 1, 1, 2};
     spawn_and_tally("G_d=2", 2, rank_main, depth2);
+    spawn_and_tally("G_d=2, slow link", 2, rank_main_slow, depth2);
     return ctest_summary("test_sched_mock");
 }
