@@ -27,3 +27,11 @@ def test_simulated_link_and_small_slots():
                    env={"AXONN_C_SHM_SLOT_KB": "64", "AXONN_C_SIM_GBPS": "50",
                         "AXONN_C_SIM_US": "5"})
     assert "all equal to gloo" in out
+
+
+def test_gpu_suite_shm_worker_on_cpu():
+    """The GPU suite's shm worker (CUDA tensors staged through host memory on a GPU machine)
+    with CPU tensors: its checks must hold here, so a GPU run fails only on the staging."""
+    out = torchrun(2, "gpu_shm_worker.py", "--backend", "shm", "--sizes", "1,7,1000",
+                   "--device", "cpu")
+    assert "world 2, backend shm" in out and "all equal to the serial result" in out, out
