@@ -21,7 +21,8 @@ def test_bench_overlap_quick(tmp_path):
     env.pop("AXONN_C_BENCH_SKIP", None)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_overlap.py"),
                            "--quick", "--ranks", "2", "--json", str(out), "--trace", str(trace),
-                           "--ablate-defer", "--gelu", "--micro-batches", "2"],
+                           "--ablate-defer", "--gelu", "--micro-batches", "2",
+                           "--compute-overlap"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())
@@ -31,7 +32,8 @@ def test_bench_overlap_quick(tmp_path):
     assert row["ranks"] == 2
     assert row["G_data"] * row["G_intra_r"] * row["G_intra_c"] * row["G_intra_d"] == 2
     for k in ("t_overlap_s", "t_no_overlap_s", "t_compute_s", "t_comm_s",
-              "t_overlap_nodefer_s", "t_pipelined_s", "t_microbatched_s"):
+              "t_overlap_nodefer_s", "t_pipelined_s", "t_microbatched_s",
+              "t_compute_overlap_s"):
         assert row[k] > 0, (k, row)
     assert row["exposed_comm_s"] >= 0 and row["exposed_nodefer_s"] >= 0
     assert row["exposed_pipelined_s"] >= 0 and row["pipeline_chunks"] == 2 and row["gelu"]
