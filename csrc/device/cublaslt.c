@@ -212,8 +212,24 @@ static int lt_capturing(const axc_cuda_api *api, void *stream)
 }
 
 /* The workspace of (device, stream): allocated on first use (the caller made `device` current).
- * A stream being captured into a CUDA graph gets none (cudaMalloc would invalidate the capture;
- * torch.cuda.graph captures on a stream of its own) and no entry, so it gets one later. */
+ * A stream being captured into a CUDA graph (torch.cuda.graph captures on a stream of its own)
+ * gets one too, allocated with this thread in the relaxed capture mode (cudaMalloc in the
+ * global mode would invalidate the capture; torch's allocator does the same): without one the
+ * GEMM would take another algorithm than the warm-up did, whose kernel CUDA then loads lazily
+ * inside the capture, which invalidates it. Such a workspace is never freed (replays use it).
+ * Where the mode cannot be switched, the GEMM runs without workspace. */
+static int lt_malloc_capturing(const axc_cuda_api *api, void **p, size_t bytes)
+{
+    int mode = AXC_CUDA_CAPTURE_MODE_RELAXED;
+    if (!api->ThreadExchangeStreamCaptureMode ||
+        api->ThreadExchangeStreamCaptureMode(&mode) != AXC_CUDA_SUCCESS)
+        return -1;
+    int err = api->Malloc(p, bytes);
+    if (api->ThreadExchangeStreamCaptureMode(&mode) != AXC_CUDA_SUCCESS) /* back to the caller's */
+        axc_log(2, "axonn_c: restoring the CUDA stream-capture mode failed");
+    return err;
+}
+
 static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void **ws,
                          size_t *bytes)
 {
@@ -254,9 +270,14 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
         d->ws[i].captured = 0;
         fresh = 1;
     }
-    if (fresh && !capturing) {
+    if (fresh) {
         void *p = NULL;
-        int err = api->Malloc(&p, AXC_LT_WORKSPACE_BYTES);
+        int err = capturing ? lt_malloc_capturing(api, &p, AXC_LT_WORKSPACE_BYTES)
+                            : api->Malloc(&p, AXC_LT_WORKSPACE_BYTES);
+        if (err != AXC_CUDA_SUCCESS && capturing) { /* without one; an entry comes later */
+            pthread_mutex_unlock(&lt_mu_);
+            return;
+        }
         if (err != AXC_CUDA_SUCCESS) {
             axc_log(2, "axonn_c: cudaMalloc of a %zu-byte cuBLASLt workspace on device %d failed "
                        "(cudaError %d); GEMMs on this stream run without workspace",
@@ -569,10 +590,20 @@ static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
         st = axc_fail(AXC_ERR_BACKEND, "%s: cuBLASLt algorithm wants %zu workspace bytes, %zu "
                                        "available",
                       c->what, algo_ws, ws_bytes);
-    if (st == AXC_OK)
-        st = lt_check(lt_.Matmul(handle, desc, &c->alpha, c->A, la, c->B, lb, &c->beta, c->D, ld,
-                                 c->D, ld, &algo, ws, ws_bytes, (cudaStream_t)c->stream),
-                      "cublasLtMatmul");
+    if (st == AXC_OK) {
+        cublasStatus_t r = lt_.Matmul(handle, desc, &c->alpha, c->A, la, c->B, lb, &c->beta, c->D,
+                                      ld, c->D, ld, &algo, ws, ws_bytes, (cudaStream_t)c->stream);
+        /* inside a CUDA-graph capture the launch has failed on an H200 (cuBLAS 13, every capture
+         * mode, a warmed-up stream too, while torch's own GEMMs capture): say so plainly */
+        if (r != CUBLAS_STATUS_SUCCESS && lt_capturing(api, c->stream))
+            st = axc_fail(AXC_ERR_STATE,
+                          "%s: cuBLASLt could not launch its GEMM inside a CUDA-graph capture "
+                          "(cublasStatus %d): axonn_c's CUDA GEMMs cannot be captured yet; run "
+                          "axonn_c layers outside torch.cuda.graph (the capture is invalid now)",
+                          c->what, (int)r);
+        else
+            st = lt_check(r, "cublasLtMatmul");
+    }
 
     /* descriptor teardown: keep the first failure */
     axc_status s2 = AXC_OK;

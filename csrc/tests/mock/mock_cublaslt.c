@@ -161,6 +161,10 @@ static void st_el(cudaDataType t, void *p, int64_t i, float v)
     ((uint16_t *)p)[i] = (uint16_t)(x >> 16);
 }
 
+/* set by test_gemm_mock: a matmul on this stream fails to launch (CUBLAS_STATUS_EXECUTION_FAILED),
+ * as every axc_gemm inside a CUDA-graph capture did on an H200 (2026-11-25) */
+void *mock_lt_fail_stream;
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t Al, const void *B,
                               cublasLtMatrixLayout_t Bl, const void *beta, const void *C,
@@ -169,6 +173,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
                               cudaStream_t s)
 {
     (void)h;
+    if (s && (void *)s == mock_lt_fail_stream)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     const mdesc *d = (const mdesc *)dsc;
     const mlayout *a = (const mlayout *)Al, *b = (const mlayout *)Bl, *c = (const mlayout *)Cl,
                   *dl = (const mlayout *)Dl;

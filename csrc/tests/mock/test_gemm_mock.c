@@ -215,32 +215,51 @@ int main(void)
                 free(dy), free(db), free(want);
             }
 
-    /* a stream being captured into a CUDA graph: GEMMs on it run without a workspace (its
-     * cudaMalloc would invalidate the capture); a bias gradient that would have to grow the
-     * ones vector is refused, naming the warm-up; after the capture the stream gets one */
+    /* a stream being captured into a CUDA graph: its workspace is allocated with the thread in
+     * the relaxed capture mode (the global mode's cudaMalloc would invalidate the capture, and a
+     * GEMM without one would take another algorithm than the warm-up, whose kernel CUDA loads
+     * lazily inside the capture), and kept after it; a bias gradient that would have to grow
+     * the ones vector is refused, naming the warm-up */
     {
         const char *rt = getenv("AXC_TEST_CUDART");
         void *h = rt ? dlopen(rt, RTLD_NOW | RTLD_NOLOAD) : NULL;
         void **capturing = h ? dlsym(h, "mock_capturing_stream") : NULL;
         int *mallocs = h ? dlsym(h, "mock_cuda_mallocs") : NULL;
-        CHECK(capturing && mallocs);
-        if (capturing && mallocs) {
+        int *exchanges = h ? dlsym(h, "g_mode_exchanges") : NULL;
+        CHECK(capturing && mallocs && exchanges);
+        if (capturing && mallocs && exchanges) {
             static char capture_stream; /* any non-NULL handle */
             static float a[64], b[64], c[64];
             axc_gemm_args g = {.device = 0, .dtype = AXC_DT_F32, .M = 3, .N = 4, .K = 5, .A = a,
                                .lda = 5, .B = b, .ldb = 4, .C = c, .ldc = 4, .alpha = 1.0f,
                                .stream = &capture_stream};
             *capturing = &capture_stream;
-            int before = *mallocs;
+            int before = *mallocs, switched = *exchanges;
             CHECK_OK(axc_gemm(&g));
-            CHECK(*mallocs == before);
+            CHECK(*mallocs == before + 1);        /* the capture stream's workspace */
+            CHECK(*exchanges == switched + 2);    /* relaxed for the cudaMalloc, then back */
             static float dy[4], db[4];
             CHECK(axc_bias_grad(0, &capture_stream, AXC_DT_F32, dy, 1 << 20, 1, 1, db, 0) ==
                       AXC_ERR_STATE &&
                   strstr(axc_last_error(), "warm-up"));
+            /* a launch that fails inside the capture is reported as a capture refusal */
+            void **fail_stream = h ? dlsym(RTLD_DEFAULT, "mock_lt_fail_stream") : NULL;
+            CHECK(fail_stream != NULL);
+            if (fail_stream) {
+                *fail_stream = &capture_stream;
+                axc_status fs = axc_gemm(&g);
+                printf("a GEMM whose launch fails in the capture: %s: %s\n",
+                       axc_status_name(fs), axc_last_error());
+                CHECK(fs == AXC_ERR_STATE && strstr(axc_last_error(), "CUDA-graph capture") &&
+                      strstr(axc_last_error(), "axc_gemm"));
+                *capturing = NULL; /* the same failure outside a capture is cuBLASLt's */
+                fs = axc_gemm(&g);
+                CHECK(fs == AXC_ERR_BACKEND && strstr(axc_last_error(), "cublasLtMatmul"));
+                *fail_stream = NULL;
+            }
             *capturing = NULL;
             CHECK_OK(axc_gemm(&g));
-            CHECK(*mallocs == before + 1); /* the workspace, now */
+            CHECK(*mallocs == before + 1); /* the same workspace after the capture */
         }
     }
 
