@@ -197,7 +197,8 @@ if want multirank; then
     done
 
     # init(overlap=True) with CUDA tensors, 2 and 4 ranks sharing the GPU: prefetch buffers
-    #     from torch's caching allocator, deferred reduce-scatters, buckets, hooks, against serial PyTorch
+    #     from torch's caching allocator, deferred reduce-scatters, buckets, hooks, against
+    #     serial PyTorch
     for n in 2 4; do
         step "overlap_cuda_shm_np$n" 900 "$PY" -m torch.distributed.run --standalone \
             --nproc_per_node "$n" "$REPO/tests/workers/gpu_overlap_worker.py"

@@ -377,17 +377,15 @@ static axc_status failure_status(nccl_backend *be)
 static void describe_coll(char *out, size_t cap, axc_coll_kind kind, axc_redop op, size_t count,
                           axc_dtype dtype, axc_group_kind group, uint64_t group_seq)
 {
-    if (kind == AXC_COLL_BARRIER)
-        snprintf(out, cap, "barrier on the %s group (its collective #%llu)",
-                 axc_group_name(group), (unsigned long long)group_seq);
-    else if (kind == AXC_COLL_ALL_REDUCE || kind == AXC_COLL_REDUCE_SCATTER)
-        snprintf(out, cap, "%s (%s) of %zu x %s on the %s group (its collective #%llu)",
-                 axc_coll_name(kind), axc_redop_name(op), count, axc_dtype_name(dtype),
-                 axc_group_name(group), (unsigned long long)group_seq);
-    else
-        snprintf(out, cap, "%s of %zu x %s on the %s group (its collective #%llu)",
-                 axc_coll_name(kind), count, axc_dtype_name(dtype), axc_group_name(group),
-                 (unsigned long long)group_seq);
+    char what[64] = "barrier"; /* a barrier carries no data */
+    if (kind != AXC_COLL_BARRIER) {
+        int reduces = kind == AXC_COLL_ALL_REDUCE || kind == AXC_COLL_REDUCE_SCATTER;
+        snprintf(what, sizeof what, "%s%s%s%s of %zu x %s", axc_coll_name(kind),
+                 reduces ? " (" : "", reduces ? axc_redop_name(op) : "", reduces ? ")" : "",
+                 count, axc_dtype_name(dtype));
+    }
+    snprintf(out, cap, "%s on the %s group (its collective #%llu)", what, axc_group_name(group),
+             (unsigned long long)group_seq);
 }
 
 /* ---------------------------------------------------------------- slots (mu held) */

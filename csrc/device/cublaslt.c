@@ -214,10 +214,10 @@ static int lt_capturing(const axc_cuda_api *api, void *stream)
 /* The workspace of (device, stream): allocated on first use (the caller made `device` current).
  * A stream being captured into a CUDA graph (torch.cuda.graph captures on a stream of its own)
  * gets one too, allocated with this thread in the relaxed capture mode (cudaMalloc in the
- * global mode would invalidate the capture; torch's allocator does the same): without one the
- * GEMM would take another algorithm than the warm-up did, whose kernel CUDA then loads lazily
- * inside the capture, which invalidates it. Such a workspace is never freed (replays use it).
- * Where the mode cannot be switched, the GEMM runs without workspace. */
+ * global mode would invalidate the capture; torch's allocator does the same), so the GEMM takes
+ * the algorithm its warm-up took. Such a workspace is never freed (replays use it). Where the
+ * mode cannot be switched, the GEMM runs without workspace. (On an H200 the GEMM launch inside
+ * a capture still fails, with or without it: see lt_matmul_on_device.) */
 static int lt_malloc_capturing(const axc_cuda_api *api, void **p, size_t bytes)
 {
     int mode = AXC_CUDA_CAPTURE_MODE_RELAXED;

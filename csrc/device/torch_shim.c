@@ -150,15 +150,12 @@ static void load_torch_cuda(void)
     axc_torch_cuda_api api;
     void *fields[4] = {&api.create_stream_guard, &api.delete_stream_guard, &api.raw_alloc,
                        &api.raw_delete};
-    for (int i = 0; i < 4; i++) {
-        void *sym = dlsym(h, syms[i]);
-        if (!sym) {
+    for (int i = 0; i < 4; i++)
+        if (!resolve(h, syms[i], fields[i], 0)) { /* optional: the caller falls back */
             snprintf(cuda_msg_, sizeof cuda_msg_, "%s has no symbol %s (torch older than 2.10)",
                      name, syms[i]);
             return;
         }
-        memcpy(fields[i], &sym, sizeof sym);
-    }
     cuda_api_ = api;
     cuda_status_ = AXC_OK;
 }

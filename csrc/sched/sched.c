@@ -120,8 +120,7 @@ static axc_status buf_alloc(axc_sched *s, layer_slot *L, size_t bytes, void *str
         /* torch's caching allocator where torch is there (its cached free blocks serve us, and
          * torch.cuda.memory_allocated() counts us); CUDA's stream-ordered pool otherwise */
         const axc_torch_cuda_api *tc = NULL;
-        if (axc_torch_cuda_load(&tc) != AXC_OK)
-            tc = NULL;
+        (void)axc_torch_cuda_load(&tc); /* NULL when unavailable */
         const axc_cuda_api *cu;
         int prev;
         AXC_TRY(axc_cuda_device_enter(L->device, &cu, &prev, "scheduler"));

@@ -2,10 +2,11 @@
  * stream guard and the caching allocator's raw_alloc/raw_delete. It behaves as torch's allocator
  * does where ordering matters: a block belongs to the stream current at its allocation, a freed
  * block goes straight back to that stream's free list and the next allocation on that stream
- * that fits gets it (the most recently freed first), with nothing waited for. Its memory comes from the mock libcudart's
- * stream-order checker (loaded first, found by symbol), and handing a block out counts as a
- * write on its stream: a block freed while a reader on another stream was not yet ordered
- * before that stream is reported as a violation when it is handed out again.
+ * that fits gets it (the most recently freed first), with nothing waited for. Its memory comes
+ * from the mock libcudart's stream-order checker (loaded first, found by symbol), and handing
+ * a block out counts as a write on its stream: a block freed while a reader on another stream
+ * was not yet ordered before that stream is reported as a violation when it is handed out
+ * again.
  * Counters (read by test_sched_mock): blocks handed out, freed, alive, reused; the stream of the
  * last one handed out; while mock_torch_alloc_err is nonzero raw_alloc fails with it. */
 #include <pthread.h>
