@@ -341,8 +341,12 @@ def accumulates(param: Tensor) -> bool:
 
 def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     """Sums param's gradient over `groups` during backward (when the data overlap is on):
-    registered once per parameter; `groups` can be changed later (param._axonn_hook_groups)."""
+    registered once per parameter; `groups` can be changed later (param._axonn_hook_groups).
+    Not in a world of one, where it would never have anything to do: a layer registers it when
+    it first runs on a larger grid (Linear._check_placement), sync_gradients on its next call."""
     param._axonn_hook_groups = tuple(groups)
+    if not runtime.is_initialized() or runtime.group_size("world") == 1:
+        return
     if runtime.first_hook(param, "grad"):
         ref = weakref.ref(param)
         param.register_hook(lambda g: _on_grad(ref, g))
@@ -362,10 +366,30 @@ def _on_grad(ref, g: Tensor) -> None:
     p = ref()
     if g is None:  # (a Linear weight whose gradient this pass deferred: nothing reached autograd)
         return
+    if idle() and not _summed and not _sums_now(p):  # the common case: nothing to do
+        return
     # (grad mode is on in a hook exactly when backward builds a graph: create_graph=True)
     create_graph = torch.is_grad_enabled()
     with torch.no_grad():
         _take_grad(p, g, create_graph)
+
+
+def idle() -> bool:
+    """Nothing pending: no record, bucket, held result or taken .grad."""
+    return not (_records or _open or _parked or _result_keeps or _taken)
+
+
+def _sums_now(p: Optional[Tensor]) -> bool:
+    """Whether a gradient of p arriving now would be summed during backward (the data overlap
+    on, sums enabled, a group of several ranks); on a micro-batch thread, whether it must be
+    checked. With nothing pending and no .grad marked summed, every other gradient goes to
+    autograd untouched (_take_grad would find nothing to do)."""
+    if p is None or concurrent.active() or not runtime.is_initialized():
+        return p is not None and concurrent.active()
+    on = getattr(p, "_axonn_overlap_data", None)
+    if not runtime.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
+        return False
+    return any(runtime.group_size(n) > 1 for n in p._axonn_hook_groups)
 
 
 def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:

@@ -346,12 +346,55 @@ class _EagerLinear(torch.autograd.Function):
         return dx, dw, (db if ctx.has_bias else None), None
 
 
+class _PlainLinear(torch.autograd.Function):
+    """An eager call with nothing cross-layer to do (Linear._plain_call): forward and backward
+    are one C call each through the layer's handle, which allocates the outputs."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, call):
+        y, saved = call.forward(x, w, b, *_dev_stream(x))
+        ctx.save_for_backward(x, saved, w)
+        ctx.call, ctx.has_bias = call, b is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, saved, w = ctx.saved_tensors
+        dx, dw, db = ctx.call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
+                                       *_dev_stream(dy))
+        return dx, dw, (db if ctx.has_bias else None), None
+
+
+# torch's C apply without Function.apply's Python wrapper (functorch unwrapping, default
+# arguments): a few microseconds per call that _PlainLinear does not need
+_plain_apply = super(torch.autograd.Function, _PlainLinear).apply
+
+
+def _dev_stream(t: Tensor) -> tuple:
+    return (t.device.index, _stream(t)) if t.is_cuda else (-1, 0)
+
+
 def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg, place: tuple) -> Tensor:
     # (an eager cfg here while compiling: torch.compile skipped Linear.forward and traces this
     # function alone; the eager path keeps the scheduler's semantics)
     if torch.compiler.is_compiling() and len(cfg) <= _SCHED:
         return _linear_fwd(x, w, b, list(cfg), list(place))[0]
     return _EagerLinear.apply(x, w, b, cfg)
+
+
+def _knob(name: str) -> property:
+    """A per-layer overlap knob (None: inherited); setting it drops the layer's plain-call memo,
+    which was decided with the old value."""
+    attr = "_knob_" + name
+
+    def get(self):
+        return self.__dict__.get(attr)
+
+    def set(self, value):
+        self.__dict__[attr] = value
+        self.__dict__["_plain_memo"] = None
+
+    return property(get, set)
 
 
 class Linear(nn.Module):
@@ -407,6 +450,7 @@ class Linear(nn.Module):
         """What sync_gradients, clip_grad_norm_ and the gradient hooks read off the parameters.
         Also run on a copy: copy.deepcopy of a Parameter keeps only its data, and neither a
         deepcopy nor torch.load restores hooks."""
+        self._plain_memo = None  # (new parameters: decide again)
         w, b = self.weight, self.bias
         w._axonn_grad_groups = ("data",)
         w._axonn_deferred = True  # its gradient goes through grads.prepare/add
@@ -419,6 +463,17 @@ class Linear(nn.Module):
             b._axonn_grad_groups = ("depth", "data")
             b._axonn_norm_groups = (self._shard_shapes["gout"],)
             grads.hook(b, b._axonn_grad_groups)  # summed during backward
+
+    def _apply(self, fn, *args, **kwargs):
+        self._plain_memo = None  # .to(), .half(), .cuda(): the memo holds dtype and device
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        if "_plain_memo" in state:  # (a C handle: not picklable; the copy makes its own)
+            state = dict(state)
+            del state["_plain_memo"]
+        return state
 
     def __setstate__(self, state):
         # copy.deepcopy and torch.load(model) come here (the parameters are new objects)
@@ -433,6 +488,7 @@ class Linear(nn.Module):
         _check_place(self._cfg, self._placed_on)
         self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
         self._epoch = runtime.epoch
+        self._tag_parameters()  # (a larger world than the layer was built in needs the hooks)
 
     @property
     def _shapes(self) -> dict:
@@ -515,6 +571,26 @@ class Linear(nn.Module):
     # ---------------------------------------------------------------- forward
 
     def forward(self, x: Tensor):
+        # the common eager call, checked in one go (the general path below does the same checks
+        # one by one, with the messages): the layer's C handle, knobs unchanged since it was
+        # made, a flat input of its dtype and device, nothing pending, no autocast, no chunk
+        # pipelining or micro-batch thread
+        m = self._plain_memo
+        if m is not None and m[0] == (runtime.epoch, runtime.knobs_version):
+            w, dt, dev = self.weight, x.dtype, x.device
+            if (dt is m[1] and dt is w.dtype and dev == w.device and x.dim() == 2
+                    and x.shape[1] == m[2] and x.is_contiguous()
+                    and not torch.is_autocast_enabled(dev.type) and grads.idle()
+                    and not pipeline.hold_flags(self) and not concurrent.active()
+                    and not torch.compiler.is_compiling()):
+                b = self.bias
+                if self.skip_bias_add:
+                    return (_plain_apply(x, w, None, m[3]),
+                            self._full_bias_for_output(b) if b is not None else None)
+                return _plain_apply(x, w, b, m[3])
+        return self._forward(x)
+
+    def _forward(self, x: Tensor):
         if torch.compiler.is_compiling() and self._placed_on != runtime.placement:
             # both are plain values torch.compile guards on: an init() that changes this rank's
             # placement recompiles, and the new graph raises when it runs
@@ -571,14 +647,19 @@ class Linear(nn.Module):
                 "decided at run time): set overlap_all_gather, overlap_reduce_scatter, "
                 "overlap_data and defer_wgrad to False (init(overlap=False) or "
                 "optimize_communication) for the captured region")
-        if torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
+        plain = None if torch.compiler.is_compiling() else self._plain_call(
+            x.dtype, use_bias, (ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw), hold)
+        if plain is not None:  # nothing cross-layer to do: one C call each way
+            y = _PlainLinear.apply(x2, w, b if use_bias else None, plain)
+        elif torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks)
+            y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
         else:
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast
             scheduled = ov_ag and w is self.weight
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
                    int(scheduled), ov_data, self._layer_id(), defer_dw, hold)
-        y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
+            y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
         if self.skip_bias_add:
@@ -586,12 +667,12 @@ class Linear(nn.Module):
         return y
 
     # per-layer overlap knobs: None inherits optimize_communication()'s, then init()'s
-    overlap_all_reduce: Optional[bool] = None
-    overlap_reduce_scatter: Optional[bool] = None
-    fwd_chunks: Optional[int] = None  # 0: chosen by the output's size
-    overlap_all_gather: Optional[bool] = None  # prefetch this layer's depth all-gather
-    overlap_data: Optional[bool] = None  # data-parallel reduction of dW during backward
-    defer_wgrad: Optional[bool] = None  # dW GEMM run under a later layer's dX reduction
+    overlap_all_reduce = _knob("overlap_all_reduce")
+    overlap_reduce_scatter = _knob("overlap_reduce_scatter")
+    fwd_chunks = _knob("fwd_chunks")  # 0: chosen by the output's size
+    overlap_all_gather = _knob("overlap_all_gather")  # prefetch this layer's depth all-gather
+    overlap_data = _knob("overlap_data")  # data-parallel reduction of dW during backward
+    defer_wgrad = _knob("defer_wgrad")  # dW GEMM run under a later layer's dX reduction
 
     def _overlap_knobs(self) -> tuple:
         if (self.overlap_all_reduce is None and self.overlap_reduce_scatter is None
@@ -609,6 +690,37 @@ class Linear(nn.Module):
                 v = runtime.overlap_overrides.get(name, runtime.overlap_defaults[name])
             out.append(int(v))
         return tuple(out)
+
+    _plain_memo = None
+
+    def _plain_call(self, dtype, use_bias, knobs: tuple, hold: int):
+        """The layer's C handle (_C.LinearCall) when this call needs nothing cross-layer: no
+        chunk pipelining or concurrent micro-batch, no scheduled depth gather, no deferred dW
+        (reduce-scatter, data-parallel bucket or dW GEMM); else None. Kept per init() and knob
+        setting: the same decision as _defers and linear.c's defers_dw, made once."""
+        if hold or concurrent.active():
+            return None
+        ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw = knobs
+        g_data, g_r, g_c, g_d = runtime.grid_sizes()
+        if ((ov_ag or ov_rs) and g_d > 1) or (ov_data and g_data > 1) or (
+                defer_dw and ov_ar and g_d == 1 and g_r * g_c > 1):
+            return None
+        memo = self._plain_memo
+        key = (runtime.epoch, runtime.knobs_version)
+        if (memo is not None and memo[0] == key and memo[1] is dtype
+                and memo[4] == (use_bias, knobs)):
+            return memo[3]
+        call = _C.LinearCall((*self._cfg[:3], bool(use_bias), self._cfg[4], str(dtype)[6:],
+                              bool(ov_ar), bool(ov_rs), chunks))
+        w = self.weight
+        if use_bias == (self.bias is not None and not self.skip_bias_add) and w.dtype is dtype:
+            # (forward's check: input features, device; a CUDA layer with a knob that a graph
+            # capture must refuse takes the general path)
+            want = self._shapes["k_local"] if self.expert_mode else self.in_features
+            capture_check = w.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
+            self._plain_memo = None if capture_check else (key, dtype, want, call,
+                                                           (use_bias, knobs))
+        return call
 
     _sched_key = None
 

@@ -425,6 +425,7 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                             f"{value!r}")
     saved = dict(runtime.overlap_overrides)
     saved_sched = tuple(runtime.sched_config)
+    runtime.knobs_version += 1
     runtime.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
                                      overlap_reduce_scatter=overlap_reduce_scatter,
                                      overlap_all_gather=overlap_all_gather,
@@ -437,6 +438,7 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
     try:
         yield
     finally:
+        runtime.knobs_version += 1
         runtime.overlap_overrides.clear()
         runtime.overlap_overrides.update(saved)
         if runtime.is_initialized():

@@ -23,6 +23,9 @@ overlap_defaults = {"overlap_all_reduce": False, "overlap_reduce_scatter": False
                     "fwd_chunks": 1, "overlap_all_gather": False, "overlap_data": False,
                     "defer_wgrad": False}
 overlap_overrides: dict = {}
+# changes whenever overlap_defaults or overlap_overrides do: keys what a layer decided from them
+# (Linear._plain_call)
+knobs_version = 0
 # False inside no_grad_sync(): backward does not start data-parallel reductions (process-wide:
 # autograd may run backward on another thread)
 grad_sync_enabled = True
@@ -191,6 +194,8 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             or not 1 <= concurrent_microbatches <= 8):
         raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "
                          f"{concurrent_microbatches!r}")
+    global knobs_version
+    knobs_version += 1
     overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
                             overlap_all_gather=overlap, overlap_data=overlap,
                             defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))

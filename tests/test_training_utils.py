@@ -93,7 +93,9 @@ def test_saved_model_loads_and_survives_reinit(world1, tmp_path):
         m.zero_grad()
         F.mse_loss(m(x), torch.ones(5, 4)).backward()
     for (name, p), q in zip(par.named_parameters(), copy.parameters()):
-        assert len(q._backward_hooks) == (1 if "fc" in name else 0), name  # its own, once
+        # a world of one registers no gradient hook (they would have nothing to do; the
+        # multi-rank copies check counts exactly one, its own)
+        assert not q._backward_hooks, name
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
     axonn_c.finalize()
     axonn_c.init()
@@ -115,7 +117,8 @@ def test_load_state_dict_assign_tags_new_parameters(world1):
     lin.load_state_dict(sd, assign=True)
     assert lin.weight is not None and lin.weight._axonn_deferred
     assert lin.weight._axonn_grad_groups == ("data",) and lin.bias._axonn_norm_groups == ("row",)
-    assert len(lin.weight._backward_hooks) == 1 and len(lin.bias._backward_hooks) == 1
+    # (their gradient hooks come with a larger world: training_utils_worker's copies)
+    assert not lin.weight._backward_hooks and not lin.bias._backward_hooks
 
 
 def test_clip_grad_norm_edge_cases(world1):

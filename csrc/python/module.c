@@ -59,7 +59,7 @@ PyMODINIT_FUNC PyInit__C(void)
     if (PyModule_AddObject(m, "CommError", axc_py_CommError) < 0 ||
         PyModule_AddObject(m, "CommTimeoutError", axc_py_CommTimeoutError) < 0)
         goto fail;
-    if (axc_py_comm_add_types(m) < 0)
+    if (axc_py_comm_add_types(m) < 0 || axc_py_linear_add_types(m) < 0)
         goto fail;
     return m;
 fail:

@@ -25,5 +25,6 @@ extern PyMethodDef axc_py_sched_methods[];
 
 /* Types registered on the module (each file adds its own). */
 int axc_py_comm_add_types(PyObject *module);
+int axc_py_linear_add_types(PyObject *module); /* py_linear_call.c */
 
 #endif

@@ -1,0 +1,159 @@
+"""Host cost of one axonn_c.Linear forward + backward next to nn.Linear's, at tiny shapes where
+the time is all host overhead (4 tokens, 16 -> 16, fp32 by default).
+
+    python benchmarks/bench_host.py [--json OUT.json] [--device cuda]       # world of one
+    python benchmarks/bench_host.py --ranks 2 [--json OUT.json]            # 2 ranks (torchrun)
+
+Both layers run in the same process, interleaved round by round (the best round of each is
+kept), with overlap off and on. The breakdown of axonn_c's time per call:
+- `c_us`: inside the C extension's calls (every axonn_c._C function the call makes, timed);
+- `gemm_us`: what the GEMMs cost (the step timed again with AXONN_C_BENCH_SKIP=compute, which
+  makes every GEMM return at once: the difference);
+- `python_us`: the rest (autograd's Function and hooks, the Python glue).
+At 2 ranks the grid is data-parallel (G_data=2): with overlap on, backward also sums the
+gradients; nn.Linear does no communication (its row is the floor, not a DDP equivalent).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+# switchable per step only when the variable exists at start (csrc/core/bench_skip.c)
+os.environ.setdefault("AXONN_C_BENCH_SKIP", "none")
+
+import torch  # noqa: E402
+
+import axonn_c  # noqa: E402
+from axonn_c import _C  # noqa: E402
+
+
+class CTimer:
+    """Wraps every function of axonn_c._C so the time spent inside them is summed."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.on = False
+        self.saved = {}
+
+    def install(self):
+        for name in dir(_C):
+            fn = getattr(_C, name)
+            if callable(fn) and type(fn).__name__ == "builtin_function_or_method":
+                self.saved[name] = fn
+                setattr(_C, name, self._wrap(fn))
+
+    def uninstall(self):
+        for name, fn in self.saved.items():
+            setattr(_C, name, fn)
+
+    def _wrap(self, fn):
+        def timed(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - t0
+        return timed
+
+
+def per_call(layer, x, g, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        layer(x).backward(g)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds: int,
+            iters: int) -> dict:
+    torch.manual_seed(0)
+    ours = axonn_c.Linear(fin, fout, device=device)
+    ref = torch.nn.Linear(fin, fout, device=device)
+    x = torch.randn(tokens, fin, device=device, requires_grad=True)
+    g = torch.randn(tokens, fout, device=device)
+    for _ in range(3):  # warm-up: allocations, the learned order, BLAS threads
+        per_call(ours, x, g, 50)
+        per_call(ref, x, g, 50)
+    t_ours, t_ref, t_nogemm = [], [], []
+    for _ in range(rounds):
+        t_ours.append(per_call(ours, x, g, iters))
+        t_ref.append(per_call(ref, x, g, iters))
+        os.environ["AXONN_C_BENCH_SKIP"] = "compute"
+        t_nogemm.append(per_call(ours, x, g, iters))
+        os.environ["AXONN_C_BENCH_SKIP"] = "none"
+    timer = CTimer()
+    timer.install()
+    try:
+        timer.on = True
+        c_time = min(_c_round(timer, ours, x, g, iters) for _ in range(rounds))
+    finally:
+        timer.uninstall()
+    best, floor = min(t_ours), min(t_ref)
+    gemm = max(best - min(t_nogemm), 0.0)
+    us = 1e6
+    return {"device": device, "overlap": overlap, "tokens": tokens, "in": fin, "out": fout,
+            "axonn_us": best * us, "nn_linear_us": floor * us, "extra_us": (best - floor) * us,
+            "c_us": c_time * us, "gemm_us": gemm * us,
+            "python_us": max(best - c_time, 0.0) * us}
+
+
+def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
+    timer.total = 0.0
+    per_call(layer, x, g, iters)
+    return timer.total / iters
+
+
+def run_here(args) -> list:
+    rows = []
+    for overlap in (False, True):
+        axonn_c.init(G_data=int(os.environ.get("WORLD_SIZE", "1")), overlap=overlap)
+        rows.append(measure(args.tokens, args.fin, args.fout, args.device, overlap, args.rounds,
+                            args.iters))
+        axonn_c.finalize()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=1, help="1, or 2 (launched with torchrun)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--fin", type=int, default=16)
+    ap.add_argument("--fout", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=300, help="calls per timed round")
+    ap.add_argument("--json", help="write the rows here (rank 0)")
+    args = ap.parse_args()
+    if args.ranks > 1 and "RANK" not in os.environ:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+               str(args.ranks), "--master_addr", "127.0.0.1", "--master_port", "29533",
+               __file__, *sys.argv[1:]]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        sys.exit(subprocess.call(cmd, env=env))
+    rows = run_here(args)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"world {world}, {args.device}, {args.tokens} tokens, {args.fin} -> {args.fout}: "
+          "microseconds per forward + backward")
+    print(f"{'overlap':>8} {'nn.Linear':>10} {'axonn_c':>9} {'extra':>8} {'python':>8} "
+          f"{'C':>8} {'GEMM':>8}")
+    for r in rows:
+        r["world"] = world
+        print(f"{str(r['overlap']):>8} {r['nn_linear_us']:10.1f} {r['axonn_us']:9.1f} "
+              f"{r['extra_us']:8.1f} {r['python_us']:8.1f} {r['c_us']:8.1f} {r['gemm_us']:8.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
