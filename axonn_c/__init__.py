@@ -7,9 +7,9 @@ import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core bind
 from . import _C, comm
 from . import timeline
 from ._C import CommError, CommTimeoutError, Work
-from .concurrent import run_concurrent
+from .chunking import Sequential, forward_backward
 from .linear import Linear
-from .pipeline import Sequential, forward_backward
+from .microbatches import run_concurrent
 from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
                        no_grad_sync, no_sync, optimize_communication, sync_gradients)
 from .runtime import scheduler_stats

@@ -46,22 +46,45 @@ from torch import Tensor
 from torch.autograd.graph import get_gradient_edge
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _C, concurrent, runtime
+from . import _C
 from .comm import _stream
+from .state import first_hook, group_size, grid_sizes, is_initialized, microbatch_active, \
+    overlap_knob, session
 
-# data-parallel gradient bucket size (bytes); init(bucket_size=...) sets it
-bucket_bytes = 4 * 1024 * 1024
 
 
-# param -> (the .grad it was recorded for, the groups that .grad is summed over)
-_summed = WeakIdKeyDictionary()
+
+
+def check_unsynced(p: Tensor) -> None:
+    """A .grad already summed over ranks (an overlapped backward, or run_concurrent's reducer)
+    cannot take unsummed micro-batch gradients: sync_gradients() must run first."""
+    if summed_over(p):
+        raise RuntimeError(
+            "run_concurrent: a parameter's .grad was already summed over ranks (by an earlier "
+            "backward with overlap on, or an earlier run_concurrent with model=), and "
+            "sync_gradients() has not run since; call axonn_c.sync_gradients(model) (or zero "
+            "the gradients) before run_concurrent")
+
+
+@contextlib.contextmanager
+def no_grad_sync():
+    """Gradient accumulation over micro-batches: inside this context backward starts no
+    data-parallel reduction and sync_gradients does nothing. Run every micro-batch but the last
+    inside it; the last one's backward (with overlap on) and sync_gradients reduce the whole
+    accumulated gradient once. Also available as axonn_c.no_sync()."""
+    prev = session.grad_sync_enabled
+    session.grad_sync_enabled = False
+    try:
+        yield
+    finally:
+        session.grad_sync_enabled = prev
 
 
 def summed_over(p: Tensor) -> Tuple[str, ...]:
     """The groups over which p.grad was summed during an earlier backward (sync_gradients skips
     them). An entry counts only while p.grad is the tensor it was made for: a .grad that was set
     to None (zero_grad) or replaced since, or a copy's, holds nothing summed."""
-    e = _summed.get(p)
+    e = _st.summed.get(p)
     if e is None or p.grad is None or e[0]() is not p.grad:
         return ()
     return e[1]
@@ -70,9 +93,9 @@ def summed_over(p: Tensor) -> Tuple[str, ...]:
 def mark_summed(p: Tensor, groups: Tuple[str, ...]) -> None:
     """Records that p.grad (as it is now) is summed over `groups` (() forgets)."""
     if not groups or p.grad is None:
-        _summed.pop(p, None)
+        _st.summed.pop(p, None)
     else:
-        _summed[p] = (weakref.ref(p.grad), tuple(groups))
+        _st.summed[p] = (weakref.ref(p.grad), tuple(groups))
 
 
 class _Record:
@@ -107,31 +130,45 @@ class _ChunkRecord:
         self.dw, self.bucket, self.left = dw, bucket, left
 
 
-_records: List[_Record] = []
-# (task number, tensors) for deferred dW GEMMs (defer_wgrad): alive until the task has run
-_task_keeps: List[Tuple[int, tuple]] = []
-# (result number, dx) for held backward all-reduces (axonn_c.Sequential): alive until awaited
-_result_keeps: List[Tuple[int, Tensor]] = []
-# (result number, y) for held forward all-reduces: alive until awaited. Apart from the backward
-# state above: the container awaits them within its forward, so they never mean that a backward
-# pass was abandoned (drop_if_abandoned) or left work to finish()
-_output_keeps: List[Tuple[int, Tensor]] = []
-_params_pending: set = set()
-# param -> (its .grad or None, the scratch tensor put in its place) for a parameter whose pending
-# record replaces .grad and that gets another gradient through autograd in the same pass
-# (_add_after_pending): autograd then adds in place into the scratch, not into the .grad that a
-# deferred dW GEMM may still read (its fold). finish() drops both; an abandoned pass puts the
-# .grad back unless the scratch was replaced meanwhile.
-_taken: Dict[Tensor, Tuple[Optional[Tensor], Tensor]] = {}
-_open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
-_parked: List[_Bucket] = []  # full buckets waiting for their chunk records before they close
-# chunk calls (axonn_c.Sequential) made with grad by the forwards since the last finish(), and the
-# records those calls' backwards accumulate into, by weight parameter
-_chunk_calls: Dict[Tensor, int] = {}
-_chunk_open: Dict[Tensor, _ChunkRecord] = {}
-_counting_ahead = False  # inside chunk_counts: a forward run ahead, not a recomputation
-_queued_task = None  # graph task whose end runs _end_of_backward
-_pass_alive = None  # weakref to the callback queued for that pass: dead once the pass is gone
+class _State:
+    """Everything pending between a backward pass's gradients and their completion (one
+    instance, `_st`; reset at init/finalize)."""
+
+    def __init__(self):
+        # param -> (the .grad it was recorded for, the groups that .grad is summed over)
+        self.summed = WeakIdKeyDictionary()
+        self.clear()
+
+    def clear(self):
+        self.records: List[_Record] = []
+        # (task number, tensors) for deferred dW GEMMs (defer_wgrad): alive until the task ran
+        self.task_keeps: List[Tuple[int, tuple]] = []
+        # (result number, dx) for held backward all-reduces (axonn_c.Sequential): alive until
+        # awaited
+        self.result_keeps: List[Tuple[int, Tensor]] = []
+        # (result number, y) for held forward all-reduces: alive until awaited. Apart from the
+        # backward state above: the container awaits them within its forward, so they never
+        # mean that a backward pass was abandoned (drop_if_abandoned) or left work to finish()
+        self.output_keeps: List[Tuple[int, Tensor]] = []
+        self.params_pending: set = set()
+        # param -> (its .grad or None, the scratch tensor put in its place) for a parameter
+        # whose pending record replaces .grad and that gets another gradient through autograd
+        # in the same pass (_add_after_pending): autograd then adds in place into the scratch,
+        # not into the .grad that a deferred dW GEMM may still read (its fold). finish() drops
+        # both; an abandoned pass puts the .grad back unless the scratch was replaced meanwhile.
+        self.taken: Dict[Tensor, Tuple[Optional[Tensor], Tensor]] = {}
+        self.open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
+        self.parked: List[_Bucket] = []  # full buckets waiting for their chunk records
+        # chunk calls (axonn_c.Sequential) made with grad by the forwards since the last
+        # finish(), and the records those calls' backwards accumulate into, by weight parameter
+        self.chunk_calls: Dict[Tensor, int] = {}
+        self.chunk_open: Dict[Tensor, _ChunkRecord] = {}
+        self.counting_ahead = False  # inside chunk_counts: a forward run ahead
+        self.queued_task = None  # graph task whose end runs _end_of_backward
+        self.pass_alive = None  # weakref to the callback queued for that pass: dead once gone
+
+
+_st = _State()
 
 
 def _close(bucket: _Bucket) -> None:
@@ -149,13 +186,13 @@ def _bucket_take(n: int, like: Tensor, groups: Tuple[str, ...]) -> Tuple[_Bucket
     """n elements in the open bucket of like's dtype/device summed over `groups` (a new bucket
     when it is full), and that bucket."""
     key = (like.dtype, like.device, groups)
-    b = _open.get(key)
+    b = _st.open.get(key)
     if b is not None and b.used + n > b.flat.numel():
         _retire(b)
         b = None
     if b is None:
-        elems = max(n, bucket_bytes // like.element_size())
-        b = _open[key] = _Bucket(like.new_empty((elems,)), groups)
+        elems = max(n, session.bucket_bytes // like.element_size())
+        b = _st.open[key] = _Bucket(like.new_empty((elems,)), groups)
     view = b.flat[b.used:b.used + n]
     b.used += n
     return b, view
@@ -168,15 +205,15 @@ def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)) -> T
 def _retire(b: _Bucket) -> None:
     """A bucket that takes nothing more: its sums start, or once its chunk records complete."""
     if b.pending:
-        _parked.append(b)
+        _st.parked.append(b)
     else:
         _close(b)
 
 
 def _close_if_full(key) -> None:
-    b = _open.get(key)
+    b = _st.open.get(key)
     if b is not None and b.used == b.flat.numel():  # full: its sum can start
-        del _open[key]
+        del _st.open[key]
         _retire(b)
 
 
@@ -186,13 +223,13 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     (dw), the accumulated gradient to fold in (or None), whether dw replaces .grad (else it is
     added), and whether it is reduced over the data group (`overlap_data`: the layer's knob)."""
     drop_if_abandoned()  # e.g. a second backward over a retained graph after one that raised
-    if param in _params_pending:  # the layer ran twice in this backward (shared weights)
+    if param in _st.params_pending:  # the layer ran twice in this backward (shared weights)
         finish()
     prev = param.grad
     flagged = "data" in summed_over(param)
     # a gradient already summed over data (a backward outside no_grad_sync, no sync_gradients
     # since) cannot absorb an unreduced one: the new part is then reduced too, and added
-    reduce = runtime.grid_sizes()[0] > 1 and ((overlap_data and runtime.grad_sync_enabled)
+    reduce = grid_sizes()[0] > 1 and ((overlap_data and session.grad_sync_enabled)
                                               or flagged)
     fold = None
     if prev is not None and not flagged:
@@ -204,8 +241,8 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
 
 def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
     """Records a deferred gradient; `keep`: tensors the C side reads until finish()."""
-    _records.append(_Record(param, dw, keep, replace, reduced))
-    _params_pending.add(param)
+    _st.records.append(_Record(param, dw, keep, replace, reduced))
+    _st.params_pending.add(param)
     if reduced:
         _close_if_full((dw.dtype, dw.device, ("data",)))
     queue_finish()
@@ -214,14 +251,14 @@ def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
 def expect_chunk(param: Tensor) -> None:
     """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
     accumulate into param's gradient in this pass."""
-    if (not _counting_ahead and torch._C._current_graph_task_id() != -1
+    if (not _st.counting_ahead and torch._C._current_graph_task_id() != -1
             and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
         # a forward inside backward under saved-tensor hooks: torch.utils.checkpoint's
         # recomputation (use_reentrant=False), whose graph never runs backward (the original
         # forward's nodes do, and counted their calls); counting it would leave the records
         # open until the end of backward
         return
-    _chunk_calls[param] = _chunk_calls.get(param, 0) + 1
+    _st.chunk_calls[param] = _st.chunk_calls.get(param, 0) + 1
 
 
 @contextlib.contextmanager
@@ -229,18 +266,17 @@ def chunk_counts(into: Dict[Tensor, int]):
     """Counts the chunk calls made inside into `into`: a forward run ahead inside another pass's
     backward (axonn_c.forward_backward), whose calls belong to the next pass, not to the one
     that finish() ends; add_chunk_counts hands them over once that pass is over."""
-    global _chunk_calls, _counting_ahead
-    saved, was = _chunk_calls, _counting_ahead
-    _chunk_calls, _counting_ahead = into, True
+    saved, was = _st.chunk_calls, _st.counting_ahead
+    _st.chunk_calls, _st.counting_ahead = into, True
     try:
         yield
     finally:
-        _chunk_calls, _counting_ahead = saved, was
+        _st.chunk_calls, _st.counting_ahead = saved, was
 
 
 def add_chunk_counts(counts: Dict[Tensor, int]) -> None:
     for p, k in counts.items():
-        _chunk_calls[p] = _chunk_calls.get(p, 0) + k
+        _st.chunk_calls[p] = _st.chunk_calls.get(p, 0) + k
     counts.clear()
 
 
@@ -249,18 +285,18 @@ def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Op
     to: the gradient so far, or for the pass's later chunks dw itself). The chunks of a pass
     accumulate in the GEMM, without a per-chunk dW tensor for autograd to sum; the record
     completes (its bucket may then start its sum) after the last chunk's backward, chunk_done."""
-    c = _chunk_open.get(param)
+    c = _st.chunk_open.get(param)
     if c is not None:
         return c.dw, c.dw
     dw, fold, replace, reduced = prepare(param, n, overlap_data)
     bucket = None
     if reduced:
         key = (dw.dtype, dw.device, ("data",))
-        bucket = _open.get(key)  # (prepare took dw from the open bucket of this key)
+        bucket = _st.open.get(key)  # (prepare took dw from the open bucket of this key)
         bucket.pending += 1
-    _records.append(_Record(param, dw, (fold,), replace, reduced))
-    _params_pending.add(param)
-    _chunk_open[param] = _ChunkRecord(dw, bucket, _chunk_calls.pop(param, 0))
+    _st.records.append(_Record(param, dw, (fold,), replace, reduced))
+    _st.params_pending.add(param)
+    _st.chunk_open[param] = _ChunkRecord(dw, bucket, _st.chunk_calls.pop(param, 0))
     queue_finish()
     return dw, fold
 
@@ -268,19 +304,19 @@ def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Op
 def chunk_done(param: Tensor) -> None:
     """A chunk call's backward has written its part: after the last one the record is complete
     and its bucket, if full, starts its sum."""
-    c = _chunk_open.get(param)
+    c = _st.chunk_open.get(param)
     if c is None:
         return
     c.left -= 1
     if c.left != 0:  # more chunks to come (or an unknown count: finish() completes it)
         return
-    del _chunk_open[param]
+    del _st.chunk_open[param]
     b = c.bucket
     if b is not None:
         b.pending -= 1
         if b.pending == 0:
-            if b in _parked:
-                _parked.remove(b)
+            if b in _st.parked:
+                _st.parked.remove(b)
                 _close(b)
             else:
                 _close_if_full((b.flat.dtype, b.flat.device, b.groups))
@@ -290,7 +326,7 @@ def keep_for_task(task: int, tensors: tuple) -> None:
     """Keeps what a deferred dW GEMM (scheduler task `task`) reads until it has run; releases
     the tensors of the tasks run since the last call."""
     release_done()
-    _task_keeps.append((task, tensors))
+    _st.task_keeps.append((task, tensors))
 
 
 def keep_output(number: int, y: Tensor) -> None:
@@ -299,7 +335,7 @@ def keep_output(number: int, y: Tensor) -> None:
     Function.apply, e.g. the early stop of checkpoint's recomputation) must not free memory the
     progress thread writes."""
     release_done()
-    _output_keeps.append((number, y))
+    _st.output_keeps.append((number, y))
 
 
 def keep_for_result(number: int, dx: Tensor) -> None:
@@ -307,7 +343,7 @@ def keep_for_result(number: int, dx: Tensor) -> None:
     is awaited: by the consumer's gradient hook (axonn_c/pipeline.py), or at the end of
     backward."""
     release_done()
-    _result_keeps.append((number, dx))
+    _st.result_keeps.append((number, dx))
     queue_finish()  # the end of backward awaits what no hook did
 
 
@@ -320,11 +356,11 @@ def _release(keeps: list, done: int) -> None:
 
 def release_done() -> None:
     """Releases what tasks that have run, and results that have been awaited, kept alive."""
-    if (_task_keeps or _result_keeps or _output_keeps) and runtime.is_initialized():
+    if (_st.task_keeps or _st.result_keeps or _st.output_keeps) and is_initialized():
         tasks_run, _, results_done = _C.sched_counters()
-        _release(_task_keeps, tasks_run)
-        _release(_result_keeps, results_done)
-        _release(_output_keeps, results_done)
+        _release(_st.task_keeps, tasks_run)
+        _release(_st.result_keeps, results_done)
+        _release(_st.output_keeps, results_done)
 
 
 def accumulates(param: Tensor) -> bool:
@@ -345,16 +381,15 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     Not in a world of one, where it would never have anything to do: a layer registers it when
     it first runs on a larger grid (Linear._check_placement), sync_gradients on its next call."""
     param._axonn_hook_groups = tuple(groups)
-    if not runtime.is_initialized() or runtime.group_size("world") == 1:
+    if not is_initialized() or group_size("world") == 1:
         return
-    if runtime.first_hook(param, "grad"):
+    if first_hook(param, "grad"):
         ref = weakref.ref(param)
         param.register_hook(lambda g: _on_grad(ref, g))
 
 
 def _data_overlap_on() -> bool:
-    return bool(runtime.overlap_overrides.get("overlap_data",
-                                              runtime.overlap_defaults["overlap_data"]))
+    return bool(overlap_knob("overlap_data"))
 
 
 def _on_grad(ref, g: Tensor) -> None:
@@ -366,7 +401,7 @@ def _on_grad(ref, g: Tensor) -> None:
     p = ref()
     if g is None:  # (a Linear weight whose gradient this pass deferred: nothing reached autograd)
         return
-    if idle() and not _summed and not _sums_now(p):  # the common case: nothing to do
+    if idle() and not _st.summed and not _sums_now(p):  # the common case: nothing to do
         return
     # (grad mode is on in a hook exactly when backward builds a graph: create_graph=True)
     create_graph = torch.is_grad_enabled()
@@ -376,7 +411,7 @@ def _on_grad(ref, g: Tensor) -> None:
 
 def idle() -> bool:
     """Nothing pending: no record, bucket, held result or taken .grad."""
-    return not (_records or _open or _parked or _result_keeps or _taken)
+    return not (_st.records or _st.open or _st.parked or _st.result_keeps or _st.taken)
 
 
 def _sums_now(p: Optional[Tensor]) -> bool:
@@ -384,32 +419,32 @@ def _sums_now(p: Optional[Tensor]) -> bool:
     on, sums enabled, a group of several ranks); on a micro-batch thread, whether it must be
     checked. With nothing pending and no .grad marked summed, every other gradient goes to
     autograd untouched (_take_grad would find nothing to do)."""
-    if p is None or concurrent.active() or not runtime.is_initialized():
-        return p is not None and concurrent.active()
+    if p is None or microbatch_active() or not is_initialized():
+        return p is not None and microbatch_active()
     on = getattr(p, "_axonn_overlap_data", None)
-    if not runtime.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
+    if not session.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
         return False
-    return any(runtime.group_size(n) > 1 for n in p._axonn_hook_groups)
+    return any(group_size(n) > 1 for n in p._axonn_hook_groups)
 
 
 def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
-    if p is not None and concurrent.active():  # autograd accumulates it; sync_gradients sums
-        concurrent.check_unsynced(p)
+    if p is not None and microbatch_active():  # autograd accumulates it; sync_gradients sums
+        check_unsynced(p)
         return
-    if p is None or not runtime.is_initialized() or not accumulates(p):
+    if p is None or not is_initialized() or not accumulates(p):
         return
     drop_if_abandoned()
     # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
     # reentrant checkpoint): this one is added after it, or it is completed first
-    if p in _params_pending:
+    if p in _st.params_pending:
         if not create_graph and _add_after_pending(p, g):
             return
         finish()
     on = getattr(p, "_axonn_overlap_data", None)  # a Linear weight: its layer's knob
-    if not runtime.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
+    if not session.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
         _unreduce(p)  # autograd adds an unsummed gradient: sync_gradients sums the total
         return
-    groups = tuple(n for n in p._axonn_hook_groups if runtime.group_size(n) > 1)
+    groups = tuple(n for n in p._axonn_hook_groups if group_size(n) > 1)
     if not groups or g.dtype != p.dtype or g.layout != torch.strided:
         _unreduce(p)  # nothing to sum / an unusual gradient: sync_gradients sums the total
         return
@@ -423,8 +458,8 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
         # that if the pass raises (the record dropped) .grad is a consistent unsummed total for
         # sync_gradients, not a summed one with an unsummed part in it
         _unreduce(p)
-    _records.append(_Record(p, view, None, True, groups))
-    _params_pending.add(p)
+    _st.records.append(_Record(p, view, None, True, groups))
+    _st.params_pending.add(p)
     _close_if_full((p.dtype, p.device, groups))
     queue_finish()
 
@@ -437,13 +472,13 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
     to a .grad already summed in an earlier pass, or for an unusual gradient: the caller then
     completes the pending work first (also under create_graph=True, where autograd accumulates
     out of place, replacing the scratch)."""
-    r = next((r for r in reversed(_records) if r.param is p), None)
+    r = next((r for r in reversed(_st.records) if r.param is p), None)
     if r is None or not r.replace or g.dtype != p.dtype or g.layout != torch.strided:
         return False
-    if p not in _taken:
+    if p not in _st.taken:
         prev = p.grad
         scratch = torch.empty_like(p if prev is None else prev)  # (finish() replaces it)
-        _taken[p] = (prev, scratch)
+        _st.taken[p] = (prev, scratch)
         p.grad = scratch
     groups = _groups_of(r)
     if groups:
@@ -451,7 +486,7 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
         part.copy_(g.reshape(-1))
     else:  # (summed with the rest by sync_gradients; a copy: autograd may keep g as .grad)
         part = g.detach().reshape(-1).clone()
-    _records.append(_Record(p, part, None, False, r.reduced))
+    _st.records.append(_Record(p, part, None, False, r.reduced))
     if groups:
         _close_if_full((p.dtype, p.device, groups))
     return True
@@ -462,7 +497,7 @@ def _copies(p: Tensor) -> int:
     summed over during an earlier backward (1 when it was not)."""
     copies = 1
     for n in summed_over(p):
-        copies *= runtime.group_size(n)
+        copies *= group_size(n)
     return copies
 
 
@@ -490,18 +525,16 @@ class _EndOfBackward:
 def queue_finish() -> None:
     """Runs finish() when the current backward pass ends (once per pass). Keyed by the pass's
     graph-task id, so a pass that raised (its callbacks dropped) does not block later ones."""
-    global _queued_task, _pass_alive
     task = torch._C._current_graph_task_id()
-    if task != _queued_task:
+    if task != _st.queued_task:
         cb = _EndOfBackward()
         torch.autograd.Variable._execution_engine.queue_callback(cb)
-        _queued_task = task
-        _pass_alive = weakref.ref(cb)
+        _st.queued_task = task
+        _st.pass_alive = weakref.ref(cb)
 
 
 def _end_of_backward() -> None:
-    global _queued_task
-    _queued_task = None
+    _st.queued_task = None
     finish()
     _C.sched_step_end()
 
@@ -512,24 +545,24 @@ def finish() -> None:
     .grad. Called at the end of backward, by sync_gradients, and before a layer's second
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
-    _chunk_calls.clear()
-    if not (_records or _open or _result_keeps or _taken):  # (held results no hook awaited)
+    _st.chunk_calls.clear()
+    if not (_st.records or _st.open or _st.result_keeps or _st.taken):  # (held results no hook awaited)
         return
-    taken = dict(_taken)
-    _taken.clear()
-    records = list(_records)
-    _records.clear()
-    _params_pending.clear()
-    _chunk_open.clear()
+    taken = dict(_st.taken)
+    _st.taken.clear()
+    records = list(_st.records)
+    _st.records.clear()
+    _st.params_pending.clear()
+    _st.chunk_open.clear()
     try:
-        for b in _parked + list(_open.values()):
+        for b in _st.parked + list(_st.open.values()):
             _close(b)
-        _parked.clear()
-        _open.clear()
+        _st.parked.clear()
+        _st.open.clear()
         _C.sched_finish()
     except BaseException:
-        _parked.clear()
-        _open.clear()
+        _st.parked.clear()
+        _st.open.clear()
         for r in records:  # do not leave half-reduced values where a gradient is expected
             r.param.grad = None
         raise
@@ -560,39 +593,27 @@ def drop_if_abandoned() -> None:
     without overlap.) Called by a Linear's forward, by the first gradient of a pass, and by
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
     thread, keeps its records."""
-    global _queued_task
-    if (not (_records or _open or _parked or _result_keeps or _taken)
-            or (_pass_alive is not None and _pass_alive() is not None)):
+    if (not (_st.records or _st.open or _st.parked or _st.result_keeps or _st.taken)
+            or (_st.pass_alive is not None and _st.pass_alive() is not None)):
         return
-    _queued_task = None
+    _st.queued_task = None
     try:
         _C.sched_finish()  # (the records hold what the queued dW GEMMs write: cleared after)
         _C.sched_step_abort()  # the half step's layer order is not learned
     finally:
-        _records.clear()
-        _params_pending.clear()
-        _open.clear()  # not summed: a partial bucket
-        _parked.clear()
-        _chunk_open.clear()
-        _chunk_calls.clear()
-        for p, (prev, scratch) in _taken.items():  # the gradient accumulated before the pass
+        _st.records.clear()
+        _st.params_pending.clear()
+        _st.open.clear()  # not summed: a partial bucket
+        _st.parked.clear()
+        _st.chunk_open.clear()
+        _st.chunk_calls.clear()
+        for p, (prev, scratch) in _st.taken.items():  # the gradient accumulated before the pass
             if p.grad is scratch:
                 p.grad = prev
-        _taken.clear()
+        _st.taken.clear()
         release_done()
 
 
 def reset() -> None:
     """Forgets everything pending (at init/finalize)."""
-    global _queued_task, _pass_alive
-    _queued_task = _pass_alive = None
-    _records.clear()
-    _params_pending.clear()
-    _open.clear()
-    _parked.clear()
-    _chunk_open.clear()
-    _chunk_calls.clear()
-    _task_keeps.clear()
-    _result_keeps.clear()
-    _output_keeps.clear()
-    _taken.clear()
+    _st.clear()

@@ -13,9 +13,9 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C, concurrent, grads, pipeline, runtime
+from . import _C, comm, grads
 from .comm import _stream
-from .runtime import grid
+from .state import OVERLAP_KNOBS, grid, grid_sizes, microbatch_active, refuse_cuda, session
 
 _EASY, _EXPERT = 0, 1
 
@@ -24,16 +24,38 @@ def _dev(t: Tensor) -> int:
     return t.device.index if t.is_cuda else -1
 
 
-_desc_cache: dict = {}
+class _Caches:
+    """Per-process memos of the layer calls (one instance, `_cache`)."""
+
+    def __init__(self):
+        self.desc: dict = {}  # (cfg, dtype) -> the description tuple the C calls take
+        self.shapes: dict = {}  # (desc, rows, epoch) -> _C.linear_shapes
+        # the scheduler reads a layer's last-seen shard when it prefetches: kept alive per id
+        self.keep: dict = {}
+        self.layer_id_lock = threading.Lock()  # one scheduler id per layer, across threads
+
+
+_cache = _Caches()
 
 # cfg: (in_features, out_features, transpose, has_bias, layout[, overlap_all_reduce,
 #       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad,
 #       hold])
 _SCHED, _OV_DATA, _LAYER, _DEFER_DW, _HOLD = 8, 9, 10, 11, 12
-# hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/pipeline.py): the forward all-reduce
-# of y, the backward all-reduce of dx, are left in flight for the next consumer to await; a
-# chunk call (several per layer and pass) takes no deferred-gradient path
-HOLD_FWD, HOLD_BWD, HOLD_CHUNK = pipeline.HOLD_FWD, pipeline.HOLD_BWD, pipeline.HOLD_CHUNK
+# hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/chunking.py): a direct child leaves
+# its forward all-reduce of y (HOLD_FWD) and its dX all-reduce (HOLD_BWD) in flight for the next
+# consumer to await; every Linear call while a container pipelines on this thread is one of
+# several chunk calls (HOLD_CHUNK: no deferred gradient, which expects one call per layer and
+# pass)
+HOLD_FWD, HOLD_BWD, HOLD_CHUNK = 1, 2, 4
+
+
+def hold_flags(layer) -> int:
+    """Which reductions this call of `layer` leaves held, and HOLD_CHUNK for any call made while
+    an axonn_c.Sequential pipelines on this thread (0 outside)."""
+    t = getattr(session.thread, "hold_target", None)
+    if t is not None and t[0] is layer:
+        return t[1]
+    return HOLD_CHUNK if getattr(session.thread, "hold_depth", 0) else 0
 
 
 def _hold(cfg) -> int:
@@ -43,20 +65,17 @@ def _hold(cfg) -> int:
 def _desc(cfg, dtype: torch.dtype) -> tuple:
     """The layer description the C functions take, memoised (this runs on every call)."""
     key = (*cfg, dtype)
-    d = _desc_cache.get(key)
+    d = _cache.desc.get(key)
     if d is None:
         in_f, out_f, transpose, has_bias, layout, *knobs = cfg
         ov_ar, ov_rs, chunks, scheduled = (*knobs, 0, 0, 1, 0)[:4] if knobs else (0, 0, 1, 0)
         defer_dw = len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW])
-        d = _desc_cache[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
+        d = _cache.desc[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
                                 str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks, bool(scheduled),
                                 defer_dw)
     return d
 
 
-# The scheduler reads a layer's last-seen shard when it prefetches: keep it alive (per layer id)
-_keep: dict = {}
-_layer_id_lock = threading.Lock()
 
 
 def _sched_args(w: Tensor, cfg) -> tuple:
@@ -64,34 +83,31 @@ def _sched_args(w: Tensor, cfg) -> tuple:
     if len(cfg) <= _LAYER:
         return (-1, 0, False)
     if cfg[_SCHED]:
-        _keep[cfg[_LAYER]] = w
+        _cache.keep[cfg[_LAYER]] = w
     return (cfg[_LAYER], w._version, bool(cfg[_SCHED]))
 
 
 def _placement() -> tuple:
     """What decides which shard of a weight this rank holds (G_data does not)."""
-    if runtime.placement is None:
+    if session.placement is None:
         grid()  # raises: no init()
-    return runtime.placement
+    return session.placement
 
 
 def _forget(layer_id: int, ep: int) -> None:
-    _keep.pop(layer_id, None)
-    if ep == runtime.epoch and _C is not None:
+    _cache.keep.pop(layer_id, None)
+    if ep == session.epoch and _C is not None:
         _C.sched_forget(layer_id)
 
 
-_shape_cache: dict = {}
-
-
 def _shapes(desc: tuple, rows: int) -> dict:
-    """_C.linear_shapes, memoised per init() (runtime.epoch changes at init and finalize)."""
-    key = (desc, rows, runtime.epoch)
-    s = _shape_cache.get(key)
+    """_C.linear_shapes, memoised per init() (session.epoch changes at init and finalize)."""
+    key = (desc, rows, session.epoch)
+    s = _cache.shapes.get(key)
     if s is None:
-        if len(_shape_cache) > 4096:
-            _shape_cache.clear()
-        s = _shape_cache[key] = _C.linear_shapes(desc, rows)
+        if len(_cache.shapes) > 4096:
+            _cache.shapes.clear()
+        s = _cache.shapes[key] = _C.linear_shapes(desc, rows)
     return s
 
 
@@ -168,7 +184,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     if hold:  # dx may still be written by its all-reduce: kept until the latest result is done
         grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
-        concurrent.shared_reduce_scatter(cfg[_LAYER], w, dwf)
+        session.concurrent_call.reduce_scatter(cfg[_LAYER], w, dwf)
         return dx, None, db
     if chunk:  # (no dW GEMM task: chunk calls run it in the call, G_d == 1: no reduce-scatter)
         grads.chunk_done(param)
@@ -186,9 +202,9 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
 
 def _shares_depth(cfg, s: dict) -> bool:
     """An unscheduled depth-sharded call on a micro-batch thread of run_concurrent: its depth
-    traffic is shared by the micro-batches (axonn_c/concurrent.py)."""
+    traffic is shared by the micro-batches (axonn_c/microbatches.py)."""
     return (s["depth_size"] > 1 and len(cfg) > _LAYER and not cfg[_SCHED]
-            and concurrent.active())
+            and session.concurrent_call is not None and microbatch_active())
 
 
 def _shared_gather(w: Tensor, cfg, s: dict, phase: str) -> Optional[Tensor]:
@@ -196,7 +212,7 @@ def _shared_gather(w: Tensor, cfg, s: dict, phase: str) -> Optional[Tensor]:
     itself)."""
     if not _shares_depth(cfg, s):
         return None
-    return concurrent.shared_gather(cfg[_LAYER], phase, w, s["shard"] * s["depth_size"])
+    return session.concurrent_call.gather(cfg[_LAYER], phase, w, s["shard"] * s["depth_size"])
 
 
 def _shared_scatter_block(w: Tensor, cfg, s: dict) -> Optional[Tensor]:
@@ -206,7 +222,7 @@ def _shared_scatter_block(w: Tensor, cfg, s: dict) -> Optional[Tensor]:
         return None
     if not grads.accumulates(w):  # torch.autograd.grad wants dW handed back
         return None
-    return concurrent.scatter_block(w, s["shard"] * s["depth_size"])
+    return session.concurrent_call.scatter_block(w, s["shard"] * s["depth_size"])
 
 
 def _defers(w: Tensor, cfg) -> bool:
@@ -217,10 +233,10 @@ def _defers(w: Tensor, cfg) -> bool:
         return False
     if _hold(cfg):  # one call per chunk: the chunks accumulate into one gradient (grads.py)
         return grads.accumulates(w)
-    if concurrent.active():  # autograd accumulates each micro-batch's dW (axonn_c/concurrent.py)
-        concurrent.check_unsynced(w)
+    if microbatch_active():  # autograd accumulates each micro-batch's dW (microbatches.py)
+        grads.check_unsynced(w)
         return False
-    g_data, g_r, g_c, g_d = runtime.grid_sizes()
+    g_data, g_r, g_c, g_d = grid_sizes()
     # defer_wgrad as csrc/layers/linear.c's defers_dw: under a dX reduction of a tensor-parallel
     # grid, and not with depth sharding
     defer_dw = (len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW]) and bool(cfg[5]) and g_d == 1
@@ -243,8 +259,8 @@ def _placement_error(in_f: int, out_f: int, placed_on: tuple, now: Optional[tupl
 
 
 def _check_place(cfg, place) -> None:
-    if tuple(place) != runtime.placement:
-        raise RuntimeError(_placement_error(cfg[0], cfg[1], tuple(place), runtime.placement))
+    if tuple(place) != session.placement:
+        raise RuntimeError(_placement_error(cfg[0], cfg[1], tuple(place), session.placement))
 
 
 # ---- torch.library custom ops: what torch.compile sees (opaque nodes, no graph break)
@@ -423,7 +439,7 @@ class Linear(nn.Module):
                      _EXPERT if self.expert_mode else _EASY]
         # raises before init()
         s = self._shard_shapes = _C.linear_shapes(_desc(self._cfg, dtype), 0)
-        self._placed_on, self._epoch = _placement(), runtime.epoch
+        self._placed_on, self._epoch = _placement(), session.epoch
         if s["gin_size"] * s["gout_size"] == 1:
             # no feature sharding: both layouts hold full features and this rank's tokens, so
             # the easy layout needs no redistribution (and no copies)
@@ -487,14 +503,14 @@ class Linear(nn.Module):
         _placement()  # raises: no init()
         _check_place(self._cfg, self._placed_on)
         self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
-        self._epoch = runtime.epoch
+        self._epoch = session.epoch
         self._tag_parameters()  # (a larger world than the layer was built in needs the hooks)
 
     @property
     def _shapes(self) -> dict:
         """The shard's shapes and this rank's place (_C.linear_shapes), checked against the
         current grid once per init() in eager mode (compiled code: forward)."""
-        if self._epoch != runtime.epoch and not torch.compiler.is_compiling():
+        if self._epoch != session.epoch and not torch.compiler.is_compiling():
             self._check_placement()
         return self._shard_shapes
 
@@ -528,8 +544,6 @@ class Linear(nn.Module):
     @torch.no_grad()
     def full_weight(self) -> Tensor:
         """The full [out, in] weight on every rank (collective over the intra group)."""
-        from . import comm
-
         s = self._shapes
         shards = self.weight.new_empty(s["shard"] * s["depth_size"])
         comm.all_gather(shards, self.weight.detach().contiguous(), group="depth")
@@ -544,8 +558,6 @@ class Linear(nn.Module):
 
     @torch.no_grad()
     def full_bias(self) -> Optional[Tensor]:
-        from . import comm
-
         if self.bias is None:
             return None
         s = self._shapes
@@ -576,12 +588,12 @@ class Linear(nn.Module):
         # made, a flat input of its dtype and device, nothing pending, no autocast, no chunk
         # pipelining or micro-batch thread
         m = self._plain_memo
-        if m is not None and m[0] == (runtime.epoch, runtime.knobs_version):
+        if m is not None and m[0] == (session.epoch, session.knobs_version):
             w, dt, dev = self.weight, x.dtype, x.device
             if (dt is m[1] and dt is w.dtype and dev == w.device and x.dim() == 2
                     and x.shape[1] == m[2] and x.is_contiguous()
                     and not torch.is_autocast_enabled(dev.type) and grads.idle()
-                    and not pipeline.hold_flags(self) and not concurrent.active()
+                    and not hold_flags(self) and not microbatch_active()
                     and not torch.compiler.is_compiling()):
                 b = self.bias
                 if self.skip_bias_add:
@@ -591,11 +603,11 @@ class Linear(nn.Module):
         return self._forward(x)
 
     def _forward(self, x: Tensor):
-        if torch.compiler.is_compiling() and self._placed_on != runtime.placement:
+        if torch.compiler.is_compiling() and self._placed_on != session.placement:
             # both are plain values torch.compile guards on: an init() that changes this rank's
             # placement recompiles, and the new graph raises when it runs
             msg = _placement_error(self.in_features, self.out_features, self._placed_on,
-                                   runtime.placement)
+                                   session.placement)
             y = _stale_layer(x, self.weight, msg,
                              self._shard_shapes["n_local"] if self.expert_mode
                              else self.out_features)
@@ -624,13 +636,13 @@ class Linear(nn.Module):
         x2 = x if flat else x.reshape(-1, x.shape[-1]).contiguous()
         use_bias = b is not None and not self.skip_bias_add
         ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw = self._overlap_knobs()
-        if concurrent.active():  # micro-batch threads leave the scheduler's shared state alone
+        if microbatch_active():  # micro-batch threads leave the scheduler's shared state alone
             if x.is_cuda:  # (fn moved its micro-batch to the GPU itself)
-                concurrent.refuse_cuda(x.device)
+                refuse_cuda(x.device)
             ov_ag = ov_data = defer_dw = 0
             chunks = chunks or 1  # the other micro-batches hide the all-reduce: no auto split
-        hold = 0 if torch.compiler.is_compiling() else pipeline.hold_flags(self)
-        if not torch.compiler.is_compiling() and not concurrent.active():
+        hold = 0 if torch.compiler.is_compiling() else hold_flags(self)
+        if not torch.compiler.is_compiling() and not microbatch_active():
             # the weight's gradient hook follows this layer's knob (grads._on_grad)
             self.weight._axonn_overlap_data = bool(ov_data)
         if hold:  # a chunk of axonn_c.Sequential: the other chunks hide the all-reduces
@@ -678,16 +690,16 @@ class Linear(nn.Module):
         if (self.overlap_all_reduce is None and self.overlap_reduce_scatter is None
                 and self.fwd_chunks is None and self.overlap_all_gather is None
                 and self.overlap_data is None and self.defer_wgrad is None
-                and not runtime.overlap_overrides):
-            d = runtime.overlap_defaults  # the common case: init()'s defaults
+                and not session.overlap_overrides):
+            d = session.overlap_defaults  # the common case: init()'s defaults
             return (int(d["overlap_all_reduce"]), int(d["overlap_reduce_scatter"]),
                     d["fwd_chunks"], int(d["overlap_all_gather"]), int(d["overlap_data"]),
                     int(d["defer_wgrad"]))
         out = []
-        for name in runtime.OVERLAP_KNOBS:
+        for name in OVERLAP_KNOBS:
             v = getattr(self, name)
             if v is None:
-                v = runtime.overlap_overrides.get(name, runtime.overlap_defaults[name])
+                v = session.overlap_overrides.get(name, session.overlap_defaults[name])
             out.append(int(v))
         return tuple(out)
 
@@ -698,15 +710,15 @@ class Linear(nn.Module):
         chunk pipelining or concurrent micro-batch, no scheduled depth gather, no deferred dW
         (reduce-scatter, data-parallel bucket or dW GEMM); else None. Kept per init() and knob
         setting: the same decision as _defers and linear.c's defers_dw, made once."""
-        if hold or concurrent.active():
+        if hold or microbatch_active():
             return None
         ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw = knobs
-        g_data, g_r, g_c, g_d = runtime.grid_sizes()
+        g_data, g_r, g_c, g_d = grid_sizes()
         if ((ov_ag or ov_rs) and g_d > 1) or (ov_data and g_data > 1) or (
                 defer_dw and ov_ar and g_d == 1 and g_r * g_c > 1):
             return None
         memo = self._plain_memo
-        key = (runtime.epoch, runtime.knobs_version)
+        key = (session.epoch, session.knobs_version)
         if (memo is not None and memo[0] == key and memo[1] is dtype
                 and memo[4] == (use_bias, knobs)):
             return memo[3]
@@ -727,13 +739,13 @@ class Linear(nn.Module):
     def _layer_id(self) -> int:
         """This layer's scheduler id, per init() and per object (a deep copy gets its own).
         Concurrent micro-batches may ask for it at once: one id per layer, under a lock."""
-        key = (runtime.epoch, id(self))
+        key = (session.epoch, id(self))
         if self._sched_key != key:
-            with _layer_id_lock:
+            with _cache.layer_id_lock:
                 if self._sched_key != key:
                     self._sched_id = _C.sched_layer_new()
                     self._sched_key = key
-                    weakref.finalize(self, _forget, self._sched_id, runtime.epoch)
+                    weakref.finalize(self, _forget, self._sched_id, session.epoch)
         return self._sched_id
 
     def _full_bias_for_output(self, b: Tensor) -> Tensor:
@@ -755,8 +767,6 @@ class Linear(nn.Module):
 class _GatherBias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, b, gout, gin, gout_size):
-        from . import comm
-
         ctx.gout, ctx.gin, ctx.n = gout, gin, b.shape[0]
         out = b.new_empty(gout_size * b.shape[0])
         comm.all_gather(out, b.contiguous(), group=gout)
@@ -764,8 +774,6 @@ class _GatherBias(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        from . import comm
-
         g = g.contiguous().clone()
         comm.all_reduce(g, group=ctx.gin)
         comm.all_reduce(g, group=ctx.gout)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import warnings
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Tuple, Union
@@ -24,16 +23,16 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import comm, grads, runtime
+from . import comm, grads
+from .grads import no_grad_sync
 from .linear import Linear
-from .runtime import grid
+from .state import configure_scheduler, grid, group_size, is_initialized, session
 
 __all__ = ["sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict",
            "auto_parallelize", "optimize_communication"]
 
 # Gradients are packed into flat buffers of at most this many bytes per collective call.
 _BUCKET_BYTES = 32 * 1024 * 1024
-_state = threading.local()
 
 
 # ------------------------------------------------------------------------- token layout
@@ -66,24 +65,10 @@ def _token_shards(expert: bool) -> int:
 
 
 def _nontrivial(groups: Iterable[str]) -> Tuple[str, ...]:
-    return tuple(name for name in groups if runtime.group_size(name) > 1)
+    return tuple(name for name in groups if group_size(name) > 1)
 
 
 # ------------------------------------------------------------------------- sync_gradients
-
-@contextlib.contextmanager
-def no_grad_sync():
-    """Gradient accumulation over micro-batches: inside this context backward starts no
-    data-parallel reduction and sync_gradients does nothing. Run every micro-batch but the last
-    inside it; the last one's backward (with overlap on) and sync_gradients reduce the whole
-    accumulated gradient once. Also available as axonn_c.no_sync()."""
-    prev = runtime.grad_sync_enabled
-    runtime.grad_sync_enabled = False
-    try:
-        yield
-    finally:
-        runtime.grad_sync_enabled = prev
-
 
 no_sync = no_grad_sync
 
@@ -153,7 +138,7 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     call only scales: Linear weights and biases from the first step, the model's other
     parameters from the second (this call registers their gradient hooks, axonn_c/grads.py).
     """
-    if not runtime.grad_sync_enabled:
+    if not session.grad_sync_enabled:
         return
     grads.finish()
     expert = _model_expert_mode(model, expert_mode)
@@ -334,7 +319,7 @@ class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
                 *args, **kwargs):
         if cls is not _AutoLinear:  # a user subclass defined inside the context
             return super().__new__(cls)
-        ctx = getattr(_state, "auto", None)
+        ctx = getattr(session.thread, "auto", None)
         if ctx is None or args or kwargs:
             return _TorchLinear(in_features, out_features, bias, device, dtype, *args, **kwargs)
         in_features, out_features = int(in_features), int(out_features)
@@ -365,9 +350,9 @@ def auto_parallelize():
     grid()  # raises before init()
     import torch.nn.modules.linear as linear_mod
 
-    outer = getattr(_state, "auto", None)
+    outer = getattr(session.thread, "auto", None)
     ctx = {"left": OrderedDict()}
-    _state.auto = ctx
+    session.thread.auto = ctx
     saved = (nn.Linear, linear_mod.Linear)
     nn.Linear = _AutoLinear
     linear_mod.Linear = _AutoLinear
@@ -375,7 +360,7 @@ def auto_parallelize():
         yield
     finally:
         nn.Linear, linear_mod.Linear = saved
-        _state.auto = outer
+        session.thread.auto = outer
         if outer is not None:
             for k, v in ctx["left"].items():
                 outer["left"].setdefault(k, v)
@@ -423,23 +408,23 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"optimize_communication: {name} must be a bool or None, got "
                             f"{value!r}")
-    saved = dict(runtime.overlap_overrides)
-    saved_sched = tuple(runtime.sched_config)
-    runtime.knobs_version += 1
-    runtime.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
+    saved = dict(session.overlap_overrides)
+    saved_sched = tuple(session.sched_config)
+    session.knobs_version += 1
+    session.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
                                      overlap_reduce_scatter=overlap_reduce_scatter,
                                      overlap_all_gather=overlap_all_gather,
                                      fwd_chunks=0 if overlap_all_reduce else 1)
     if overlap_data is not None:
-        runtime.overlap_overrides["overlap_data"] = overlap_data
+        session.overlap_overrides["overlap_data"] = overlap_data
     if defer_wgrad is not None:
-        runtime.overlap_overrides["defer_wgrad"] = defer_wgrad
-    runtime.configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
+        session.overlap_overrides["defer_wgrad"] = defer_wgrad
+    configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
     try:
         yield
     finally:
-        runtime.knobs_version += 1
-        runtime.overlap_overrides.clear()
-        runtime.overlap_overrides.update(saved)
-        if runtime.is_initialized():
-            runtime.configure_scheduler(*saved_sched)
+        session.knobs_version += 1
+        session.overlap_overrides.clear()
+        session.overlap_overrides.update(saved)
+        if is_initialized():
+            configure_scheduler(*saved_sched)

@@ -1,119 +1,27 @@
-"""init/finalize, the grid object, statistics: process setup around the C communicator."""
+"""init/finalize and statistics: process setup around the C communicator (what they set
+lives in axonn_c/state.py)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _C
+from . import _C, grads, microbatches
+from .state import Grid, configure_scheduler, grid, is_initialized, session
+
+__all__ = ["init", "finalize", "grid", "is_initialized", "Grid", "comm_stats",
+           "reset_comm_stats", "build_info", "scheduler_stats"]
 
 DEFAULT_TIMEOUT_S = 300.0
-GROUPS = ("col", "row", "depth", "data", "intra", "world")
-_generation = 0  # counts init() calls so each gets fresh store keys
-epoch = 0  # changes at every init/finalize: keys caches that depend on the grid
-# overlap knobs: init(overlap=...) sets the defaults, optimize_communication() overrides them in
-# a context, a layer's own attributes override both (axonn_c/linear.py resolves them per call)
-OVERLAP_KNOBS = ("overlap_all_reduce", "overlap_reduce_scatter", "fwd_chunks",
-                 "overlap_all_gather", "overlap_data", "defer_wgrad")
-overlap_defaults = {"overlap_all_reduce": False, "overlap_reduce_scatter": False,
-                    "fwd_chunks": 1, "overlap_all_gather": False, "overlap_data": False,
-                    "defer_wgrad": False}
-overlap_overrides: dict = {}
-# changes whenever overlap_defaults or overlap_overrides do: keys what a layer decided from them
-# (Linear._plain_call)
-knobs_version = 0
-# False inside no_grad_sync(): backward does not start data-parallel reductions (process-wide:
-# autograd may run backward on another thread)
-grad_sync_enabled = True
-_sizes = None  # (G_data, G_intra_r, G_intra_c, G_intra_d) of the current init
-microbatches = 1  # concurrent_microbatches of the current init (axonn_c/concurrent.py)
-# which shards this rank holds: (G_intra_r, G_intra_c, G_intra_d, row_rank, col_rank,
-# depth_rank) of the current init, None without one; a plain value, so that torch.compile
-# guards on it (axonn_c/linear.py checks a layer's placement against it in compiled code too)
-placement = None
-sched_config = [1, 0, False]  # prefetch, budget bytes (0: none), cache_weights
-
-
-# parameter -> the kinds of hook registered on it, once per parameter object; kept here, not
-# marked on the tensor: a weak reference attribute would make the model unpicklable
-# (torch.save), and a deepcopy or an unpickled copy has the attributes but none of the hooks
-_hooked = WeakIdKeyDictionary()
-
-
-def first_hook(param, kind: str) -> bool:
-    """True the first time it is asked for this parameter object and hook kind."""
-    kinds = _hooked.setdefault(param, set())
-    if kind in kinds:
-        return False
-    kinds.add(kind)
-    return True
 
 
 def _channels(n: int) -> int:
     """Comm channels for n concurrent micro-batches: one each, channel 0 for the caller (and its
     gradient sums), one for the depth gathers they share and one for the shared dW
-    reduce-scatters (axonn_c/concurrent.py)."""
+    reduce-scatters (axonn_c/microbatches.py)."""
     return n + 3 if n > 1 else 1
-
-
-def configure_scheduler(prefetch: int, budget: int, cache: bool) -> None:
-    _C.sched_configure(prefetch, budget, cache)
-    sched_config[:] = [prefetch, budget, cache]
-
-
-def grid_sizes() -> tuple:
-    """(G_data, G_intra_r, G_intra_c, G_intra_d), cached per init (for per-call paths)."""
-    global _sizes
-    if _sizes is None or _sizes[0] != epoch:
-        g = grid()
-        _sizes = (epoch, (g.G_data, g.G_intra_r, g.G_intra_c, g.G_intra_d))
-    return _sizes[1]
-
-
-_SIZE_INDEX = {"data": 0, "row": 1, "col": 2, "depth": 3}
-
-
-def group_size(name: str) -> int:
-    """Ranks in this rank's group `name` (col, row, depth, data, intra, world), from the cache."""
-    sizes = grid_sizes()
-    if name in _SIZE_INDEX:
-        return sizes[_SIZE_INDEX[name]]
-    intra = sizes[1] * sizes[2] * sizes[3]
-    return intra if name == "intra" else intra * sizes[0]
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Sizes of the 4D grid and this rank's coordinates in it."""
-
-    G_data: int
-    G_intra_r: int
-    G_intra_c: int
-    G_intra_d: int
-    rank: int
-    data_rank: int
-    depth_rank: int
-    row_rank: int
-    col_rank: int
-    backends: str
-
-    @property
-    def world_size(self) -> int:
-        return self.G_data * self.G_intra_r * self.G_intra_c * self.G_intra_d
-
-    @property
-    def G_intra(self) -> int:
-        return self.G_intra_r * self.G_intra_c * self.G_intra_d
-
-    def members(self, name: str) -> list[int]:
-        """Global ranks of this rank's group `name` ("col", "row", "depth", "data", "intra",
-        "world"), in group-rank order."""
-        return _C.grid_members(self.G_data, self.G_intra_r, self.G_intra_c, self.G_intra_d,
-                               self.rank, name)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -194,16 +102,12 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             or not 1 <= concurrent_microbatches <= 8):
         raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "
                          f"{concurrent_microbatches!r}")
-    global knobs_version
-    knobs_version += 1
-    overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
+    session.knobs_version += 1
+    session.overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
                             overlap_all_gather=overlap, overlap_data=overlap,
                             defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))
-    from . import grads
-
-    grads.bucket_bytes = bucket_size
+    session.bucket_bytes = bucket_size
     sched_cfg = (prefetch, prefetch_budget or 0, cache_weights)
-    global _generation
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
@@ -251,8 +155,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     if torch.cuda.is_available():
         cuda_device = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(cuda_device)
-    _generation += 1
-    store = dist.PrefixStore(f"axonn_c/{_generation}/", _make_store(rank, world, timeout))
+    session.generation += 1
+    gen = session.generation
+    store = dist.PrefixStore(f"axonn_c/{gen}/", _make_store(rank, world, timeout))
 
     def store_get(key: str, wait_s: float) -> bytes:
         store.wait([key], timedelta(seconds=wait_s))
@@ -260,12 +165,11 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
 
     _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
             G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
-            G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
+            G_inter=G_inter, backend=backend, job_id=f"gen{gen}", timeout=timeout,
             cuda_device=cuda_device, store_set=store.set, store_get=store_get,
             channels=_channels(concurrent_microbatches))
-    global epoch, microbatches
-    epoch += 1
-    microbatches = concurrent_microbatches
+    session.epoch += 1
+    session.microbatches = concurrent_microbatches
     _set_placement()
     grads.reset()
     configure_scheduler(*sched_cfg)
@@ -273,21 +177,16 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
 
 
 def _set_placement() -> None:
-    global placement
     g = grid()
-    placement = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank, g.depth_rank)
+    session.placement = (g.G_intra_r, g.G_intra_c, g.G_intra_d, g.row_rank, g.col_rank,
+                         g.depth_rank)
 
 
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
-    from . import grads
-
-    global epoch, microbatches, placement
-    epoch += 1
-    microbatches, placement = 1, None
-    from . import concurrent
-
-    concurrent.reset()
+    session.epoch += 1
+    session.microbatches, session.placement = 1, None
+    microbatches.reset()
     if is_initialized():
         try:  # what still writes into tensors grads keeps alive completes before they go
             _C.sched_finish()
@@ -295,17 +194,6 @@ def finalize() -> None:
             pass
     grads.reset()
     _C.finalize()
-
-
-def is_initialized() -> bool:
-    return _C.is_initialized()
-
-
-def grid() -> Grid:
-    """The grid of the current init(); raises before init()."""
-    g = _C.grid_info()
-    return Grid(G_data=g[0], G_intra_r=g[1], G_intra_c=g[2], G_intra_d=g[3], rank=g[4],
-                data_rank=g[5], depth_rank=g[6], row_rank=g[7], col_rank=g[8], backends=g[9])
 
 
 def comm_stats(reset: bool = False) -> dict:

@@ -19,15 +19,17 @@ import contextlib
 import json
 import os
 import sys
+from types import MappingProxyType
 from typing import Iterable, List, Optional
 
 from . import _C
+from .state import grid
 
 __all__ = ["start", "stop", "clear", "enabled", "summary", "spans", "export", "merge", "compute",
            "now_ns", "record_compute"]
 
 COMPUTE, COMM, WAIT = 0, 1, 2
-_CATS = {COMPUTE: "compute", COMM: "comm", WAIT: "wait"}
+_CATS = MappingProxyType({COMPUTE: "compute", COMM: "comm", WAIT: "wait"})
 
 
 def start() -> None:
@@ -90,7 +92,6 @@ def summary() -> dict:
 def _rank_world():
     try:
         if _C.is_initialized():
-            from .runtime import grid
             g = grid()
             return g.rank, g.G_data * g.G_intra_r * g.G_intra_c * g.G_intra_d
     except Exception:  # noqa: BLE001 - before init the rank is 0

@@ -1,4 +1,4 @@
-"""axonn_c.Sequential (cross-layer chunk pipelining, axonn_c/pipeline.py) on several ranks
+"""axonn_c.Sequential (cross-layer chunk pipelining, axonn_c/chunking.py) on several ranks
 against serial PyTorch, over a slow simulated link so that an unawaited reduction shows."""
 import pytest
 

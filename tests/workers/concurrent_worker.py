@@ -91,7 +91,7 @@ def check_training(g, n, overlap, with_model):
         if with_model:
             for b, p, done in zip(before, model.parameters(), summed):
                 assert torch.equal(b, p.grad), f"{what}: sync_gradients changed a gradient"
-                want = tuple(n for n in p._axonn_grad_groups if axonn_c.runtime.group_size(n) > 1)
+                want = tuple(n for n in p._axonn_grad_groups if axonn_c.state.group_size(n) > 1)
                 assert done == want, f"{what}: summed over {done}, expected {want}"
         (serial_forward(refs, X) * dY).sum().backward()
         with torch.no_grad():
@@ -143,7 +143,7 @@ def check_shared_gathers(g, n):
     # the next call prefetches along the learned order: every gather but the first is started
     # before any micro-batch asks for it
     axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
-    st = axonn_c.concurrent.last_gathers
+    st = axonn_c.microbatches._memory.last_gathers
     assert st == {"gathers": 2 * len(model.layers), "prefetched": 2 * len(model.layers) - 1}, \
         f"rank {g.rank}: {st}"
     axonn_c.sync_gradients(model)
@@ -232,7 +232,7 @@ def check_autocast(g, n):
         axonn_c.sync_gradients(model)
     assert all(y.dtype == torch.bfloat16 for y in ys), f"{what}: {[y.dtype for y in ys]}"
     # the learned gather order does not keep the calls' bf16 weight copies alive
-    kept = [w for _, w, _ in axonn_c.concurrent._learned]
+    kept = [w for _, w, _ in axonn_c.microbatches._memory.learned]
     assert all(w is None or w.is_leaf for w in kept), f"{what}: per-call casts kept alive"
     (serial_forward(refs, X) * dY).sum().backward()
     for m, r in zip(model.layers, refs):

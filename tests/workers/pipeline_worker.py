@@ -12,7 +12,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 import axonn_c
-from axonn_c import pipeline
+from axonn_c import chunking
 from linear_worker import shard_of
 
 H = 32
@@ -96,7 +96,7 @@ def check(g, chunks):
     ref = serial_of(model)
     pipelines = model._pipelines(torch.zeros(5, 1))
     assert pipelines == (g.G_intra_d == 1 and g.G_intra_r * g.G_intra_c > 1 and chunks > 1
-                         and axonn_c.runtime.overlap_defaults["overlap_all_reduce"]), what
+                         and axonn_c.state.session.overlap_defaults["overlap_all_reduce"]), what
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
     s0, s7 = model[0]._shapes, model[7]._shapes
@@ -119,8 +119,8 @@ def check(g, chunks):
         st = axonn_c.scheduler_stats()
         assert st["results_held"] - h1 == want_bwd, \
             f"{what}: backward held {st['results_held'] - h1}, expected {want_bwd}"
-        assert (st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps
-                and not axonn_c.grads._output_keeps), \
+        assert (st["results_done"] == st["results_held"] and not axonn_c.grads._st.result_keeps
+                and not axonn_c.grads._st.output_keeps), \
             f"{what}: not every held result awaited: {st}"
         axonn_c.sync_gradients(model)
         Xr = X.clone().requires_grad_()
@@ -177,8 +177,8 @@ def check(g, chunks):
     Xr = X.clone().requires_grad_()
     ref(Xr).backward(dY)
     st = axonn_c.scheduler_stats()
-    assert (st["results_done"] == st["results_held"] and not axonn_c.grads._result_keeps
-            and not axonn_c.grads._output_keeps), f"{what}: after the raised backward: {st}"
+    assert (st["results_done"] == st["results_held"] and not axonn_c.grads._st.result_keeps
+            and not axonn_c.grads._st.output_keeps), f"{what}: after the raised backward: {st}"
     for m, r in zip(linears(model), [ref[0], ref[2], ref[3][0], ref[3][2], ref[4], ref[6]]):
         close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} after raise dW")
 
@@ -240,17 +240,17 @@ def check_interleave(g):
     x = torch.randn(6, model[0]._shapes["k_local"], requires_grad=True)
     y = model(x)
     in_flight = []  # at each backward await: dX all-reduces held and not yet awaited
-    real_await = pipeline._await
+    real_await = chunking._await
 
     def logged(t):
         held, done = axonn_c._C.sched_counters()[1:]
         in_flight.append(held - done)
         real_await(t)
-    pipeline._await = logged
+    chunking._await = logged
     try:
         y.square().sum().backward()
     finally:
-        pipeline._await = real_await
+        chunking._await = real_await
     assert in_flight and max(in_flight) >= 2, f"{what}: not interleaved: {in_flight}"
 
 
@@ -287,7 +287,7 @@ def check_chunk_records(g):
         hi = lo + b.used * b.flat.element_size()
         if any(id(r.param) in weights and lo <= r.dw.data_ptr() < hi
                and not isinstance(r.reduced, tuple)  # (not a hook's: the regulariser's part)
-               for r in axonn_c.grads._records):
+               for r in axonn_c.grads._st.records):
             closes.append(not finishing)
         real_close(b)
     axonn_c.grads._close, axonn_c.grads.finish = logged, finish
@@ -309,7 +309,7 @@ def check_chunk_records(g):
     assert sum(autograd_dw) <= 1, f"{what}: chunk dW reached autograd: {autograd_dw}"
     if g.G_data > 1:
         assert any(closes), f"{what}: no weight bucket's sum started before finish(): {closes}"
-    assert not axonn_c.grads._chunk_open and not axonn_c.grads._parked, what
+    assert not axonn_c.grads._st.chunk_open and not axonn_c.grads._st.parked, what
 
 
 def check_checkpoint(g):
@@ -329,7 +329,7 @@ def check_checkpoint(g):
 
     def done(param):
         real_done(param)
-        completed.append(param not in axonn_c.grads._chunk_open)
+        completed.append(param not in axonn_c.grads._st.chunk_open)
 
     for early_stop in (True, False, True):
         model, ref, kin, kout = chain_case(14, chunks=2)
@@ -351,7 +351,7 @@ def check_checkpoint(g):
         for m, r in zip(model, ref):
             assert m.weight.grad is not None, f"{what}: no dW"
             close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} early_stop={early_stop} dW")
-    assert not axonn_c.grads._output_keeps, f"{what}: outputs still kept"
+    assert not axonn_c.grads._st.output_keeps, f"{what}: outputs still kept"
 
 
 def check_uses(g):
@@ -433,7 +433,7 @@ def check_forward_backward(g):
     what = f"grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} fwd_bwd rank {g.rank}"
     model, ref, kin, kout, tok, T = setup(g, 2, rows_of=lambda d: 7 if d == 0 else 1)
     gen = torch.Generator().manual_seed(81)
-    inside, real_next = [], pipeline._Lookahead._next
+    inside, real_next = [], chunking._Lookahead._next
     finishes, real_finish = [], axonn_c.grads.finish
 
     def counted(self):
@@ -443,7 +443,7 @@ def check_forward_backward(g):
     def counted_finish():
         finishes.append(1)
         real_finish()
-    pipeline._Lookahead._next = counted
+    chunking._Lookahead._next = counted
     axonn_c.grads.finish = counted_finish  # (what the end of backward calls)
     # container hooks: a forward hook on rank 0 only (statistics), which must not change the
     # collectives' order, and a pre-hook on every rank that replaces the input (x 2, of an
@@ -483,7 +483,7 @@ def check_forward_backward(g):
             else:
                 assert not inside, f"{case}: looked ahead where it does not pipeline"
     finally:
-        pipeline._Lookahead._next = real_next
+        chunking._Lookahead._next = real_next
         axonn_c.grads.finish = real_finish
         for h in hooks:
             h.remove()
@@ -499,7 +499,7 @@ def check_forward_backward(g):
         Boom.armed = False
     st = axonn_c.scheduler_stats()
     assert st["results_done"] == st["results_held"], f"{what} after boom: {st}"
-    assert getattr(pipeline._state, "pass_", None) is None, f"{what}: tag left set after boom"
+    assert getattr(axonn_c.state.session.thread, "pass_", None) is None, f"{what}: tag left set after boom"
     model.zero_grad()
     ref.zero_grad()
     axonn_c.forward_backward(model, (X[tok][:, kin], dY[tok][:, kout]),
@@ -540,12 +540,12 @@ def check_lookahead_own_pass(g):
     blocks = g.G_data * g.G_intra_d  # (token shards: 4 rows each, as in setup)
     blk = g.data_rank * g.G_intra_d + g.depth_rank
     mine = slice(4 * blk, 4 * (blk + 1))
-    advanced, real_advance = [], pipeline._Lookahead.advance
+    advanced, real_advance = [], chunking._Lookahead.advance
 
     def counted(self):
         advanced.append(self)
         real_advance(self)
-    pipeline._Lookahead.advance = counted
+    chunking._Lookahead.advance = counted
     try:
         for nested in (False, True):
             case = f"{what} nested={nested}"
@@ -570,7 +570,7 @@ def check_lookahead_own_pass(g):
                                      lambda y, d: (_OtherBackward.apply(y) * d).sum(),
                                      micro_batches=2)
             assert len(window) == 1, f"{case}: the other graph ran {len(window)} times"
-            assert getattr(pipeline._state, "pass_", None) is None, f"{case}: tag left set"
+            assert getattr(axonn_c.state.session.thread, "pass_", None) is None, f"{case}: tag left set"
             a, b = window[0]
             inside, outside = advanced[a:b], advanced[:a] + advanced[b:]
             assert not {id(x) for x in inside} & {id(x) for x in outside}, \
@@ -587,7 +587,7 @@ def check_lookahead_own_pass(g):
             for m, r in zip(other, other_ref):
                 close(m.weight.grad, shard_of(r.weight.grad, m), f"{case} other dW")
     finally:
-        pipeline._Lookahead.advance = real_advance
+        chunking._Lookahead.advance = real_advance
         _OtherBackward.run = None
 
 

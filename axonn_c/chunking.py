@@ -20,41 +20,27 @@ and the knobs decide: it is the same on every rank, as collective matching requi
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from . import _C, concurrent, grads, runtime
+from torch.nn.modules import module as M
 
-_state = threading.local()
+from . import _C, grads
+from .grads import no_grad_sync
+from .linear import HOLD_BWD, HOLD_CHUNK, HOLD_FWD, Linear
+from .microbatches import caller_autocasts
+from .state import grid_sizes, is_initialized, microbatch_active, overlap_knob, session
 
-
-# hold bits (axonn_c/linear.py reads them): a direct child leaves its forward all-reduce
-# (HOLD_FWD) and its dX all-reduce (HOLD_BWD) in flight; every Linear call while a container
-# pipelines on this thread is one of several chunk calls (HOLD_CHUNK: no deferred gradient, which
-# expects one call per layer and pass)
-HOLD_FWD, HOLD_BWD, HOLD_CHUNK = 1, 2, 4
-
-
-def hold_flags(layer) -> int:
-    """For axonn_c.Linear's forward: which reductions this call leaves held, and HOLD_CHUNK for
-    any call made while an axonn_c.Sequential pipelines on this thread (0 outside)."""
-    t = getattr(_state, "target", None)
-    if t is not None and t[0] is layer:
-        return t[1]
-    return HOLD_CHUNK if getattr(_state, "depth", 0) else 0
+# (this thread's chunk state lives in session.thread: hold_target, the child call that holds
+# its results, and hold_depth, how many containers pipeline; linear.hold_flags reads them)
 
 
 def _plain_call(m) -> bool:
     """Whether calling m is exactly axonn_c.Linear.forward: no module hooks (a forward hook could
     read or replace the output before its all-reduce is awaited, a backward hook would see dX
     before its all-reduce is), no override of forward."""
-    from torch.nn.modules import module as M
-
-    from .linear import Linear
-
     return (type(m).forward is Linear.forward and not (
         m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
         or M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
@@ -66,8 +52,6 @@ def _holds_forward(m) -> bool:
     Linear whose input group has several ranks): what the chunk order is planned on. Decided by
     the layer and the grid only, never by hooks, which may be registered on some ranks only:
     every rank must call the children in the same order."""
-    from .linear import Linear
-
     return (isinstance(m, Linear) and m.expert_mode and m._shapes["gin_size"] > 1
             and m._shapes["depth_size"] == 1)
 
@@ -94,12 +78,12 @@ class _Pass:
 @contextlib.contextmanager
 def _forward_of(p: Optional[_Pass]):
     """The forward run inside belongs to micro-batch p (on this thread; None: to none)."""
-    outer = getattr(_state, "pass_", None)
-    _state.pass_ = p
+    outer = getattr(session.thread, "pass_", None)
+    session.thread.pass_ = p
     try:
         yield
     finally:
-        _state.pass_ = outer
+        session.thread.pass_ = outer
 
 
 class _AwaitGrad(torch.autograd.Function):
@@ -109,12 +93,12 @@ class _AwaitGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        ctx.pass_ = getattr(_state, "pass_", None)
+        ctx.pass_ = getattr(session.thread, "pass_", None)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        if runtime.is_initialized():
+        if is_initialized():
             ahead = getattr(ctx.pass_, "ahead", None)
             if ahead is not None:  # the next micro-batch's GEMM hides this reduction
                 ahead.advance()
@@ -148,17 +132,16 @@ class Sequential(nn.Sequential):
         # (not decided by the number of rows: data-parallel ranks with uneven batches must take
         # the same gradient path; a batch of one row is one chunk)
         if (self.chunks < 2 or len(self) == 0 or not isinstance(x, Tensor) or x.dim() < 2
-                or not runtime.is_initialized()):
+                or not is_initialized()):
             return False
-        if torch.compiler.is_compiling() or concurrent.active():
+        if torch.compiler.is_compiling() or microbatch_active():
             return False
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return False
-        _, g_r, g_c, g_d = runtime.grid_sizes()
+        _, g_r, g_c, g_d = grid_sizes()
         if g_d != 1 or g_r * g_c == 1:
             return False
-        return bool(runtime.overlap_overrides.get("overlap_all_reduce",
-                                                  runtime.overlap_defaults["overlap_all_reduce"]))
+        return bool(overlap_knob("overlap_all_reduce"))
 
     def __getitem__(self, idx):
         out = super().__getitem__(idx)
@@ -180,8 +163,6 @@ class Sequential(nn.Sequential):
         """The pipelined forward as a generator: it yields after each child call (True after a
         call that left a reduction in flight) and returns the output. forward() runs it
         through; forward_backward runs the next micro-batch's steps inside this one's backward."""
-        from .linear import Linear
-
         mods = list(self)
         # the plan (which calls leave a chunk waiting, where dX may be awaited) is the same on
         # every rank; whether a call really holds its result also needs it to be plain (no hooks)
@@ -224,15 +205,16 @@ class Sequential(nn.Sequential):
                 l, v = nxt[c], vals[c]
                 # (any other Linear call in here is a chunk call that waits for its own reductions:
                 # hold_flags gives it HOLD_CHUNK)
-                _state.target = ((mods[l], HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0))
-                                 if plain[l] else None)
+                session.thread.hold_target = (
+                    (mods[l], HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0))
+                    if plain[l] else None)
                 before = _C.sched_counters()[1]
-                _state.depth = getattr(_state, "depth", 0) + 1
+                session.thread.hold_depth = getattr(session.thread, "hold_depth", 0) + 1
                 try:
                     out = mods[l](v)
                 finally:
-                    _state.target = None
-                    _state.depth -= 1
+                    session.thread.hold_target = None
+                    session.thread.hold_depth -= 1
                 if not isinstance(out, Tensor):
                     raise TypeError(f"axonn_c.Sequential: child {l} ({type(mods[l]).__name__}) "
                                     f"returned {type(out).__name__}, expected one tensor")
@@ -301,8 +283,6 @@ def _call_with_hooks(model: "Sequential", x):
     forward pre-hooks and forward hooks run around it as Module.__call__ would: the hooks are
     user code that may exist on some ranks only, so they must not decide whether the forward is
     looked ahead (every rank must issue the same collectives in the same order). A generator."""
-    from torch.nn.modules import module as M
-
     pre = {**M._global_forward_pre_hooks, **model._forward_pre_hooks}
     for hid, hook in pre.items():
         if hid in model._forward_pre_hooks_with_kwargs:
@@ -334,8 +314,6 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     backward's GEMMs. Other models run the pieces one after the other.
 
     `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
-    from .parallel import no_grad_sync
-
     micro_batches = int(micro_batches)
     if micro_batches < 1:
         raise ValueError(f"forward_backward: micro_batches must be >= 1, got {micro_batches}")
@@ -352,12 +330,12 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     # (decided by the model and the grid only, the same on every rank: not by hooks; and not
     # from inside a forward that forward_backward runs)
     interleave = (micro_batches > 1 and isinstance(model, Sequential)
-                  and getattr(_state, "pass_", None) is None and torch.is_grad_enabled()
+                  and getattr(session.thread, "pass_", None) is None and torch.is_grad_enabled()
                   and model._pipelines(pieces[0][0])
                   and getattr(model, "_compiled_call_impl", None) is None)
     if interleave:
         _refuse_backward_hooks(model)
-        casts = concurrent.caller_autocasts()
+        casts = caller_autocasts()
 
     def loss_of(out, piece):
         loss = loss_fn(out, *piece[1:])
@@ -407,8 +385,6 @@ def _refuse_backward_hooks(m: nn.Module) -> None:
     """Full backward hooks on the container itself (local or global) are not run around a
     looked-ahead forward: refused rather than skipped (hooks on the container's children are
     fine, they run as usual)."""
-    from torch.nn.modules import module as M
-
     if (m._backward_hooks or m._backward_pre_hooks or M._global_backward_hooks
             or M._global_backward_pre_hooks):
         raise RuntimeError("forward_backward: the axonn_c.Sequential has (or all modules have) a "

@@ -38,19 +38,9 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import Tensor, nn
 
-from . import _C, runtime
-
-_tls = threading.local()
-_reducer: Optional["_Reducer"] = None  # the running call's, if it was given a model
-_gathers: Optional["_Gathers"] = None  # the running call's shared depth gathers
-_scatters: Optional["_Scatters"] = None  # and shared dW reduce-scatters
-
-
-def refuse_cuda(device) -> None:
-    raise NotImplementedError(
-        "run_concurrent runs CPU micro-batches only: torch's autograd runs all CUDA backward "
-        "passes on one device thread, so concurrent CUDA micro-batches would not overlap (and "
-        f"their collectives would leave the micro-batch channels); got a tensor on {device}")
+from . import _C, comm, grads
+from .parallel import _model_expert_mode, _nontrivial, _reduce_bucket, _replicated_groups
+from .state import first_hook, is_initialized, microbatch_active, refuse_cuda, session
 
 
 def caller_autocasts() -> list:
@@ -63,24 +53,6 @@ def caller_autocasts() -> list:
             for k in kinds]
 
 
-def active() -> bool:
-    """True on a micro-batch thread of run_concurrent (while its fn runs)."""
-    return getattr(_tls, "index", None) is not None
-
-
-def check_unsynced(p: Tensor) -> None:
-    """A .grad already summed over ranks (an overlapped backward, or a reducer) cannot take
-    unsummed micro-batch gradients: sync_gradients() must run first."""
-    from . import grads
-
-    if grads.summed_over(p):
-        raise RuntimeError(
-            "run_concurrent: a parameter's .grad was already summed over ranks (by an earlier "
-            "backward with overlap on, or an earlier run_concurrent with model=), and "
-            "sync_gradients() has not run since; call axonn_c.sync_gradients(model) (or zero "
-            "the gradients) before run_concurrent")
-
-
 def _issue_on(channel: int, collective, *args):
     """Starts collective(*args) asynchronously on `channel` (a shared one), then puts the
     micro-batch thread back on its own channel."""
@@ -88,18 +60,18 @@ def _issue_on(channel: int, collective, *args):
     try:
         return collective(*args, async_op=True)
     finally:
-        _C.set_thread_channel(_tls.index + 1)
+        _C.set_thread_channel(session.thread.microbatch + 1)
 
 
 def _arrived(p: Tensor) -> None:
-    r = _reducer
-    if r is not None and active():
-        r.arrive(p)
+    call = session.concurrent_call
+    if call is not None and call.reducer is not None and microbatch_active():
+        call.reducer.arrive(p)
 
 
 def _watch(p: nn.Parameter) -> None:
     """Counts p's gradient arrivals (once per parameter; a deepcopy is watched again)."""
-    if runtime.first_hook(p, "arrivals"):
+    if first_hook(p, "arrivals"):
         p.register_post_accumulate_grad_hook(_arrived)
 
 
@@ -111,16 +83,23 @@ class _Gather:
         self.ready, self.error, self.uses = threading.Event(), None, 0
 
 
-# The first-arrival order of the last call of this init (reset() at finalize): [(key, weight,
-# numel)]. Strong references: whether a prefetch is issued must not depend on when a rank's
-# garbage collector frees a discarded model (layer ids are reused, so an old model's keys can
-# match a new one's).
-_learned: list = []
-# the last call's shared gathers: issued, and first asked for when already started (prefetched)
-last_gathers = {"gathers": 0, "prefetched": 0}
-# the last call's shared dW reduce-scatters, and the most summed (full-size) blocks they held
-# at once
-last_scatters = {"reduce_scatters": 0, "peak_blocks": 0}
+class _Memory:
+    """What one run_concurrent call leaves for the next (one instance, `_memory`)."""
+
+    def __init__(self):
+        # The first-arrival order of the last call of this init (reset() at finalize): [(key,
+        # weight, numel)]. Strong references: whether a prefetch is issued must not depend on
+        # when a rank's garbage collector frees a discarded model (layer ids are reused, so an
+        # old model's keys can match a new one's).
+        self.learned: list = []
+        # the last call's shared gathers: issued, and first asked for when already started
+        self.last_gathers = {"gathers": 0, "prefetched": 0}
+        # the last call's shared dW reduce-scatters, and the most summed (full-size) blocks
+        # they held at once
+        self.last_scatters = {"reduce_scatters": 0, "peak_blocks": 0}
+
+
+_memory = _Memory()
 # summed dW blocks in flight at most: each is a whole unsharded weight, so without a bound a
 # call would hold the model's full gradient until its end, what depth sharding is there to avoid
 SCATTER_BLOCKS_IN_FLIGHT = 2
@@ -136,12 +115,10 @@ class _Gathers:
         self.issued: set = set()
         self.arrived: set = set()
         self.prefetched = 0
-        self.learned = list(_learned)
+        self.learned = list(_memory.learned)
 
     def _start(self, key, w: Tensor, numel: int) -> _Gather:
         """Starts the gather of `key` on the gather channel (self.lock held: issue order)."""
-        from . import comm
-
         out = w.new_empty((numel,))
         work = _issue_on(self.n + 1, comm.all_gather, out, w, "depth")
         g = self.live[key] = _Gather(out, work, w)
@@ -149,7 +126,7 @@ class _Gathers:
         return g
 
     def get(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
-        uses = _tls.uses
+        uses = session.thread.uses
         k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
         key = (layer, phase, k)
         with self.lock:  # first arrivals start their gathers in the order they arrive
@@ -203,14 +180,14 @@ class _Gathers:
                     if ok:
                         raise
         self.live.clear()
-        last_gathers.update(gathers=len(self.issued), prefetched=self.prefetched)
+        _memory.last_gathers.update(gathers=len(self.issued), prefetched=self.prefetched)
         if ok:
-            _learned[:] = self.seq
+            _memory.learned[:] = self.seq
 
 
 def reset() -> None:
     """At finalize: the learned order holds the last call's weights."""
-    _learned.clear()
+    _memory.learned.clear()
 
 
 class _Scatter:
@@ -235,9 +212,7 @@ class _Scatters:
         self.peak = 0
 
     def add(self, layer: int, p: Tensor, block: Tensor) -> None:
-        from . import comm
-
-        uses = _tls.uses
+        uses = session.thread.uses
         k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
         with self.lock:
             blocks = self.live.setdefault((layer, k), [])
@@ -269,7 +244,7 @@ class _Scatters:
     @torch.no_grad()
     def close(self, ok: bool) -> None:
         """Waits for the reduce-scatters and adds each shard to its parameter's .grad."""
-        last_scatters.update(reduce_scatters=len(self.pending), peak_blocks=self.peak)
+        _memory.last_scatters.update(reduce_scatters=len(self.pending), peak_blocks=self.peak)
         for e in self.pending:
             try:
                 e.work.wait()
@@ -285,26 +260,28 @@ class _Scatters:
         self.pending.clear()
 
 
-def scatter_block(w: Tensor, numel: int) -> Optional[Tensor]:
-    """On a micro-batch thread: a buffer for w's unreduced dW block ([numel]) when its depth
-    reduce-scatter is shared (see _Scatters), else None (the layer reduce-scatters itself)."""
-    if _scatters is None or not (w.is_leaf and w.requires_grad):
-        return None
-    r = _reducer
-    if r is not None and w in r.params:
-        return None
-    return w.new_empty((numel,))
+class _Call:
+    """The running run_concurrent call (session.concurrent_call): what axonn_c.Linear's calls on
+    the micro-batch threads share."""
 
+    def __init__(self, n: int, reducer: Optional["_Reducer"]):
+        self.reducer, self.gathers, self.scatters = reducer, _Gathers(n), _Scatters(n)
 
-def shared_reduce_scatter(layer: int, w: Tensor, block: Tensor) -> None:
-    _scatters.add(layer, w, block)
+    def scatter_block(self, w: Tensor, numel: int) -> Optional[Tensor]:
+        """A buffer for w's unreduced dW block ([numel]) when its depth reduce-scatter is shared
+        (see _Scatters), else None (the layer reduce-scatters itself)."""
+        if not (w.is_leaf and w.requires_grad):
+            return None
+        if self.reducer is not None and w in self.reducer.params:
+            return None
+        return w.new_empty((numel,))
 
+    def reduce_scatter(self, layer: int, w: Tensor, block: Tensor) -> None:
+        self.scatters.add(layer, w, block)
 
-def shared_gather(layer: int, phase: str, w: Tensor, numel: int) -> Optional[Tensor]:
-    """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches of
-    the running call (None outside one)."""
-    g = _gathers
-    return g.get(layer, phase, w, numel) if g is not None else None
+    def gather(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
+        """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches."""
+        return self.gathers.get(layer, phase, w, numel)
 
 
 class _Reducer:
@@ -312,9 +289,6 @@ class _Reducer:
     soon as every micro-batch has added its part (runs on the calling thread, channel 0)."""
 
     def __init__(self, model: nn.Module, n: int):
-        from . import grads
-        from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
-
         replicated = _replicated_groups(_model_expert_mode(model, None))
         self.n, self.cv = n, threading.Condition()
         self.count: dict = {}
@@ -327,12 +301,12 @@ class _Reducer:
             groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
             if not groups:
                 continue
-            check_unsynced(p)
+            grads.check_unsynced(p)
             _watch(p)
             self.params.add(p)
             size = p.numel() * p.element_size()
             k = (groups, p.dtype, p.device)
-            if self.buckets and k == key and nbytes + size <= grads.bucket_bytes:
+            if self.buckets and k == key and nbytes + size <= session.bucket_bytes:
                 self.buckets[-1][1].append(p)
                 nbytes += size
             else:
@@ -356,9 +330,6 @@ class _Reducer:
             self.count.get(p, 0) >= self.n for p in params)
 
     def run(self) -> None:
-        from . import grads
-        from .parallel import _reduce_bucket
-
         for groups, params in self.buckets:
             with self.cv:
                 self.cv.wait_for(lambda: self._ready(params))
@@ -390,14 +361,13 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     autograd runs every backward on one device thread. A parameter used by several backward
     passes of one micro-batch (reentrant checkpointing) must not be in `model`.
     """
-    global _reducer
-    if not runtime.is_initialized():
+    if not is_initialized():
         raise RuntimeError("axonn_c is not initialised: call axonn_c.init(..., "
                            "concurrent_microbatches=n) first")
-    if active():
+    if microbatch_active():
         raise RuntimeError("run_concurrent cannot be nested: fn is already running on a "
                            "micro-batch thread")
-    n = runtime.microbatches
+    n = session.microbatches
     tensors = [t for t in inputs if isinstance(t, Tensor)]
     if not tensors:
         raise ValueError("run_concurrent needs at least one Tensor input to split into "
@@ -411,10 +381,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         if t.dim() <= dim or t.shape[dim] < n:
             raise ValueError(f"run_concurrent splits inputs into {n} micro-batches along dim "
                              f"{dim}, but got an input of shape {list(t.shape)}")
-    from . import grads
-
     grads.finish()  # nothing deferred may still be in flight on channel 0
-    reducer = _Reducer(model, n) if model is not None and runtime.grad_sync_enabled else None
+    reducer = _Reducer(model, n) if model is not None and session.grad_sync_enabled else None
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]
     args = [[p[i] if p is not None else v for p, v in zip(pieces, inputs)] for i in range(n)]
     results: List[Any] = [None] * n
@@ -424,7 +392,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     casts = caller_autocasts()
 
     def body(i: int) -> None:
-        _tls.index, _tls.uses = i, {}
+        session.thread.microbatch, session.thread.uses = i, {}
         try:
             _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
             with contextlib.ExitStack() as stack:
@@ -435,14 +403,13 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         except BaseException as e:  # re-raised on the calling thread
             errors[i] = e
         finally:
-            _tls.index = None
+            session.thread.microbatch = None
             if reducer is not None:
                 reducer.thread_done(errors[i] is not None)
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    global _gathers, _scatters
-    _reducer, _gathers, _scatters = reducer, _Gathers(n), _Scatters(n)
+    call = session.concurrent_call = _Call(n, reducer)
     try:
         for t in threads:
             t.start()
@@ -451,8 +418,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     finally:
         for t in threads:
             t.join()
-        gathers, scatters = _gathers, _scatters
-        _reducer = _gathers = _scatters = None
+        session.concurrent_call = None
+        gathers, scatters = call.gathers, call.scatters
         ok = all(e is None for e in errors)
         gathers.close(ok)
         scatters.close(ok)
