@@ -386,8 +386,16 @@ class _PlainLinear(torch.autograd.Function):
 _plain_apply = super(torch.autograd.Function, _PlainLinear).apply
 
 
+# whether the handle reads torch's current CUDA stream itself (torch's C shim: no Python call)
+_TORCH_STREAMS = _C.LinearCall.torch_streams()
+
+
 def _dev_stream(t: Tensor) -> tuple:
-    return (t.device.index, _stream(t)) if t.is_cuda else (-1, 0)
+    """(device index or -1, stream): None asks the C handle for torch's current stream."""
+    d = t.get_device()
+    if d < 0:
+        return -1, 0
+    return d, (None if _TORCH_STREAMS else _stream(t))
 
 
 def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg, place: tuple) -> Tensor:

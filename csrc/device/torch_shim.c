@@ -147,7 +147,7 @@ static void load_torch_cuda(void)
         "aoti_torch_create_cuda_stream_guard", "aoti_torch_delete_cuda_stream_guard",
         "aoti_torch_cuda_caching_allocator_raw_alloc",
         "aoti_torch_cuda_caching_allocator_raw_delete"};
-    axc_torch_cuda_api api;
+    axc_torch_cuda_api api = {0};
     void *fields[4] = {&api.create_stream_guard, &api.delete_stream_guard, &api.raw_alloc,
                        &api.raw_delete};
     for (int i = 0; i < 4; i++)
@@ -156,6 +156,7 @@ static void load_torch_cuda(void)
                      name, syms[i]);
             return;
         }
+    (void)resolve(h, "aoti_torch_get_current_cuda_stream", &api.get_current_stream, 0);
     cuda_api_ = api;
     cuda_status_ = AXC_OK;
 }
@@ -171,6 +172,19 @@ axc_status axc_torch_cuda_load(const axc_torch_cuda_api **api)
     if (api)
         *api = &cuda_api_;
     return AXC_OK;
+}
+
+axc_status axc_torch_cuda_current_stream(int device, void **stream)
+{
+    *stream = NULL;
+    const axc_torch_cuda_api *api;
+    AXC_TRY(axc_torch_cuda_load(&api));
+    if (!api->get_current_stream)
+        return axc_fail(AXC_ERR_UNAVAILABLE,
+                        "torch's CUDA library has no aoti_torch_get_current_cuda_stream");
+    char what[96];
+    snprintf(what, sizeof what, "asking torch for the current stream of cuda:%d", device);
+    return axc_torch_check(api->get_current_stream(device, stream), what);
 }
 
 axc_status axc_torch_cuda_alloc(const axc_torch_cuda_api *api, size_t bytes, int device,

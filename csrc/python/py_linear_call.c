@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "axc/linear.h"
+#include "axc/torch_shim.h"
 #include "py_common.h"
 
 axc_comm *axc_py_comm(void);   /* py_comm.c */
@@ -66,6 +67,22 @@ static axc_comm *comm_or_raise(void)
                         "axonn_c is not initialised: call axonn_c.init(...) before using "
                         "axonn_c.Linear");
     return c;
+}
+
+/* The CUDA stream a call runs on: the one given, or for None torch's current stream of
+ * `device`, read through torch's C shim (no Python call). */
+static int stream_of(PyObject *arg, int device, void **stream)
+{
+    if (arg != Py_None || device < 0) {
+        *stream = arg == Py_None ? NULL : PyLong_AsVoidPtr(arg);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    axc_status st = axc_torch_cuda_current_stream(device, stream);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
 }
 
 static void *ptr_of(PyObject *t, int *err)
@@ -129,7 +146,8 @@ static int check_shard(const LinearCall *self, PyObject *w, const axc_linear_sha
     return 0;
 }
 
-/* forward(x, w, b, device, stream) -> (y, saved or None); x: [rows, features], contiguous */
+/* forward(x, w, b, device, stream) -> (y, saved or None); x: [rows, features], contiguous;
+ * device -1: CPU; stream None: torch's current stream of the device */
 static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5) {
@@ -138,8 +156,8 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
     }
     PyObject *x = a[0], *w = a[1], *b = a[2];
     int device = (int)PyLong_AsLong(a[3]);
-    void *stream = PyLong_AsVoidPtr(a[4]);
-    if (PyErr_Occurred())
+    void *stream = NULL;
+    if (PyErr_Occurred() || stream_of(a[4], device, &stream) < 0)
         return NULL;
     axc_comm *comm = comm_or_raise();
     if (!comm)
@@ -202,8 +220,8 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     PyObject *x = a[1], *saved = a[2], *w = a[3];
     int need_dx = PyObject_IsTrue(a[4]);
     int device = (int)PyLong_AsLong(a[5]);
-    void *stream = PyLong_AsVoidPtr(a[6]);
-    if (need_dx < 0 || PyErr_Occurred())
+    void *stream = NULL;
+    if (need_dx < 0 || PyErr_Occurred() || stream_of(a[6], device, &stream) < 0)
         return NULL;
     axc_comm *comm = comm_or_raise();
     if (!comm)
@@ -272,7 +290,20 @@ done:
     return out;
 }
 
+/* torch_streams() -> whether forward/backward can read torch's current CUDA stream themselves
+ * (stream None) */
+static PyObject *call_torch_streams(PyObject *cls, PyObject *noargs)
+{
+    (void)cls;
+    (void)noargs;
+    const axc_torch_cuda_api *api = NULL;
+    int ok = axc_torch_cuda_load(&api) == AXC_OK && api->get_current_stream;
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef call_methods[] = {
+    {"torch_streams", call_torch_streams, METH_NOARGS | METH_STATIC,
+     "Whether the calls can read torch's current CUDA stream themselves (stream None)."},
     {"forward", (PyCFunction)(void (*)(void))call_forward, METH_FASTCALL,
      "forward(x, w, b, device, stream) -> (y, saved or None)"},
     {"backward", (PyCFunction)(void (*)(void))call_backward, METH_FASTCALL,

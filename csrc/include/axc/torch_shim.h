@@ -60,6 +60,9 @@ typedef struct axc_torch_cuda_api {
     /* a block of torch's caching allocator on the current stream; freed by raw_delete */
     int32_t (*raw_alloc)(uint64_t nbytes, void **ret);
     int32_t (*raw_delete)(void *ptr);
+    /* Optional (NULL where this torch lacks it): torch's current stream of `device` (the
+     * cudaStream_t torch.cuda.current_stream(device).cuda_stream names), without Python. */
+    int32_t (*get_current_stream)(int32_t device, void **ret);
 } axc_torch_cuda_api;
 
 /* Loads it once (thread-safe): the libtorch_cuda.so that `import torch` loaded (RTLD_NOLOAD),
@@ -71,6 +74,10 @@ axc_status axc_torch_cuda_load(const axc_torch_cuda_api **api);
 /* `bytes` from torch's caching allocator, on `stream` of `device` (the block is that stream's). */
 axc_status axc_torch_cuda_alloc(const axc_torch_cuda_api *api, size_t bytes, int device,
                                 void *stream, void **out);
+
+/* torch's current CUDA stream of `device` into *stream: AXC_ERR_UNAVAILABLE when torch's CUDA
+ * library or its getter is not there (the caller passes the stream itself then). */
+axc_status axc_torch_cuda_current_stream(int device, void **stream);
 
 #ifdef __cplusplus
 }

@@ -52,6 +52,14 @@ int32_t aoti_torch_create_cuda_stream_guard(void *stream, int32_t device, void *
     return 0;
 }
 
+/* the stream the innermost guard made current (what torch.cuda.current_stream() would say) */
+int32_t aoti_torch_get_current_cuda_stream(int32_t device, void **ret)
+{
+    (void)device;
+    *ret = current_stream_;
+    return 0;
+}
+
 int32_t aoti_torch_delete_cuda_stream_guard(void *g)
 {
     if (!g)

@@ -35,6 +35,7 @@
 
 #include "axc/comm.h"
 #include "axc/sched.h"
+#include "axc/torch_shim.h"
 #include "../ctest.h"
 #include "../fork_ranks.h"
 #include "../rank_tally.h"
@@ -558,5 +559,16 @@ int main(void)
     static const int depth2[4] = {1, 1, 1, 2};
     spawn_and_tally("G_d=2", 2, rank_main, depth2);
     spawn_and_tally("G_d=2, slow link", 2, rank_main_slow, depth2);
+    if (g_mock.torch) { /* torch's current stream, read through the shim (LinearCall's path) */
+        const axc_torch_cuda_api *api = NULL;
+        CHECK(axc_torch_cuda_load(&api) == AXC_OK && api && api->get_current_stream);
+        void *s = (void *)1;
+        CHECK(axc_torch_cuda_current_stream(0, &s) == AXC_OK && s == NULL); /* the default */
+        axc_torch_stream_guard guard = NULL;
+        CHECK(api && api->create_stream_guard(S2, 0, &guard) == 0);
+        CHECK(axc_torch_cuda_current_stream(0, &s) == AXC_OK && s == S2);
+        CHECK(api && api->delete_stream_guard(guard) == 0);
+        CHECK(axc_torch_cuda_current_stream(0, &s) == AXC_OK && s == NULL);
+    }
     return ctest_summary("test_sched_mock");
 }
