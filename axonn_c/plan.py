@@ -186,11 +186,13 @@ def auto_grid(world_size: int, *, model=None, machine=None, verbose: bool = Fals
     the choice and the runner-up."""
     ranked = choose_grid(world_size, model=model, machine=machine, **transformer_desc)
     if verbose:
-        which = "given" if machine is not None else "the default"
+        which = ("given" if machine is not None else
+                 "from AXONN_C_MACHINE" if os.environ.get("AXONN_C_MACHINE") else "the default")
         print(f"axonn_c: plan='auto' on {world_size} GPUs with the machine profile "
               f"{ranked[0]['machine']!r} ({which}; pick another with init(plan='auto', "
-              f"machine=...): {', '.join(_C().model_machines())} or a JSON profile from "
-              f"`python -m axonn_c.plan --calibrate`): chose {describe(ranked[0])}", flush=True)
+              f"machine=...) or AXONN_C_MACHINE: {', '.join(_C().model_machines())} or a JSON "
+              f"profile from `python -m axonn_c.plan --calibrate`): chose {describe(ranked[0])}",
+              flush=True)
         if len(ranked) > 1:
             print(f"axonn_c:   runner-up {describe(ranked[1])}", flush=True)
     return ranked[0]["grid"]

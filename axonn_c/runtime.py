@@ -153,8 +153,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     AXONN_C_TIMEOUT) bounds every wait for a peer. `plan="auto"` lets the communication model
     choose the grid (see axonn_c.plan).
 
-    `overlap=True` turns on every overlap of communication with computation (DESIGN §6, each
-    also settable through optimize_communication() or per layer):
+    `overlap=True` turns on every overlap of communication with computation
+    (docs/ARCHITECTURE.md#one-training-step; each also settable through optimize_communication()
+    or per layer):
     - the expert forward's all-reduce (and backward's dX all-reduce) runs in `fwd_chunks` row
       chunks, each overlapping the next chunk's GEMM (default: chosen by the tensor's size);
     - backward: dX's reduction runs during the dW GEMM; dW's depth reduce-scatter and the

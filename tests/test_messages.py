@@ -59,15 +59,19 @@ def test_launch_with_world_size_set_gets_no_torchrun_hint(world_of_one, monkeypa
     assert "torchrun" not in str(e.value)
 
 
-def test_plan_auto_names_the_machine_profile(capsys):
+def test_plan_auto_names_the_machine_profile(capsys, monkeypatch):
+    monkeypatch.delenv("AXONN_C_MACHINE", raising=False)
     plan.auto_grid(8, verbose=True, blocks=2, hidden=256, heads=4, seq=128, global_batch=16)
     out = capsys.readouterr().out
     assert "machine profile 'perlmutter' (the default; pick another with init(plan='auto', " \
-           "machine=...): " in out, out
+           "machine=...) or AXONN_C_MACHINE: " in out, out
     assert "dgx-h100" in out and "--calibrate" in out
     plan.auto_grid(8, machine="frontier", verbose=True, blocks=2, hidden=256, heads=4, seq=128,
                    global_batch=16)
     assert "'frontier' (given;" in capsys.readouterr().out
+    monkeypatch.setenv("AXONN_C_MACHINE", "dgx-h100")
+    plan.auto_grid(8, verbose=True, blocks=2, hidden=256, heads=4, seq=128, global_batch=16)
+    assert "'dgx-h100' (from AXONN_C_MACHINE;" in capsys.readouterr().out
 
 
 def test_sync_gradients_before_init_raises(world_of_one):
