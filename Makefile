@@ -75,8 +75,10 @@ test-c-san: $(SAN_BINS)
 # The set-up, in two steps, each also right on a fresh machine. torch is the CPU build of
 # torch==2.13.0 from PyTorch's CPU index, installed only where no torch is (never an unpinned
 # torch: PyPI's Linux torch pulls gigabytes of CUDA wheels); an installed torch is kept.
+# (Linux wheels of the CPU build carry "+cpu"; macOS's torch is CPU-only under the plain version)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_CPU := torch==2.13.0+cpu --extra-index-url $(TORCH_CPU_INDEX)
+TORCH_CPU := $(if $(filter Linux,$(shell uname -s)),torch==2.13.0+cpu,torch==2.13.0) \
+    --extra-index-url $(TORCH_CPU_INDEX)
 # the NVIDIA header wheels the CUDA parts compile against (they only run on a GPU machine)
 CUDA_HEADER_WHEELS := nvidia-nccl-cu13==2.28.9 nvidia-cuda-runtime nvidia-cuda-crt nvidia-cublas
 
