@@ -141,7 +141,10 @@ def check_prefetch_order(g):
     first = (model.layers[order[0]]._sched_id, "fwd")
     assert [(v[1], v[2]) for v in visits if v[0] == "miss"] == [first], \
         f"{what}: only the step's first gather may miss, got {visits}"
-    assert st["hits"] == 2 * NL - 1 and st["visits"] == 2 * NL, f"{what}: {st}"
+    # every visit but the first was prefetched: complete when it started (a hit) or still in
+    # flight (a wait) is timing, which another job on the machine changes
+    assert st["hits"] + st["waits"] == 2 * NL - 1 and st["misses"] == 1, f"{what}: {st}"
+    assert st["visits"] == 2 * NL, f"{what}: {st}"
     assert st["order_len"] == 2 * NL and st["stale"] == 0, f"{what}: {st}"
     assert st["peak_buffers"] <= 2, f"{what}: {st['peak_buffers']} gathered weights alive"
     layer_bytes = H * H * 4
@@ -157,7 +160,8 @@ def check_prefetch_order(g):
     st = axonn_c.scheduler_stats(reset=True)
     issued = [(layer, phase) for ev, layer, phase in axonn_c._C.sched_log() if ev == "prefetch"]
     assert issued == expected_prefetches(model, new), f"{what}: {issued}"
-    assert st["hits"] == 2 * NL - 1 and st["off_order"] == 0, f"{what}: {st}"
+    assert st["hits"] + st["waits"] == 2 * NL - 1 and st["misses"] == 1, f"{what}: {st}"
+    assert st["off_order"] == 0, f"{what}: {st}"
     # caching keeps every forward gather for the backward: the counter sees all of them
     with axonn_c.optimize_communication(overlap_all_reduce=True, overlap_reduce_scatter=True,
                                         overlap_all_gather=True, cache_weights=True):
