@@ -112,6 +112,11 @@ class BuildExt(build_ext):
 
 
 MACROS, CUDA_INCS, BUILD_SUMMARY = _configure()
+if os.environ.get("AXONN_C_PRINT_CFLAGS") == "1":
+    # the Makefile's C tests compile the core with the same CUDA/NCCL/cuBLASLt headers
+    print(" ".join([f"-D{k}={v}" for k, v in MACROS if k.endswith("_HEADERS")]
+                   + [f"-I{d}" for d in CUDA_INCS]))
+    raise SystemExit(0)
 SOURCES = sorted(
     p for p in glob.glob("csrc/**/*.c", recursive=True) if not p.startswith("csrc/tests/")
 )

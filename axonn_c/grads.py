@@ -1,4 +1,5 @@
-"""Deferred gradients (DESIGN §6): the Python half of the scheduler's backward.
+"""Deferred gradients: the Python half of the scheduler's backward (where it acts in a step:
+docs/ARCHITECTURE.md#one-training-step).
 
 With overlap on, a layer's backward does not wait for its weight gradient: dW's depth
 reduce-scatter is handed to the C scheduler, and the gradient lands in a flat bucket whose

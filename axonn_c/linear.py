@@ -1,4 +1,5 @@
-"""axonn_c.Linear: nn.Linear sharded over the 3D tensor-parallel grid (DESIGN §5).
+"""axonn_c.Linear: nn.Linear sharded over the 3D tensor-parallel grid
+(docs/ARCHITECTURE.md#the-sharded-linear-layer).
 
 Forward and backward run in C (csrc/layers/linear.c). They are torch.library custom ops with
 fake kernels and a registered autograd formula, so torch.compile treats them as opaque nodes.

@@ -138,6 +138,7 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     call only scales: Linear weights and biases from the first step, the model's other
     parameters from the second (this call registers their gradient hooks, axonn_c/grads.py).
     """
+    grid()  # raises before init(): without a grid nothing would be summed
     if not session.grad_sync_enabled:
         return
     grads.finish()

@@ -186,8 +186,13 @@ def auto_grid(world_size: int, *, model=None, machine=None, verbose: bool = Fals
     the choice and the runner-up."""
     ranked = choose_grid(world_size, model=model, machine=machine, **transformer_desc)
     if verbose:
-        print(f"axonn_c: plan='auto' on {world_size} GPUs ({ranked[0]['machine']}): "
-              f"chose {describe(ranked[0])}", flush=True)
+        which = ("given" if machine is not None else
+                 "from AXONN_C_MACHINE" if os.environ.get("AXONN_C_MACHINE") else "the default")
+        print(f"axonn_c: plan='auto' on {world_size} GPUs with the machine profile "
+              f"{ranked[0]['machine']!r} ({which}; pick another with init(plan='auto', "
+              f"machine=...) or AXONN_C_MACHINE: {', '.join(_C().model_machines())} or a JSON "
+              f"profile from `python -m axonn_c.plan --calibrate`): chose {describe(ranked[0])}",
+              flush=True)
         if len(ranked) > 1:
             print(f"axonn_c:   runner-up {describe(ranked[1])}", flush=True)
     return ranked[0]["grid"]
@@ -280,16 +285,31 @@ def write_plot(entries: list[dict], path: str, top: int, title: str) -> None:
               ncol=4, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except (OSError, ValueError) as e:  # a missing folder, no permission, an unknown suffix
+        raise SystemExit(f"--plot: cannot write {path}: {e}") from None
+    finally:
+        plt.close(fig)
+    print(f"wrote the plot of the top {len(shown)} grids to {os.path.abspath(path)}")
 
 
 # ------------------------------------------------------------------------------ CLI
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """--help names the default of every option that has one (unless its help says it)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m axonn_c.plan",
+        prog="python -m axonn_c.plan", formatter_class=_HelpWithDefaults,
         description="Rank every 4D grid (G_data x G_intra_r x G_intra_c x G_intra_d) for a "
                     "transformer on a machine by predicted communication time and memory.")
     m = p.add_argument_group("model")
@@ -309,16 +329,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus", type=int, help="number of GPUs")
     r.add_argument("--machine", default=DEFAULT_MACHINE,
                    help="perlmutter, frontier, dgx-h100, or a JSON profile path")
-    r.add_argument("--recompute", choices=("full", "none"), default="full")
-    r.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
-    r.add_argument("--grad-dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    r.add_argument("--recompute", choices=("full", "none"), default="full",
+                   help="activation recomputation in backward")
+    r.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="weights and activations")
+    r.add_argument("--grad-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="data-parallel gradients")
     r.add_argument("--cache-weights", action="store_true",
                    help="keep gathered weights from forward to backward")
     r.add_argument("--compress-data", type=float, default=1.0, metavar="RATIO",
                    help="codec ratio (compressed/raw bytes) of the data-parallel gradients")
     r.add_argument("--fwd-chunks", type=int, default=1,
                    help="over-decomposition of the forward all-reduce")
-    r.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    r.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                   help="optimizer state counted in memory")
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=10, help="rows of the table (and bars of --plot)")
     o.add_argument("--json", metavar="PATH", help="write every evaluated grid as JSON")

@@ -64,8 +64,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     AXONN_C_TIMEOUT) bounds every wait for a peer. `plan="auto"` lets the communication model
     choose the grid (see axonn_c.plan).
 
-    `overlap=True` turns on every overlap of communication with computation (DESIGN §6, each
-    also settable through optimize_communication() or per layer):
+    `overlap=True` turns on every overlap of communication with computation
+    (docs/ARCHITECTURE.md#one-training-step; each also settable through optimize_communication()
+    or per layer):
     - the expert forward's all-reduce (and backward's dX all-reduce) runs in `fwd_chunks` row
       chunks, each overlapping the next chunk's GEMM (default: chosen by the tensor's size);
     - backward: dX's reduction runs during the dW GEMM; dW's depth reduce-scatter and the
@@ -148,9 +149,13 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         if min(G_data, G_intra_r, G_intra_c, G_intra_d) < 1:
             raise ValueError(f"grid sizes must be >= 1, got G_data={G_data} G_intra_r={G_intra_r} "
                              f"G_intra_c={G_intra_c} G_intra_d={G_intra_d}")
+        launch = ("; RANK and WORLD_SIZE are not set, so this process is a world of one: launch "
+                  f"it with torchrun --nproc_per_node {product} (or set RANK/WORLD_SIZE)"
+                  if world == 1 and "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
+                  else "")
         raise ValueError(f"grid G_data={G_data} x G_intra_r={G_intra_r} x G_intra_c={G_intra_c} x "
                          f"G_intra_d={G_intra_d} = {product} ranks does not match the world size "
-                         f"{world}")
+                         f"{world}{launch}")
     cuda_device = -1
     if torch.cuda.is_available():
         cuda_device = local_rank % torch.cuda.device_count()

@@ -59,26 +59,29 @@ def forward_backward(model, x, y, concurrent: int = 1):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--G-data", type=int, default=None)
-    p.add_argument("--G-intra-r", type=int, default=None)
-    p.add_argument("--G-intra-c", type=int, default=None)
-    p.add_argument("--G-intra-d", type=int, default=None)
-    p.add_argument("--steps", type=int, default=300)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train")
+    grid_help = "grid size (left out: 2x2 row x column where the world divides, data the rest)"
+    p.add_argument("--G-data", type=int, default=None, help=grid_help)
+    p.add_argument("--G-intra-r", type=int, default=None, help=grid_help)
+    p.add_argument("--G-intra-c", type=int, default=None, help=grid_help)
+    p.add_argument("--G-intra-d", type=int, default=None, help=grid_help)
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--block-size", type=int, default=64, help="sequence length")
+    p.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
+    p.add_argument("--n-head", type=int, default=4, help="attention heads")
+    p.add_argument("--n-embd", type=int, default=64, help="hidden size")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-    p.add_argument("--corpus-chars", type=int, default=50000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--corpus-chars", type=int, default=50000, help="size of the generated text")
+    p.add_argument("--seed", type=int, default=0, help="model and data seed")
+    p.add_argument("--log-every", type=int, default=25, help="print the loss every N steps")
     p.add_argument("--sample-chars", type=int, default=120, help="greedy sample at the end")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="overlap communication with computation (the scheduler, DESIGN §6)")
+                   help="overlap communication with computation (the scheduler, "
+                        "docs/ARCHITECTURE.md#one-training-step)")
     p.add_argument("--concurrent", type=int, default=1,
                    help="split each rank's batch into this many micro-batches run at once "
                         "(axonn_c.run_concurrent, CPU; hides row/column all-reduces)")
@@ -116,7 +119,10 @@ def main(argv=None):
 
     losses = []
     t0 = time.perf_counter()
-    bar = tqdm(range(args.steps), disable=not main_rank, desc="train", dynamic_ncols=True)
+    # a progress bar only on a terminal: in a log file its redraws would flood it (the loss
+    # lines below are printed either way)
+    bar = tqdm(range(args.steps), disable=not (main_rank and sys.stderr.isatty()), desc="train",
+               dynamic_ncols=True)
     for step in bar:
         xg, yg = data.batch(step, args.batch_size * world)  # the same global batch on every rank
         sl = slice(rank * args.batch_size, (rank + 1) * args.batch_size)  # this rank's share

@@ -1,6 +1,6 @@
 """Smoke test of benchmarks/bench_overlap.py: it runs end to end (three torchrun launches of two
 ranks at tiny sizes) and writes the documented JSON keys with positive times. No timing
-assertions: timings are the benchmark's business (DESIGN §9)."""
+assertions: timings are the benchmark's business (docs/ARCHITECTURE.md#tests-and-benchmarks)."""
 import json
 import os
 import subprocess

@@ -8,18 +8,20 @@ import time
 
 import pytest
 
-from conftest import WORKERS, free_port, shm_leftovers
+from conftest import WORKERS, assert_no_shm_leftovers, free_port, job_tag
 
 pytestmark = pytest.mark.multiproc
 
 
-def launch(world, mode, timeout):
+def launch(world, mode, timeout, tag=None):
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PYTHONWARNINGS="ignore")
+        if tag:
+            env["AXONN_C_SHM_TAG"] = tag
         procs.append(subprocess.Popen(
             [sys.executable, str(WORKERS / "dead_peer_worker.py"), mode, str(timeout)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
@@ -30,8 +32,8 @@ def launch(world, mode, timeout):
                                         ("kill_concurrent", 4)])
 def test_peer_failure_raises_on_every_rank(mode, world):
     timeout = 6.0
-    before = set(shm_leftovers())
-    procs = launch(world, mode, timeout)
+    tag = job_tag()
+    procs = launch(world, mode, timeout, tag)
     victim = procs[-1]
     line = victim.stdout.readline()
     assert "VICTIM READY" in line, line + victim.stdout.read()
@@ -58,7 +60,7 @@ def test_peer_failure_raises_on_every_rank(mode, world):
             assert m.group(1) == "CommTimeoutError", out
         assert float(m.group(2)) <= timeout + 2.0
     assert elapsed < timeout + 20
-    assert set(shm_leftovers()) <= before
+    assert_no_shm_leftovers(tag, f"the {mode} job")
 
 
 def test_ranks_out_of_step_raise_at_once():

@@ -1,5 +1,6 @@
-"""The cross-layer scheduler (DESIGN §6) on several ranks, against serial PyTorch: learned-order
-prefetch for a model whose execution order differs from its registration order, re-learning,
+"""The cross-layer scheduler (docs/ARCHITECTURE.md#one-training-step) on several ranks, against
+serial PyTorch: learned-order prefetch for a model whose execution order differs from its
+registration order, re-learning,
 at most two layers' gathered weights alive with prefetch k=1, the memory budget, and deferred
 reduce-scatters / data-parallel buckets complete when backward returns (with accumulation)."""
 import pytest

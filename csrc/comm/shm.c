@@ -761,11 +761,23 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     }
     char key[256];
     snprintf(key, sizeof key, "%s/shm/name", cfg->job_id);
+    /* an optional job tag ends the name, so a leak check (tests, CI) can tell its own segments
+     * from those of other jobs on the machine */
+    const char *tag = getenv("AXONN_C_SHM_TAG");
+    if (tag && *tag) {
+        size_t n = strlen(tag);
+        if (n > 64 || strspn(tag, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                  "0123456789_-") != n)
+            return axc_fail(AXC_ERR_INVALID,
+                            "AXONN_C_SHM_TAG=%.80s: expected at most 64 letters, digits, '_' "
+                            "or '-'", tag);
+    }
     int fd = -1;
     if (b->rank == 0) {
         static _Atomic unsigned counter = 0;
-        snprintf(b->name, sizeof b->name, "/axonn_c.%d.%u.%lx", (int)getpid(),
-                 atomic_fetch_add(&counter, 1), (unsigned long)axc_now_ns());
+        snprintf(b->name, sizeof b->name, "/axonn_c.%d.%u.%lx%s%s", (int)getpid(),
+                 atomic_fetch_add(&counter, 1), (unsigned long)axc_now_ns(),
+                 tag && *tag ? "." : "", tag && *tag ? tag : "");
         fd = shm_open(b->name, O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd < 0)
             return axc_fail(AXC_ERR_SYSTEM, "shm_open(%s) failed: %s", b->name, strerror(errno));

@@ -139,6 +139,17 @@ static void set_unavailable(const char *fmt, ...)
     load_status_ = AXC_ERR_UNAVAILABLE;
 }
 
+/* Whether the CUDA driver library is in this process or loadable. */
+static int driver_present(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (h)
+        dlclose(h);
+    return h != NULL;
+}
+
 static void *open_runtime(void)
 {
     static const char *names[] = {"libcudart.so.13", "libcudart.so.12"};
@@ -217,6 +228,13 @@ static void load_runtime(void)
 
     int count = 0;
     int err = api.GetDeviceCount(&count);
+    if (err == 35 /* cudaErrorInsufficientDriver */ && !driver_present()) {
+        /* the runtime's text ("driver version is insufficient") misleads where there is none */
+        set_unavailable("no CUDA driver (CPU-only machine): cudaGetDeviceCount in %s found no "
+                        "libcuda.so.1",
+                        lib_name_);
+        return;
+    }
     if (err != AXC_CUDA_SUCCESS) {
         const char *what = api.GetErrorString(err);
         set_unavailable("no usable CUDA device: cudaGetDeviceCount failed in %s: %s (cudaError %d)",

@@ -1,6 +1,7 @@
 /* Forward and backward of the 3D tensor-parallel linear layer (see axc/linear.h for layouts).
- * Every collective is issued on the group DESIGN §5 names; GEMMs go to axc_gemm (torch's BLAS on
- * CPU, cuBLASLt on CUDA). Overlap inside the layer: dX's reduction runs during the dW GEMM, the
+ * Every collective is issued on the group docs/linear.md names (the overview:
+ * docs/ARCHITECTURE.md#the-sharded-linear-layer); GEMMs go to axc_gemm (torch's BLAS on CPU,
+ * cuBLASLt on CUDA). Overlap inside the layer: dX's reduction runs during the dW GEMM, the
  * forward all-reduce in row chunks during the next chunk's GEMM. Across layers (csrc/sched/):
  * the weight's depth all-gather is prefetched and dW's reduce-scatter deferred. */
 #include "axc/linear.h"

@@ -91,6 +91,13 @@ static void test_loader(void)
         if (getenv("AXC_TEST_CUDART") && *getenv("AXC_TEST_CUDART"))
             /* the runtime was there (preloaded): the reason must be the device query */
             CHECK(strstr(msg, "cudaGetDeviceCount") != NULL);
+        /* a machine without a driver is named as such, not as a too-old driver */
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY);
+        if (drv)
+            dlclose(drv);
+        else if (strstr(msg, "cudaGetDeviceCount"))
+            CHECK(strstr(msg, "no CUDA driver (CPU-only machine)") != NULL);
+        CHECK(strstr(msg, "insufficient") == NULL || drv != NULL);
     }
 
     /* error codes become AXC_ERR_BACKEND naming the call */

@@ -356,6 +356,45 @@ static void mismatch_main(int rank, int world, const int dims[4], double timeout
     axc_comm_destroy(comm);
 }
 
+/* AXONN_C_SHM_TAG ends the segment name (which the store publishes), so a leak check can tell
+ * its own segments from those of other jobs; a tag that cannot be part of a name fails on every
+ * rank, naming the variable. */
+static int tag_bad;
+static void tag_main(int rank, int world, const int dims[4], double timeout)
+{
+    if (tag_bad) {
+        axc_comm_config cfg;
+        axc_comm *comm = NULL;
+        EXPECT(fork_ranks_config(&cfg, rank, world, dims, "tag", timeout) == AXC_OK);
+        EXPECT(axc_comm_create(&comm, &cfg) == AXC_ERR_INVALID);
+        EXPECT(strstr(axc_last_error(), "AXONN_C_SHM_TAG") != NULL);
+        return;
+    }
+    axc_comm *comm = open_comm(rank, world, dims, "tag", timeout);
+    if (!comm)
+        return;
+    const char *want = ".ctest-tag_1";
+    EXPECT(g_kv->len > strlen(want) &&
+           memcmp(g_kv->value + g_kv->len - strlen(want), want, strlen(want)) == 0);
+    axc_comm_destroy(comm);
+}
+
+static int tagged_run(const char *tag, int bad)
+{
+    static const int grid[4] = {1, 1, 2, 1};
+    const char *outer = getenv("AXONN_C_SHM_TAG");
+    char saved[128];
+    snprintf(saved, sizeof saved, "%s", outer ? outer : "");
+    setenv("AXONN_C_SHM_TAG", tag, 1);
+    tag_bad = bad;
+    int failed = fork_ranks_spawn(2, tag_main, grid, 10.0, 0);
+    if (outer)
+        setenv("AXONN_C_SHM_TAG", saved, 1);
+    else
+        unsetenv("AXONN_C_SHM_TAG");
+    return failed;
+}
+
 int main(void)
 {
     fork_ranks_init();
@@ -376,6 +415,9 @@ int main(void)
     CHECK(fork_ranks_spawn(2, channels_main, indep_grid, 10.0, 0) == 0);
     for (mismatch_case = 0; mismatch_case < 5; mismatch_case++)
         CHECK(fork_ranks_spawn(2, mismatch_main, indep_grid, 20.0, 0) == 0);
+    CHECK(tagged_run("ctest-tag_1", 0) == 0);
+    CHECK(tagged_run("../escape", 1) == 0);
+    CHECK(tagged_run("a-tag-that-is-far-too-long-to-be-part-of-a-name-0123456789012345678", 1) == 0);
     static const int dead_grid[4] = {1, 1, 3, 1};
     int64_t t0 = axc_now_ns();
     CHECK(fork_ranks_spawn(3, dead_peer_main, dead_grid, 5.0, 0) == 0);

@@ -1,6 +1,6 @@
 """axonn_c.Linear against the serial nn.Linear on every grid of the world size: outputs, input
-gradients and every parameter's gradient (after the data/depth reductions DESIGN §5 assigns),
-both layouts, transpose on/off, bias on/off, square and non-square shapes, 3-D inputs."""
+gradients and every parameter's gradient (after the data/depth reductions docs/linear.md
+assigns), both layouts, transpose on/off, bias on/off, square and non-square shapes, 3-D inputs."""
 import argparse
 import itertools
 import sys
@@ -100,7 +100,8 @@ def check(g, in_f, out_f, expert, transpose, bias, dtype, tokens_per_rank, seed)
 
 def check_mlp_and_bytes(g, dtype, seed, chunks=1):
     """Linear -> GELU -> Linear(transpose=True) in expert mode equals the serial MLP, and the
-    bytes each group moved in one step equal the communication model's (DESIGN §5's table: no
+    bytes each group moved in one step equal the communication model's (docs/linear.md's
+    expert-layout table: no
     redistribution between the two layers)."""
     hidden, ffn = 24 * 2, 24 * 4
     grid4 = (g.G_data, g.G_intra_r, g.G_intra_c, g.G_intra_d)

@@ -32,9 +32,8 @@ NL = 4
 
 
 class Pause(torch.autograd.Function):
-    """Compute stand-in between layers (forward and backward): long enough for a prefetched
-    gather of these small weights to finish on an idle machine (on a busy one it may still be
-    in flight: the checks count hits and waits together)."""
+    """Compute stand-in between layers (forward and backward): long enough for any prefetched
+    gather of these small weights to finish, so the hit counts are deterministic."""
 
     @staticmethod
     def forward(ctx, x):
@@ -142,8 +141,8 @@ def check_prefetch_order(g):
     first = (model.layers[order[0]]._sched_id, "fwd")
     assert [(v[1], v[2]) for v in visits if v[0] == "miss"] == [first], \
         f"{what}: only the step's first gather may miss, got {visits}"
-    # every visit but the first was prefetched: complete (hit) or still in flight (wait), which
-    # depends on how busy the machine is; what was never issued is a miss
+    # every visit but the first was prefetched: complete when it started (a hit) or still in
+    # flight (a wait) is timing, which another job on the machine changes
     assert st["hits"] + st["waits"] == 2 * NL - 1 and st["misses"] == 1, f"{what}: {st}"
     assert st["visits"] == 2 * NL, f"{what}: {st}"
     assert st["order_len"] == 2 * NL and st["stale"] == 0, f"{what}: {st}"
@@ -161,7 +160,8 @@ def check_prefetch_order(g):
     st = axonn_c.scheduler_stats(reset=True)
     issued = [(layer, phase) for ev, layer, phase in axonn_c._C.sched_log() if ev == "prefetch"]
     assert issued == expected_prefetches(model, new), f"{what}: {issued}"
-    assert st["hits"] + st["waits"] == 2 * NL - 1 and st["off_order"] == 0, f"{what}: {st}"
+    assert st["hits"] + st["waits"] == 2 * NL - 1 and st["misses"] == 1, f"{what}: {st}"
+    assert st["off_order"] == 0, f"{what}: {st}"
     # caching keeps every forward gather for the backward: the counter sees all of them
     with axonn_c.optimize_communication(overlap_all_reduce=True, overlap_reduce_scatter=True,
                                         overlap_all_gather=True, cache_weights=True):
@@ -169,11 +169,11 @@ def check_prefetch_order(g):
         st = axonn_c.scheduler_stats(reset=True)
     assert st["peak_buffers"] == NL, f"{what}: cache_weights kept {st['peak_buffers']}"
     # a budget of one layer's gather: prefetches are refused, results unchanged
-    axonn_c.state.configure_scheduler(1, layer_bytes, False)
+    axonn_c.runtime.configure_scheduler(1, layer_bytes, False)
     step(g, model, refs, opt, ref_opt, new, 6, what + " budget")
     st = axonn_c.scheduler_stats(reset=True)
     assert st["budget_skips"] > 0 and st["peak_buffers"] == 1, f"{what}: {st}"
-    axonn_c.state.configure_scheduler(1, 0, False)
+    axonn_c.runtime.configure_scheduler(1, 0, False)
 
 
 class MLP(nn.Module):
@@ -489,7 +489,7 @@ class Probe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         st = axonn_c.scheduler_stats()
-        ctx.log.append((st["tasks"], st["tasks_run"], len(axonn_c.grads._st.task_keeps)))
+        ctx.log.append((st["tasks"], st["tasks_run"], len(axonn_c.grads._task_keeps)))
         return g, None
 
 
@@ -557,7 +557,7 @@ def check_deferred_wgrad(g):
         assert all(keeps <= 2 for *_, keeps in log), f"{what}: tensors kept piled up: {log}"
         st = axonn_c.scheduler_stats()
         assert st["tasks"] == st["tasks_run"], f"{what}: tasks left after backward: {st}"
-        assert not axonn_c.grads._st.task_keeps, f"{what}: tensors still kept after backward"
+        assert not axonn_c.grads._task_keeps, f"{what}: tensors still kept after backward"
         if any(m._shapes["gout_size"] == 1 for m in model) and g.G_intra_d == 1:
             assert max(want) >= 1, f"{what}: the model defers nothing on this grid"
         for m, p, r in zip(model, plain, ref):
@@ -599,7 +599,7 @@ def check_deferred_wgrad(g):
         h = torch.tanh(r(h))
     h.backward(dY)
     st = axonn_c.scheduler_stats()
-    assert st["tasks"] == st["tasks_run"] and not axonn_c.grads._st.task_keeps, f"{what}: {st}"
+    assert st["tasks"] == st["tasks_run"] and not axonn_c.grads._task_keeps, f"{what}: {st}"
     for m, r in zip(model, ref):
         close(m.weight.grad, shard_of(r.weight.grad, m), torch.float32, f"{what} after abort dW")
 

@@ -33,7 +33,7 @@ def close(a, b, what):
 
 
 def shard_weight(layer, full):
-    """This rank's depth shard of the full [out, in] tensor, by DESIGN §5's layout."""
+    """This rank's depth shard of the full [out, in] tensor, by docs/linear.md's layout."""
     s = layer._shapes
     rows = slice(s["gout_rank"] * s["n_local"], (s["gout_rank"] + 1) * s["n_local"])
     cols = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])

@@ -8,7 +8,8 @@
 extern "C" {
 #endif
 
-/* Group kinds. Column varies fastest, then row, then depth, then data (DESIGN §4). */
+/* Group kinds. Column varies fastest, then row, then depth, then data
+ * (docs/ARCHITECTURE.md#the-grid-and-its-groups). */
 typedef enum axc_group_kind {
     AXC_GROUP_COL = 0,   /* fixed (data, depth, row); splits input features */
     AXC_GROUP_ROW = 1,   /* fixed (data, depth, col); splits output features */

@@ -1,4 +1,5 @@
-/* The 3D tensor-parallel linear layer: shapes, and forward/backward over the grid (DESIGN §5).
+/* The 3D tensor-parallel linear layer: shapes, and forward/backward over the grid
+ * (docs/ARCHITECTURE.md#the-sharded-linear-layer).
  *
  * Weight W[out, in]. The group that splits the input features ("gin") is col, the one that splits
  * the output features ("gout") is row; transpose=1 swaps them. Rank (d, r, c) owns the block
@@ -26,8 +27,8 @@ typedef struct axc_linear_desc {
     int has_bias;
     axc_layout layout;
     axc_dtype dtype;
-    /* overlap inside the layer (DESIGN §6); results do not depend on these except that
-     * fwd_chunks > 1 runs the forward GEMM on row chunks */
+    /* overlap inside the layer (docs/ARCHITECTURE.md#one-training-step); results do not
+     * depend on these except that fwd_chunks > 1 runs the forward GEMM on row chunks */
     int overlap_all_reduce;     /* backward: dX's reduction runs while the dW GEMM computes */
     int overlap_reduce_scatter; /* backward: dW's depth reduce-scatter runs asynchronously */
     int fwd_chunks;             /* expert forward: row chunks whose all-reduce overlaps the next

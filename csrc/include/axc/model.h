@@ -1,4 +1,5 @@
-/* The communication model, the memory model and the grid planner (DESIGN §7, docs/model.md).
+/* The communication model, the memory model and the grid planner
+ * (docs/ARCHITECTURE.md#the-communication-model-and-planner, docs/model.md).
  *
  * Bytes are exact: every collective a layer issues is listed (axc_model_layer_colls) and its
  * per-rank ring volume is taken from axc_coll_volume(), the same function that feeds the

@@ -1,5 +1,6 @@
-/* The cross-layer scheduler (DESIGN §6): depth all-gathers of layer weights prefetched in the
- * learned execution order, and collectives deferred past the layer that started them.
+/* The cross-layer scheduler (docs/ARCHITECTURE.md#one-training-step): depth all-gathers of
+ * layer weights prefetched in the learned execution order, and collectives deferred past the
+ * layer that started them.
  *
  * Order learning. Every layer call ("visit": layer id, forward or backward) is appended to the
  * current step's trace. A step ends at axc_sched_step_end() (the end of a backward pass), or

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../../.."
 OUT=build/mock_gemm
 mkdir -p "$OUT"
 CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
-CUBLAS_INC="${CUBLAS_INC:-$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')}"
+CUBLAS_INC="${CUBLAS_INC:-$("${PYTHON:-python3}" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))')}"
 INC="-I$CUDA_INC -I$CUBLAS_INC"
 # shellcheck disable=SC2086
 gcc -shared -fPIC -O1 -Wall -Wextra -DMOCK_CUDART_EXTRA $INC -Wl,-soname,libcudart.so.13 \

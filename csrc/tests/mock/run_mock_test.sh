@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=build/mock
 mkdir -p "$OUT"
-NCCL_INC="${NCCL_INC:-$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "include"))')}"
+NCCL_INC="${NCCL_INC:-$("${PYTHON:-python3}" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "include"))')}"
 CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
 MOCK_SRC="csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_stream_order.c"
 for lib in libcudart.so.13 libnccl.so.2; do
