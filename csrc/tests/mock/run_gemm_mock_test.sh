@@ -14,10 +14,12 @@ INC="-I$CUDA_INC -I$CUBLAS_INC"
 # shellcheck disable=SC2086
 gcc -shared -fPIC -O1 -Wall -Wextra -DMOCK_CUDART_EXTRA $INC -Wl,-soname,libcudart.so.13 \
     -o "$OUT/libcudart.so.13" csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_cublaslt.c \
+    csrc/tests/mock/mock_api_count.c \
     csrc/tests/mock/mock_stream_order.c -lpthread
 # shellcheck disable=SC2086
 gcc -shared -fPIC -O1 -std=c11 -Wall -Wextra -Werror $INC -Wl,-soname,libcublasLt.so.13 \
     -o "$OUT/libcublasLt.so.13" csrc/tests/mock/mock_cublaslt.c csrc/tests/mock/mock_stream_order.c \
+    csrc/tests/mock/mock_api_count.c \
     -lpthread
 CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
 for mode in plain san; do
