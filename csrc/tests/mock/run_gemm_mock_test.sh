@@ -25,12 +25,14 @@ CORE="$(ls csrc/*/*.c | grep -v -e '^csrc/python/' -e '^csrc/tests/')"
 for mode in plain san; do
     FLAGS="-O1 -g"
     [ "$mode" = san ] && FLAGS="$FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-    bin="$OUT/test_gemm_mock_$mode"
-    # shellcheck disable=SC2086
-    gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers $FLAGS \
-        -DAXC_HAVE_CUDA_HEADERS=1 -DAXC_HAVE_CUBLASLT_HEADERS=1 -Icsrc/include $INC \
-        -o "$bin" csrc/tests/mock/test_gemm_mock.c $CORE -ldl -lpthread -lrt -lm
-    echo "== $bin"
-    AXC_TEST_CUDART="$PWD/$OUT/libcudart.so.13" AXC_TEST_CUBLASLT="$PWD/$OUT/libcublasLt.so.13" \
-        ASAN_OPTIONS=detect_leaks=0 "$bin"
+    for t in test_gemm_mock test_linear_mock; do
+        bin="$OUT/${t}_$mode"
+        # shellcheck disable=SC2086
+        gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers $FLAGS \
+            -DAXC_HAVE_CUDA_HEADERS=1 -DAXC_HAVE_CUBLASLT_HEADERS=1 -Icsrc/include $INC \
+            -o "$bin" "csrc/tests/mock/$t.c" $CORE -ldl -lpthread -lrt -lm
+        echo "== $bin"
+        AXC_TEST_CUDART="$PWD/$OUT/libcudart.so.13" AXC_TEST_CUBLASLT="$PWD/$OUT/libcublasLt.so.13" \
+            ASAN_OPTIONS=detect_leaks=0 "$bin"
+    done
 done
