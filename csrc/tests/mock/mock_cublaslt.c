@@ -7,9 +7,11 @@
  * libcublasLt copy binds to libcudart's, loaded first), and every entry point counts its calls
  * (MOCK_API(), mock_api_count.c; one table, libcudart's, likewise).
  * Build and run: see csrc/tests/mock/run_gemm_mock_test.sh. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mock_api_count.h"
 #include "mock_stream_order.h"
@@ -45,6 +47,9 @@ int mock_lt_matmuls, mock_lt_heuristics; /* counters the test reads through dlsy
 /* set by test_gemm_mock: while nonzero the heuristic finds no algorithm; at k > 0 the k-th
  * cublasLtMatrixLayoutCreate from now fails (then it is 0 again) */
 int mock_lt_no_algo, mock_lt_fail_layout_at;
+/* set by test_gemm_mock: every cublasLtMatmul takes this long before it reads its descriptor
+ * (so that GEMMs on several threads overlap) */
+int mock_lt_matmul_us;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
 {
@@ -211,6 +216,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
     (void)h;
     if (s && (void *)s == mock_lt_fail_stream)
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (mock_lt_matmul_us) {
+        struct timespec t = {0, (long)mock_lt_matmul_us * 1000};
+        nanosleep(&t, NULL);
+    }
     const mdesc *d = (const mdesc *)dsc;
     const mlayout *a = (const mlayout *)Al, *b = (const mlayout *)Bl, *c = (const mlayout *)Cl,
                   *dl = (const mlayout *)Dl;
