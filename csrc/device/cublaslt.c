@@ -748,7 +748,7 @@ static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
     key_of(c, ws_bytes, &key);
 
     /* the key's plan: cached, else built (and cached once complete) */
-    lt_plan twin, own;
+    lt_plan twin, own = {0};
     int has_twin = 0, has_evicted = 0;
     lt_entry *e = cache_checkout(&key, &twin, &has_twin);
     axc_status st = AXC_OK;
