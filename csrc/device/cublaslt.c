@@ -10,7 +10,12 @@
  * share scratch memory; a stream is told apart from a destroyed one at the same address by
  * cudaStreamGetId; after AXC_LT_MAX_STREAMS streams, further ones run without workspace);
  * device-resident ones/zeros vectors for the bias gradient (a GEMV against ones) and for K == 0.
- * Algorithms from the heuristic are cached per shape/alignment key in a small hash table.
+ * Plans are cached: per key (device, types, transposes, m/n/k, leading dimensions, epilogue,
+ * pointer alignments, workspace size) the matmul descriptor, the three layouts and the
+ * heuristic's algorithm, built once, so that a warmed-up GEMM costs a bias-pointer attribute
+ * (with a bias) and the launch. The cache is bounded (64 sets x 8 ways, 512 plans; the least
+ * recently used plan of a full set is evicted and destroyed), thread-safe (a plan serves one
+ * GEMM at a time, see lt_entry), and emptied by axc_cublaslt_release.
  *
  * Everything else about CUDA (the runtime, device switching) comes from cuda_rt.c. Compiled only
  * against real cublasLt.h + CUDA runtime headers; otherwise every entry reports
@@ -144,8 +149,8 @@ static axc_status lt_check(cublasStatus_t s, const char *what)
 enum {
     AXC_LT_MAX_DEVICES = 64,
     AXC_LT_MAX_STREAMS = 16,
-    AXC_LT_CACHE_SLOTS = 1024,
-    AXC_LT_CACHE_PROBE = 8,
+    AXC_LT_CACHE_SETS = 64, /* the plan cache: 64 sets of 8 ways, at most 512 plans */
+    AXC_LT_CACHE_WAYS = 8,
     AXC_LT_MIN_CONST = 65536 /* elements of the first ones/zeros vector */
 };
 #define AXC_LT_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -379,81 +384,6 @@ static axc_status lt_const_vector(const axc_cuda_api *api, int device, void *str
     return AXC_OK;
 }
 
-/* ------------------------------------------------------------------ algorithm cache */
-
-typedef struct lt_key {
-    int32_t device, ab_type, cd_type, op_a, op_b, epilogue;
-    uint32_t align_a, align_b, align_c, align_bias;
-    uint64_t m, n, k, ws_bytes;
-    int64_t lda, ldb, ldc;
-} lt_key;
-
-typedef struct lt_entry {
-    int used;
-    lt_key key;
-    cublasLtMatmulAlgo_t algo;
-    size_t ws_size;
-} lt_entry;
-
-static lt_entry cache_[AXC_LT_CACHE_SLOTS];
-
-static uint64_t key_hash(const lt_key *k)
-{
-    const unsigned char *p = (const unsigned char *)k;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof *k; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static int cache_get(const lt_key *k, cublasLtMatmulAlgo_t *algo, size_t *ws_size)
-{
-    uint64_t h = key_hash(k);
-    int found = 0;
-    pthread_mutex_lock(&lt_mu_);
-    for (int p = 0; p < AXC_LT_CACHE_PROBE; p++) {
-        lt_entry *e = &cache_[(h + (uint64_t)p) % AXC_LT_CACHE_SLOTS];
-        if (e->used && memcmp(&e->key, k, sizeof *k) == 0) {
-            *algo = e->algo;
-            *ws_size = e->ws_size;
-            found = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&lt_mu_);
-    return found;
-}
-
-static void cache_put(const lt_key *k, const cublasLtMatmulAlgo_t *algo, size_t ws_size)
-{
-    uint64_t h = key_hash(k);
-    pthread_mutex_lock(&lt_mu_);
-    lt_entry *e = &cache_[h % AXC_LT_CACHE_SLOTS]; /* evicted when the probe window is full */
-    for (int p = 0; p < AXC_LT_CACHE_PROBE; p++) {
-        lt_entry *c = &cache_[(h + (uint64_t)p) % AXC_LT_CACHE_SLOTS];
-        if (!c->used || memcmp(&c->key, k, sizeof *k) == 0) {
-            e = c;
-            break;
-        }
-    }
-    e->used = 1;
-    e->key = *k;
-    e->algo = *algo;
-    e->ws_size = ws_size;
-    pthread_mutex_unlock(&lt_mu_);
-}
-
-static uint32_t ptr_align(const void *p)
-{
-    uintptr_t v = (uintptr_t)p;
-    uint32_t a = 256;
-    while (a > 1 && (v & (a - 1)) != 0)
-        a >>= 1;
-    return a;
-}
-
 /* ------------------------------------------------------------------ one column-major matmul */
 
 /* D[m x n] = alpha * op_a(A) op_b(B) + beta * D (+ bias[m]), column-major, D also serving as C. */
@@ -471,26 +401,180 @@ typedef struct lt_call {
     const char *what;           /* names the caller in messages */
 } lt_call;
 
-static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
-{
-    cublasLtHandle_t handle = NULL;
-    AXC_TRY(lt_handle(c->device, &handle));
-    void *ws;
-    size_t ws_bytes;
-    lt_workspace(api, c->device, c->stream, &ws, &ws_bytes);
+/* ------------------------------------------------------------------ the plan cache */
 
-    cublasLtMatmulDesc_t desc = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+/* Everything that decides a GEMM's descriptors and the heuristic's choice. The device stands for
+ * the handle (one per device, never destroyed). No pointer is part of it: A, B, C/D and the
+ * workspace go to cublasLtMatmul per call and the bias pointer is set on the descriptor per call
+ * (a plan serves one GEMM at a time); their alignments, which the heuristic is told, are, and
+ * so is the workspace size it may use (ws_bytes: 0 for a stream without one). alpha and beta
+ * are host scalars passed per call (the default host pointer mode, never changed; the
+ * heuristic does not see them); the compute and scale types are fp32 for every GEMM. */
+typedef struct lt_key {
+    int32_t device, ab_type, cd_type, op_a, op_b, epilogue;
+    uint32_t align_a, align_b, align_c, align_bias;
+    uint64_t m, n, k, ws_bytes;
+    int64_t lda, ldb, ldd;
+} lt_key;
+
+/* A key's descriptors and the algorithm the heuristic chose for them. */
+typedef struct lt_plan {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    size_t algo_ws;
+} lt_plan;
+
+/* A slot of the cache. Checked out (busy) by one GEMM at a time, because the GEMM sets the bias
+ * pointer on the descriptor; a second thread running the same key meanwhile builds a plan of
+ * its own (with the first one's algorithm, no heuristic) in another way of the set. */
+typedef struct lt_entry {
+    int used;
+    int busy;
+    int dropped; /* released while busy: destroyed when its GEMM checks it in */
+    uint64_t last_use;
+    lt_key key;
+    lt_plan plan;
+} lt_entry;
+
+/* set-associative: a key's set by its hash, the least recently used plan not in use is evicted
+ * (and destroyed) when all of the set's ways are taken */
+static lt_entry cache_[AXC_LT_CACHE_SETS][AXC_LT_CACHE_WAYS];
+static uint64_t cache_clock_;
+static pthread_mutex_t lt_cache_mu_ = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const lt_key *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint32_t ptr_align(const void *p)
+{
+    uintptr_t v = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && (v & (a - 1)) != 0)
+        a >>= 1;
+    return a;
+}
+
+static void key_of(const lt_call *c, size_t ws_bytes, lt_key *key)
+{
+    memset(key, 0, sizeof *key); /* padding bytes take part in the hash and the compare */
+    key->device = c->device;
+    key->ab_type = (int32_t)c->ab_type;
+    key->cd_type = (int32_t)c->cd_type;
+    key->op_a = c->op_a;
+    key->op_b = c->op_b;
+    key->epilogue = (int32_t)(c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    key->align_a = ptr_align(c->A);
+    key->align_b = ptr_align(c->B);
+    key->align_c = ptr_align(c->D);
+    key->align_bias = c->bias ? ptr_align(c->bias) : 0;
+    key->m = c->m;
+    key->n = c->n;
+    key->k = c->k;
+    key->ws_bytes = ws_bytes;
+    key->lda = c->lda;
+    key->ldb = c->ldb;
+    key->ldd = c->ldd;
+}
+
+/* *st = the first failure: a cuBLASLt call's status counts only while none came before (so the
+ * last error's message stays the first failure's). The call itself is made either way: for
+ * teardown, where everything is destroyed whatever failed. */
+static void keep_first(axc_status *st, cublasStatus_t r, const char *what)
+{
+    if (*st == AXC_OK)
+        *st = lt_check(r, what);
+}
+
+/* Destroys what `p` holds; returns `prior` when it is a failure, else the first failure here. */
+static axc_status plan_destroy(const lt_plan *p, axc_status prior)
+{
+    axc_status st = prior;
+    if (p->ld)
+        keep_first(&st, lt_.MatrixLayoutDestroy(p->ld), "cublasLtMatrixLayoutDestroy");
+    if (p->lb)
+        keep_first(&st, lt_.MatrixLayoutDestroy(p->lb), "cublasLtMatrixLayoutDestroy");
+    if (p->la)
+        keep_first(&st, lt_.MatrixLayoutDestroy(p->la), "cublasLtMatrixLayoutDestroy");
+    if (p->desc)
+        keep_first(&st, lt_.MatmulDescDestroy(p->desc), "cublasLtMatmulDescDestroy");
+    return st;
+}
+
+/* The heuristic's algorithm for the plan's descriptors, within the key's workspace size and
+ * pointer alignments. */
+static axc_status plan_algo(cublasLtHandle_t handle, const lt_call *c, const lt_key *key,
+                            lt_plan *p)
+{
     cublasLtMatmulPreference_t pref = NULL;
+    axc_status st = lt_check(lt_.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    if (st != AXC_OK)
+        return st;
+    uint64_t max_ws = key->ws_bytes;
+    st = lt_check(lt_.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &max_ws, sizeof max_ws),
+                  "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        uint32_t value;
+    } aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key->align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key->align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key->align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key->align_c},
+    };
+    for (size_t i = 0; st == AXC_OK && i < sizeof aligns / sizeof aligns[0]; i++)
+        st = lt_check(lt_.MatmulPreferenceSetAttribute(pref, aligns[i].attr, &aligns[i].value,
+                                                       sizeof aligns[i].value),
+                      "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int found = 0;
+    if (st == AXC_OK)
+        st = lt_check(lt_.MatmulAlgoGetHeuristic(handle, p->desc, p->la, p->lb, p->ld, p->ld,
+                                                 pref, 1, &res, &found),
+                      "cublasLtMatmulAlgoGetHeuristic");
+    if (st == AXC_OK && (found < 1 || res.state != CUBLAS_STATUS_SUCCESS))
+        st = axc_fail(AXC_ERR_BACKEND,
+                      "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (column-major), "
+                      "types %d/%d, op %d/%d, ld %lld/%lld/%lld, alignments %u/%u/%u, %s bias",
+                      c->what, (unsigned long long)c->m, (unsigned long long)c->n,
+                      (unsigned long long)c->k, (int)c->ab_type, (int)c->cd_type, c->op_a,
+                      c->op_b, (long long)c->lda, (long long)c->ldb, (long long)c->ldd,
+                      key->align_a, key->align_b, key->align_c, c->bias ? "with" : "no");
+    if (st == AXC_OK) {
+        p->algo = res.algo;
+        p->algo_ws = res.workspaceSize;
+    }
+    keep_first(&st, lt_.MatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
+    return st;
+}
+
+/* Builds the plan of `key` (c's descriptors; the algorithm from `twin`, a plan of the same key,
+ * or from the heuristic). On failure everything made is destroyed and *p is empty. */
+static axc_status plan_create(cublasLtHandle_t handle, const lt_call *c, const lt_key *key,
+                              const lt_plan *twin, lt_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    cublasLtMatmulDesc_t desc = NULL;
     axc_status st = lt_check(lt_.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                              "cublasLtMatmulDescCreate");
+    if (st != AXC_OK)
+        return st;
+    p->desc = desc;
     int32_t op_a = c->op_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = c->op_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    uint32_t epi = c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    uint32_t epi = (uint32_t)key->epilogue;
     int32_t bias_type = (int32_t)c->cd_type;
-    if (st == AXC_OK)
-        st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                                 sizeof op_a),
-                      "cublasLtMatmulDescSetAttribute(TRANSA)");
+    st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+                  "cublasLtMatmulDescSetAttribute(TRANSA)");
     if (st == AXC_OK)
         st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
                                                  sizeof op_b),
@@ -500,99 +584,194 @@ static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
                                                  sizeof epi),
                       "cublasLtMatmulDescSetAttribute(EPILOGUE)");
         if (st == AXC_OK)
-            st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &c->bias, sizeof c->bias),
-                          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
-        if (st == AXC_OK)
             st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                      &bias_type, sizeof bias_type),
                           "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
+        /* this call's pointer, for the heuristic (each GEMM sets its own before its launch) */
+        if (st == AXC_OK)
+            st = lt_check(lt_.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &c->bias, sizeof c->bias),
+                          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     }
-    if (st == AXC_OK)
-        st = lt_check(lt_.MatrixLayoutCreate(&la, c->ab_type, c->op_a ? c->k : c->m,
-                                             c->op_a ? c->m : c->k, c->lda),
-                      "cublasLtMatrixLayoutCreate(A)");
-    if (st == AXC_OK)
-        st = lt_check(lt_.MatrixLayoutCreate(&lb, c->ab_type, c->op_b ? c->n : c->k,
-                                             c->op_b ? c->k : c->n, c->ldb),
-                      "cublasLtMatrixLayoutCreate(B)");
-    if (st == AXC_OK)
-        st = lt_check(lt_.MatrixLayoutCreate(&ld, c->cd_type, c->m, c->n, c->ldd),
-                      "cublasLtMatrixLayoutCreate(C/D)");
+    const struct {
+        cudaDataType_t type;
+        uint64_t rows, cols;
+        int64_t ld;
+        cublasLtMatrixLayout_t *out;
+        const char *what;
+    } layouts[] = {
+        {c->ab_type, c->op_a ? c->k : c->m, c->op_a ? c->m : c->k, c->lda, &p->la,
+         "cublasLtMatrixLayoutCreate(A)"},
+        {c->ab_type, c->op_b ? c->n : c->k, c->op_b ? c->k : c->n, c->ldb, &p->lb,
+         "cublasLtMatrixLayoutCreate(B)"},
+        {c->cd_type, c->m, c->n, c->ldd, &p->ld, "cublasLtMatrixLayoutCreate(C/D)"},
+    };
+    for (size_t i = 0; st == AXC_OK && i < sizeof layouts / sizeof layouts[0]; i++) {
+        cublasLtMatrixLayout_t l = NULL;
+        st = lt_check(lt_.MatrixLayoutCreate(&l, layouts[i].type, layouts[i].rows,
+                                             layouts[i].cols, layouts[i].ld),
+                      layouts[i].what);
+        if (st == AXC_OK)
+            *layouts[i].out = l;
+    }
+    if (st == AXC_OK && twin) {
+        p->algo = twin->algo;
+        p->algo_ws = twin->algo_ws;
+    } else if (st == AXC_OK) {
+        st = plan_algo(handle, c, key, p);
+    }
+    if (st != AXC_OK) {
+        st = plan_destroy(p, st);
+        memset(p, 0, sizeof *p);
+    }
+    return st;
+}
 
+/* Checks out a cached plan of `key` (NULL when none is free). *has_twin: whether a plan of the
+ * key is in use by another GEMM; its algorithm is then in *twin. */
+static lt_entry *cache_checkout(const lt_key *key, lt_plan *twin, int *has_twin)
+{
+    lt_entry *set = cache_[key_hash(key) % AXC_LT_CACHE_SETS], *got = NULL;
+    *has_twin = 0;
+    pthread_mutex_lock(&lt_cache_mu_);
+    for (int w = 0; w < AXC_LT_CACHE_WAYS; w++) {
+        lt_entry *e = &set[w];
+        if (!e->used || e->dropped || memcmp(&e->key, key, sizeof *key) != 0)
+            continue;
+        if (!e->busy) {
+            got = e;
+            got->busy = 1;
+            break;
+        }
+        twin->algo = e->plan.algo;
+        twin->algo_ws = e->plan.algo_ws;
+        *has_twin = 1;
+    }
+    pthread_mutex_unlock(&lt_cache_mu_);
+    return got;
+}
+
+/* Caches `p` as `key`'s plan, checked out to the caller: in a free way of the key's set, or in
+ * place of its least recently used plan not in use, which goes to *evicted (*has_evicted = 1)
+ * for the caller to destroy. NULL when every way is in use: the caller keeps and destroys p. */
+static lt_entry *cache_insert(const lt_key *key, const lt_plan *p, lt_plan *evicted,
+                              int *has_evicted)
+{
+    lt_entry *set = cache_[key_hash(key) % AXC_LT_CACHE_SETS], *slot = NULL;
+    *has_evicted = 0;
+    pthread_mutex_lock(&lt_cache_mu_);
+    for (int w = 0; w < AXC_LT_CACHE_WAYS; w++) {
+        lt_entry *e = &set[w];
+        if (!e->used) {
+            slot = e;
+            break;
+        }
+        if (!e->busy && (!slot || e->last_use < slot->last_use))
+            slot = e;
+    }
+    if (slot) {
+        if (slot->used) {
+            *evicted = slot->plan;
+            *has_evicted = 1;
+        }
+        slot->used = 1;
+        slot->busy = 1;
+        slot->dropped = 0;
+        slot->last_use = ++cache_clock_;
+        slot->key = *key;
+        slot->plan = *p;
+    }
+    pthread_mutex_unlock(&lt_cache_mu_);
+    return slot;
+}
+
+/* Returns a checked-out plan to the cache (or destroys it, when the cache was released
+ * meanwhile). `prior`: the GEMM's status, kept when it is a failure. */
+static axc_status cache_checkin(lt_entry *e, axc_status prior)
+{
+    lt_plan dead;
+    int drop = 0;
+    pthread_mutex_lock(&lt_cache_mu_);
+    if (e->dropped) {
+        dead = e->plan;
+        drop = 1;
+        memset(e, 0, sizeof *e);
+    } else {
+        e->busy = 0;
+        e->last_use = ++cache_clock_;
+    }
+    pthread_mutex_unlock(&lt_cache_mu_);
+    return drop ? plan_destroy(&dead, prior) : prior;
+}
+
+int axc_cublaslt_cached_plans(int *capacity)
+{
+    if (capacity)
+        *capacity = AXC_LT_CACHE_SETS * AXC_LT_CACHE_WAYS;
+    int n = 0;
+    pthread_mutex_lock(&lt_cache_mu_);
+    for (int s = 0; s < AXC_LT_CACHE_SETS; s++)
+        for (int w = 0; w < AXC_LT_CACHE_WAYS; w++)
+            n += cache_[s][w].used && !cache_[s][w].dropped;
+    pthread_mutex_unlock(&lt_cache_mu_);
+    return n;
+}
+
+axc_status axc_cublaslt_release(void)
+{
+    axc_status st = AXC_OK;
+    pthread_mutex_lock(&lt_cache_mu_);
+    for (int s = 0; s < AXC_LT_CACHE_SETS; s++)
+        for (int w = 0; w < AXC_LT_CACHE_WAYS; w++) {
+            lt_entry *e = &cache_[s][w];
+            if (!e->used || e->dropped) {
+                continue;
+            } else if (e->busy) { /* its GEMM destroys it when done */
+                e->dropped = 1;
+            } else {
+                st = plan_destroy(&e->plan, st); /* (host objects: quick under the lock) */
+                memset(e, 0, sizeof *e);
+            }
+        }
+    pthread_mutex_unlock(&lt_cache_mu_);
+    return st;
+}
+
+static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
+{
+    cublasLtHandle_t handle = NULL;
+    AXC_TRY(lt_handle(c->device, &handle));
+    void *ws;
+    size_t ws_bytes;
+    lt_workspace(api, c->device, c->stream, &ws, &ws_bytes);
     lt_key key;
-    memset(&key, 0, sizeof key); /* padding bytes take part in the hash and the compare */
-    key.device = c->device;
-    key.ab_type = (int32_t)c->ab_type;
-    key.cd_type = (int32_t)c->cd_type;
-    key.op_a = c->op_a;
-    key.op_b = c->op_b;
-    key.epilogue = (int32_t)epi;
-    key.align_a = ptr_align(c->A);
-    key.align_b = ptr_align(c->B);
-    key.align_c = ptr_align(c->D);
-    key.align_bias = c->bias ? ptr_align(c->bias) : 0;
-    key.m = c->m;
-    key.n = c->n;
-    key.k = c->k;
-    key.ws_bytes = ws_bytes;
-    key.lda = c->lda;
-    key.ldb = c->ldb;
-    key.ldc = c->ldd;
+    key_of(c, ws_bytes, &key);
 
-    cublasLtMatmulAlgo_t algo;
-    memset(&algo, 0, sizeof algo);
-    size_t algo_ws = 0;
-    if (st == AXC_OK && !cache_get(&key, &algo, &algo_ws)) {
-        st = lt_check(lt_.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-        uint64_t max_ws = ws_bytes;
-        if (st == AXC_OK)
-            st = lt_check(lt_.MatmulPreferenceSetAttribute(
-                              pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof max_ws),
-                          "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
-        const struct {
-            cublasLtMatmulPreferenceAttributes_t attr;
-            uint32_t value;
-            const char *name;
-        } aligns[] = {
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a, "MIN_ALIGNMENT_A_BYTES"},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, "MIN_ALIGNMENT_B_BYTES"},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, "MIN_ALIGNMENT_C_BYTES"},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, "MIN_ALIGNMENT_D_BYTES"},
-        };
-        for (size_t i = 0; st == AXC_OK && i < sizeof aligns / sizeof aligns[0]; i++) {
-            st = lt_check(lt_.MatmulPreferenceSetAttribute(pref, aligns[i].attr, &aligns[i].value,
-                                                           sizeof aligns[i].value),
-                          "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
-        }
-        cublasLtMatmulHeuristicResult_t res;
-        memset(&res, 0, sizeof res);
-        int found = 0;
-        if (st == AXC_OK)
-            st = lt_check(lt_.MatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 1, &res,
-                                                     &found),
-                          "cublasLtMatmulAlgoGetHeuristic");
-        if (st == AXC_OK && (found < 1 || res.state != CUBLAS_STATUS_SUCCESS))
-            st = axc_fail(AXC_ERR_BACKEND,
-                          "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (column-major), "
-                          "types %d/%d, op %d/%d, ld %lld/%lld/%lld, alignments %u/%u/%u, %s bias",
-                          c->what, (unsigned long long)c->m, (unsigned long long)c->n,
-                          (unsigned long long)c->k, (int)c->ab_type, (int)c->cd_type, c->op_a,
-                          c->op_b, (long long)c->lda, (long long)c->ldb, (long long)c->ldd,
-                          key.align_a, key.align_b, key.align_c, c->bias ? "with" : "no");
-        if (st == AXC_OK) {
-            algo = res.algo;
-            algo_ws = res.workspaceSize;
-            cache_put(&key, &algo, algo_ws);
-        }
+    /* the key's plan: cached, else built (and cached once complete) */
+    lt_plan twin, own = {0};
+    int has_twin = 0, has_evicted = 0;
+    lt_entry *e = cache_checkout(&key, &twin, &has_twin);
+    axc_status st = AXC_OK;
+    if (!e) {
+        AXC_TRY(plan_create(handle, c, &key, has_twin ? &twin : NULL, &own));
+        lt_plan evicted;
+        e = cache_insert(&key, &own, &evicted, &has_evicted);
+        if (has_evicted)
+            st = plan_destroy(&evicted, AXC_OK);
     }
-    if (st == AXC_OK && algo_ws > ws_bytes) /* cannot happen: the preference capped it */
+    const lt_plan *p = e ? &e->plan : &own;
+    if (st == AXC_OK && c->bias) /* the plan is this GEMM's alone until it is checked in */
+        st = lt_check(lt_.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &c->bias, sizeof c->bias),
+                      "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    if (st == AXC_OK && p->algo_ws > ws_bytes) /* cannot happen: the preference capped it */
         st = axc_fail(AXC_ERR_BACKEND, "%s: cuBLASLt algorithm wants %zu workspace bytes, %zu "
                                        "available",
-                      c->what, algo_ws, ws_bytes);
+                      c->what, p->algo_ws, ws_bytes);
     if (st == AXC_OK) {
-        cublasStatus_t r = lt_.Matmul(handle, desc, &c->alpha, c->A, la, c->B, lb, &c->beta, c->D,
-                                      ld, c->D, ld, &algo, ws, ws_bytes, (cudaStream_t)c->stream);
+        cublasStatus_t r = lt_.Matmul(handle, p->desc, &c->alpha, c->A, p->la, c->B, p->lb,
+                                      &c->beta, c->D, p->ld, c->D, p->ld, &p->algo, ws, ws_bytes,
+                                      (cudaStream_t)c->stream);
         /* inside a CUDA-graph capture the launch has failed on an H200 (cuBLAS 13, every capture
          * mode, a warmed-up stream too, while torch's own GEMMs capture): say so plainly */
         if (r != CUBLAS_STATUS_SUCCESS && lt_capturing(api, c->stream))
@@ -604,20 +783,8 @@ static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
         else
             st = lt_check(r, "cublasLtMatmul");
     }
-
-    /* descriptor teardown: keep the first failure */
-    axc_status s2 = AXC_OK;
-    if (pref)
-        s2 = lt_check(lt_.MatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
-    if (ld && s2 == AXC_OK)
-        s2 = lt_check(lt_.MatrixLayoutDestroy(ld), "cublasLtMatrixLayoutDestroy");
-    if (lb && s2 == AXC_OK)
-        s2 = lt_check(lt_.MatrixLayoutDestroy(lb), "cublasLtMatrixLayoutDestroy");
-    if (la && s2 == AXC_OK)
-        s2 = lt_check(lt_.MatrixLayoutDestroy(la), "cublasLtMatrixLayoutDestroy");
-    if (desc && s2 == AXC_OK)
-        s2 = lt_check(lt_.MatmulDescDestroy(desc), "cublasLtMatmulDescDestroy");
-    return st != AXC_OK ? st : s2;
+    /* a plan whose launch failed stays cached: it was built and chosen without error */
+    return e ? cache_checkin(e, st) : plan_destroy(&own, st);
 }
 
 /* ------------------------------------------------------------------ entry points */
@@ -737,5 +904,14 @@ axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const 
         (void)accumulate;
     return lt_missing("axc_bias_grad");
 }
+
+int axc_cublaslt_cached_plans(int *capacity)
+{
+    if (capacity)
+        *capacity = 0;
+    return 0;
+}
+
+axc_status axc_cublaslt_release(void) { return AXC_OK; }
 
 #endif

@@ -39,8 +39,10 @@ typedef struct axc_gemm_args {
  * - CUDA: on `stream`, on device `device` (the caller's current device is restored). The first
  *   call per (device, stream) cudaMallocs a 32 MiB cuBLASLt workspace (kept for the process), and
  *   K == 0 / axc_bias_grad grow a device zeros/ones vector with one stream synchronisation, so
- *   warm up with the largest shapes before CUDA-graph capture. Algorithms are cached per shape,
- *   leading dimensions and pointer alignments. */
+ *   warm up with the largest shapes before CUDA-graph capture. The cuBLASLt descriptors and the
+ *   heuristic's algorithm are cached per shape, leading dimensions, pointer alignments, dtype,
+ *   transposes and bias (at most 512 plans, least recently used evicted): a warmed-up call
+ *   creates nothing and queries no heuristic. */
 axc_status axc_gemm(const axc_gemm_args *g);
 
 /* db[N] (+)= sum over the M rows of dY[M x N] (row stride ld); accumulate=1 adds into db.
@@ -64,6 +66,12 @@ int axc_gemm_cuda_compiled(void);
 axc_status axc_cublaslt_gemm(const axc_gemm_args *g);
 axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const void *dY,
                                   int64_t M, int64_t N, int64_t ld, void *db, int accumulate);
+/* The cuBLASLt plan cache: plans cached now; *capacity (if not NULL) gets its bound (0 in a
+ * build without cuBLASLt). */
+int axc_cublaslt_cached_plans(int *capacity);
+/* Destroys every cached plan (one in use by a GEMM on another thread when that GEMM returns);
+ * later GEMMs build them again. For teardown (module unload) and tests. */
+axc_status axc_cublaslt_release(void);
 
 #ifdef __cplusplus
 }

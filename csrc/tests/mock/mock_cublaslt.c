@@ -4,12 +4,16 @@
  * on a machine without a GPU. "Device" memory is host memory and cublasLtMatmul computes on the
  * host, checking that every descriptor is consistent. f32 and bf16 only. Every call that touches
  * device memory reports its accesses to the stream-order checker (mock_stream_order.c; the
- * libcublasLt copy binds to libcudart's, loaded first).
+ * libcublasLt copy binds to libcudart's, loaded first), and every entry point counts its calls
+ * (MOCK_API(), mock_api_count.c; one table, libcudart's, likewise).
  * Build and run: see csrc/tests/mock/run_gemm_mock_test.sh. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "mock_api_count.h"
 #include "mock_stream_order.h"
 
 #ifdef MOCK_CUDART_EXTRA
@@ -18,6 +22,7 @@
 int cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, int k,
                       void *st)
 {
+    MOCK_API();
     (void)k;
     if (h > 0) /* the rows' whole span (the checker works per allocation) */
         mock_order_rw("cudaMemcpy2DAsync", st, s, (h - 1) * sp + w, d, (h - 1) * dp + w);
@@ -27,6 +32,7 @@ int cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, si
 }
 int cudaMemsetAsync(void *d, int v, size_t n, void *st)
 {
+    MOCK_API();
     mock_order_rw("cudaMemsetAsync", st, NULL, 0, d, n);
     memset(d, v, n);
     return 0;
@@ -38,24 +44,37 @@ int cudaMemsetAsync(void *d, int v, size_t n, void *st)
 typedef struct mdesc { int32_t ta, tb; uint32_t epi; const void *bias; int32_t bias_type; } mdesc;
 typedef struct mlayout { cudaDataType type; uint64_t rows, cols; int64_t ld; } mlayout;
 int mock_lt_matmuls, mock_lt_heuristics; /* counters the test reads through dlsym */
+/* set by test_gemm_mock: while nonzero the heuristic finds no algorithm; at k > 0 the k-th
+ * cublasLtMatrixLayoutCreate from now fails (then it is 0 again) */
+int mock_lt_no_algo, mock_lt_fail_layout_at;
+/* set by test_gemm_mock: every cublasLtMatmul takes this long before it reads its descriptor
+ * (so that GEMMs on several threads overlap) */
+int mock_lt_matmul_us;
 
-cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)malloc(8); return 0; }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    MOCK_API();
+    *h = (cublasLtHandle_t)malloc(8);
+    return 0;
+}
 const char *cublasLtGetStatusString(cublasStatus_t s) { return s ? "mock failure" : "ok"; }
-size_t cublasLtGetVersion(void) { return 130100; }
+size_t cublasLtGetVersion(void) { MOCK_API(); return 130100; }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c,
                                         cudaDataType_t s)
 {
+    MOCK_API();
     if (c != CUBLAS_COMPUTE_32F || s != CUDA_R_32F)
         return CUBLAS_STATUS_INVALID_VALUE;
     *d = (cublasLtMatmulDesc_t)calloc(1, sizeof(mdesc));
     return 0;
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { free(d); return 0; }
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { MOCK_API(); free(d); return 0; }
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
                                               cublasLtMatmulDescAttributes_t a, const void *buf,
                                               size_t n)
 {
+    MOCK_API();
     mdesc *m = (mdesc *)d;
     switch (a) {
     case CUBLASLT_MATMUL_DESC_TRANSA: if (n != 4) return 7; memcpy(&m->ta, buf, 4); return 0;
@@ -69,6 +88,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r,
                                           uint64_t c, int64_t ld)
 {
+    MOCK_API();
+    if (__atomic_load_n(&mock_lt_fail_layout_at, __ATOMIC_SEQ_CST) > 0 &&
+        __atomic_sub_fetch(&mock_lt_fail_layout_at, 1, __ATOMIC_SEQ_CST) == 0)
+        return CUBLAS_STATUS_ALLOC_FAILED;
     if (ld < (int64_t)(r ? r : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     mlayout *m = calloc(1, sizeof *m);
@@ -76,17 +99,29 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
     *l = (cublasLtMatrixLayout_t)m;
     return 0;
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { free(l); return 0; }
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    MOCK_API();
+    free(l);
+    return 0;
+}
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
+    MOCK_API();
     *p = (cublasLtMatmulPreference_t)calloc(1, 16); /* [0]: max workspace bytes (default 0) */
     return 0;
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { free(p); return 0; }
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    MOCK_API();
+    free(p);
+    return 0;
+}
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t a,
                                                     const void *buf, size_t n)
 {
+    MOCK_API();
     if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
         if (n != 8)
             return CUBLAS_STATUS_INVALID_VALUE;
@@ -113,6 +148,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatmulPreference_t p, int req,
                                               cublasLtMatmulHeuristicResult_t res[], int *found)
 {
+    MOCK_API();
     (void)h, (void)dd;
     uint64_t m, n, k, max_ws;
     if (req < 1 || !dims((mdesc *)d, (mlayout *)a, (mlayout *)b, (mlayout *)c, &m, &n, &k)) {
@@ -120,14 +156,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     memcpy(&max_ws, p, 8);
+    __atomic_add_fetch(&mock_lt_heuristics, 1, __ATOMIC_SEQ_CST);
     memset(&res[0], 0, sizeof res[0]);
+    if (mock_lt_no_algo) {
+        *found = 0;
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     res[0].algo.data[0] = 42;
     /* like cuBLASLt: an algorithm within the preference's workspace (1024 bytes when allowed) */
     res[0].workspaceSize = max_ws >= 1024 ? 1024 : 0;
     res[0].algo.data[1] = res[0].workspaceSize;
     res[0].state = CUBLAS_STATUS_SUCCESS;
     *found = 1;
-    mock_lt_heuristics++;
     return 0;
 }
 
@@ -172,9 +212,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
                               const cublasLtMatmulAlgo_t *algo, void *ws, size_t wss,
                               cudaStream_t s)
 {
+    MOCK_API();
     (void)h;
     if (s && (void *)s == mock_lt_fail_stream)
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (mock_lt_matmul_us) {
+        struct timespec t = {0, (long)mock_lt_matmul_us * 1000};
+        nanosleep(&t, NULL);
+    }
     const mdesc *d = (const mdesc *)dsc;
     const mlayout *a = (const mlayout *)Al, *b = (const mlayout *)Bl, *c = (const mlayout *)Cl,
                   *dl = (const mlayout *)Dl;
@@ -213,7 +258,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, cons
                 v += ld_el(c->type, d->bias, (int64_t)i);
             st_el(dl->type, D, ci, v);
         }
-    mock_lt_matmuls++;
+    __atomic_add_fetch(&mock_lt_matmuls, 1, __ATOMIC_SEQ_CST);
     return 0;
 }
 #endif

@@ -6,12 +6,14 @@
  * communicator's abort has begun, as a real abort waits for kernels that may wait on another
  * communicator's; made one after the other, the first fails after 2 s (ncclSystemError).
  * Every call that orders or touches device memory also reports to the stream-order checker
- * (mock_stream_order.c), which tells whether the work would be ordered right on a real GPU.
+ * (mock_stream_order.c), which tells whether the work would be ordered right on a real GPU,
+ * and every entry point counts its calls (MOCK_API(), mock_api_count.c).
  * Build: see csrc/tests/mock/run_mock_test.sh. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "mock_api_count.h"
 #include "mock_stream_order.h"
 
 typedef struct ev { int pending; void *stream; } ev; /* stream: of its last record */
@@ -28,12 +30,13 @@ static int hang_at(void)
 }
 
 /* ---- cudart ---- */
-int cudaGetDeviceCount(int *c) { *c = 1; return 0; }
-int cudaGetDevice(int *d) { *d = 0; return 0; }
-int cudaSetDevice(int d) { return d == 0 ? 0 : 101; }
-int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
+int cudaGetDeviceCount(int *c) { MOCK_API(); *c = 1; return 0; }
+int cudaGetDevice(int *d) { MOCK_API(); *d = 0; return 0; }
+int cudaSetDevice(int d) { MOCK_API(); return d == 0 ? 0 : 101; }
+int cudaRuntimeGetVersion(int *v) { MOCK_API(); *v = 13000; return 0; }
 int cudaMemcpyAsync(void *d, const void *s, size_t n, int k, void *st)
 {
+    MOCK_API();
     (void)k;
     mock_order_rw("cudaMemcpyAsync", st, s, n, d, n);
     memmove(d, s, n);
@@ -41,6 +44,7 @@ int cudaMemcpyAsync(void *d, const void *s, size_t n, int k, void *st)
 }
 int cudaStreamCreateWithFlags(void **s, unsigned f)
 {
+    MOCK_API();
     (void)f;
     *s = malloc(1);
     mock_order_stream_created(*s);
@@ -48,18 +52,25 @@ int cudaStreamCreateWithFlags(void **s, unsigned f)
 }
 int cudaStreamCreateWithPriority(void **s, unsigned f, int p)
 {
+    MOCK_API();
     (void)p;
     return cudaStreamCreateWithFlags(s, f);
 }
-int cudaDeviceGetStreamPriorityRange(int *l, int *g) { *l = 0; *g = -5; return 0; }
-int cudaStreamDestroy(void *s) { mock_order_stream_destroyed(s); free(s); return 0; }
-int cudaStreamGetId(void *s, unsigned long long *id) { *id = mock_order_stream_id(s); return 0; }
+int cudaDeviceGetStreamPriorityRange(int *l, int *g) { MOCK_API(); *l = 0; *g = -5; return 0; }
+int cudaStreamDestroy(void *s) { MOCK_API(); mock_order_stream_destroyed(s); free(s); return 0; }
+int cudaStreamGetId(void *s, unsigned long long *id)
+{
+    MOCK_API();
+    *id = mock_order_stream_id(s);
+    return 0;
+}
 /* streams a test watches (test_sched_mock: the fake compute streams) and their host waits;
  * others (the shm backend's staging streams, synchronised on its lane threads) go uncounted */
 void *mock_watch[2];
 int mock_watch_syncs[2];
 int cudaStreamSynchronize(void *s)
 {
+    MOCK_API();
     for (int i = 0; i < 2; i++)
         if (s && s == mock_watch[i])
             __atomic_add_fetch(&mock_watch_syncs[i], 1, __ATOMIC_SEQ_CST);
@@ -72,6 +83,7 @@ void *mock_wait_log[64][2];
 int mock_waits;
 int cudaStreamWaitEvent(void *s, void *e, unsigned f)
 {
+    MOCK_API();
     (void)f;
     int i = __atomic_fetch_add(&mock_waits, 1, __ATOMIC_SEQ_CST);
     if (i < 64) {
@@ -81,14 +93,21 @@ int cudaStreamWaitEvent(void *s, void *e, unsigned f)
     mock_order_stream_waits(s, e);
     return 0;
 }
-int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(ev)); return 0; }
-int cudaEventDestroy(void *e) { mock_order_event_destroyed(e); free(e); return 0; }
+int cudaEventCreateWithFlags(void **e, unsigned f)
+{
+    MOCK_API();
+    (void)f;
+    *e = calloc(1, sizeof(ev));
+    return 0;
+}
+int cudaEventDestroy(void *e) { MOCK_API(); mock_order_event_destroyed(e); free(e); return 0; }
 /* set by test_nccl_mock: the g_record_block_at-th cudaEventRecord from now blocks until a
  * communicator was aborted (at most 5 s), so a collective's start runs into the watchdog's
  * abort between its enqueue and its bookkeeping (the race fail_all must not miss) */
 int g_record_block_at, g_aborts;
 int cudaEventRecord(void *e, void *s)
 {
+    MOCK_API();
     if (__atomic_load_n(&g_record_block_at, __ATOMIC_SEQ_CST) > 0 &&
         __atomic_sub_fetch(&g_record_block_at, 1, __ATOMIC_SEQ_CST) == 0) {
         struct timespec ms = {0, 1000000};
@@ -107,6 +126,7 @@ int g_capturing, g_query_err, g_mode_exchanges;
 void *mock_capturing_stream;
 int cudaEventQuery(void *e)
 {
+    MOCK_API();
     if (g_query_err)
         return g_query_err;
     if (((ev *)e)->pending && g_hung)
@@ -116,22 +136,37 @@ int cudaEventQuery(void *e)
 }
 int cudaStreamIsCapturing(void *s, int *status)
 {
+    MOCK_API();
     *status = g_capturing || (s && s == mock_capturing_stream); /* 1: ...StatusActive */
     return 0;
 }
-int cudaThreadExchangeStreamCaptureMode(int *mode) { g_mode_exchanges++; *mode = 0; return 0; }
-int cudaEventSynchronize(void *e) { mock_order_host_waits_event(e); return 0; }
-int cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return 0; }
-int cudaFreeHost(void *p) { free(p); return 0; }
+int cudaThreadExchangeStreamCaptureMode(int *mode)
+{
+    MOCK_API();
+    g_mode_exchanges++;
+    *mode = 0;
+    return 0;
+}
+/* not called by the core today; here so that a use would be counted (and found) */
+int cudaDeviceSynchronize(void)
+{
+    MOCK_API();
+    mock_order_host_waits_all();
+    return 0;
+}
+int cudaEventSynchronize(void *e) { MOCK_API(); mock_order_host_waits_event(e); return 0; }
+int cudaMallocHost(void **p, size_t n) { MOCK_API(); *p = malloc(n ? n : 1); return 0; }
+int cudaFreeHost(void *p) { MOCK_API(); free(p); return 0; }
 int mock_cuda_mallocs; /* read by test_gemm_mock */
 /* device memory belongs to the checker (which keeps freed blocks a while, see there) */
 int cudaMalloc(void **p, size_t n)
 {
+    MOCK_API();
     mock_cuda_mallocs++;
     *p = mock_order_malloc(n);
     return *p ? 0 : 2;
 }
-int cudaFree(void *p) { mock_order_free(p); return 0; }
+int cudaFree(void *p) { MOCK_API(); mock_order_free(p); return 0; }
 /* stream-ordered allocations (read by test_sched_mock): calls, those not yet freed, the stream
  * of the last of each; while mock_malloc_async_err is nonzero cudaMallocAsync fails with it
  * (2: cudaErrorMemoryAllocation) */
@@ -139,6 +174,7 @@ int mock_async_mallocs, mock_async_frees, mock_async_live, mock_malloc_async_err
 void *mock_last_malloc_stream, *mock_last_free_stream;
 int cudaMallocAsync(void **p, size_t n, void *st)
 {
+    MOCK_API();
     if (mock_malloc_async_err)
         return mock_malloc_async_err;
     *p = mock_order_malloc_async(n, st);
@@ -151,6 +187,7 @@ int cudaMallocAsync(void **p, size_t n, void *st)
 }
 int cudaFreeAsync(void *p, void *st)
 {
+    MOCK_API();
     if (p) {
         __atomic_add_fetch(&mock_async_frees, 1, __ATOMIC_SEQ_CST);
         __atomic_sub_fetch(&mock_async_live, 1, __ATOMIC_SEQ_CST);
@@ -165,13 +202,14 @@ const char *cudaGetErrorString(int e) { return e ? "mock cuda error" : "no error
 typedef struct comm { int polls_left; const void *pending_send; } comm;
 typedef struct uid { char internal[128]; } uid;
 static const size_t dsz[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-int ncclGetVersion(int *v) { *v = 22809; return 0; }
-int ncclGetUniqueId(void *id) { memset(id, 7, 128); return 0; }
+int ncclGetVersion(int *v) { MOCK_API(); *v = 22809; return 0; }
+int ncclGetUniqueId(void *id) { MOCK_API(); memset(id, 7, 128); return 0; }
 /* communicators created and not destroyed (read by test_nccl_mock); aborts entered */
 int g_live;
 static int g_aborts_begun;
 int ncclCommInitRankConfig(void **c, int n, uid id, int r, void *cfg)
 {
+    MOCK_API();
     (void)id, (void)cfg;
     if (n != 1 || r != 0) return 4;
     __atomic_add_fetch(&g_live, 1, __ATOMIC_SEQ_CST);
@@ -182,6 +220,7 @@ int ncclCommInitRankConfig(void **c, int n, uid id, int r, void *cfg)
 }
 int ncclCommSplit(void *p, int color, int key, void **c, void *cfg)
 {
+    MOCK_API();
     (void)p, (void)color, (void)key, (void)cfg;
     __atomic_add_fetch(&g_live, 1, __ATOMIC_SEQ_CST);
     comm *m = calloc(1, sizeof *m);
@@ -191,6 +230,7 @@ int ncclCommSplit(void *p, int color, int key, void **c, void *cfg)
 }
 int ncclCommGetAsyncError(void *c, int *st)
 {
+    MOCK_API();
     comm *m = c;
     g_polls++;
     if (m->polls_left > 0) { m->polls_left--; *st = 7; } else *st = 0;
@@ -198,6 +238,7 @@ int ncclCommGetAsyncError(void *c, int *st)
 }
 int ncclCommAbort(void *c)
 {
+    MOCK_API();
     int result = 0;
     const char *together = getenv("MOCK_ABORTS_TOGETHER");
     if (together && *together == '1') {
@@ -217,9 +258,10 @@ int ncclCommAbort(void *c)
     __atomic_add_fetch(&g_aborts, 1, __ATOMIC_SEQ_CST);
     return result;
 }
-int ncclCommFinalize(void *c) { ((comm *)c)->polls_left = 1; return 7; }
+int ncclCommFinalize(void *c) { MOCK_API(); ((comm *)c)->polls_left = 1; return 7; }
 int ncclCommDestroy(void *c)
 {
+    MOCK_API();
     __atomic_sub_fetch(&g_live, 1, __ATOMIC_SEQ_CST);
     free(c);
     return 0;
@@ -240,15 +282,16 @@ static int coll(const char *name, const void *s, void *r, size_t n, int dt, void
     return op_done(c);
 }
 int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, void *c, void *st)
-{ (void)op; return coll("ncclAllReduce", s, r, n, dt, c, st); }
+{ MOCK_API(); (void)op; return coll("ncclAllReduce", s, r, n, dt, c, st); }
 int ncclAllGather(const void *s, void *r, size_t n, int dt, void *c, void *st)
-{ return coll("ncclAllGather", s, r, n, dt, c, st); }
+{ MOCK_API(); return coll("ncclAllGather", s, r, n, dt, c, st); }
 int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, void *c, void *st)
-{ (void)op; return coll("ncclReduceScatter", s, r, n, dt, c, st); }
+{ MOCK_API(); (void)op; return coll("ncclReduceScatter", s, r, n, dt, c, st); }
 int ncclBroadcast(const void *s, void *r, size_t n, int dt, int root, void *c, void *st)
-{ (void)root; return coll("ncclBroadcast", s, r, n, dt, c, st); }
+{ MOCK_API(); (void)root; return coll("ncclBroadcast", s, r, n, dt, c, st); }
 int ncclSend(const void *s, size_t n, int dt, int peer, void *c, void *st)
 {
+    MOCK_API();
     (void)peer;
     mock_order_rw("ncclSend", st, s, n * dsz[dt], NULL, 0);
     ((comm *)c)->pending_send = s;
@@ -256,10 +299,11 @@ int ncclSend(const void *s, size_t n, int dt, int peer, void *c, void *st)
 }
 int ncclRecv(void *r, size_t n, int dt, int peer, void *c, void *st)
 {
+    MOCK_API();
     (void)peer;
     mock_order_rw("ncclRecv", st, NULL, 0, r, n * dsz[dt]);
     memmove(r, ((comm *)c)->pending_send, n * dsz[dt]);
     return 0;
 }
-int ncclGroupStart(void) { return 0; }
-int ncclGroupEnd(void) { return 0; }
+int ncclGroupStart(void) { MOCK_API(); return 0; }
+int ncclGroupEnd(void) { MOCK_API(); return 0; }

@@ -14,7 +14,7 @@ OUT=build/mock
 mkdir -p "$OUT"
 NCCL_INC="${NCCL_INC:-$("${PYTHON:-python3}" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "include"))')}"
 CUDA_INC="${CUDA_INC:-/usr/local/cuda/include}"
-MOCK_SRC="csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_stream_order.c"
+MOCK_SRC="csrc/tests/mock/mock_cuda_nccl.c csrc/tests/mock/mock_stream_order.c csrc/tests/mock/mock_api_count.c"
 for lib in libcudart.so.13 libnccl.so.2; do
     # shellcheck disable=SC2086
     gcc -shared -fPIC -O1 -Wall -Wextra -Wl,-soname,$lib -o "$OUT/$lib" $MOCK_SRC -lpthread

@@ -8,6 +8,7 @@
  * a new stream gets a destroyed one's address (its own workspace: cudaStreamGetId). */
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "axc/cuda_rt.h"
 #include "axc/gemm.h"
 #include "../ctest.h"
+#include "mock_api_counts.h"
 #include "mock_order_check.h"
 
 static void *lt_lib;
@@ -149,6 +151,164 @@ static int check_one(axc_dtype dt, int64_t M, int64_t N, int64_t K, int ta, int 
         }
     free(A), free(B), free(C), free(C0), free(bias);
     return ok;
+}
+
+/* ------------------------------------------------------------------ the plan cache */
+
+static api_counts calls_;
+
+static int *lt_knob(const char *name)
+{
+    return lt_lib ? dlsym(lt_lib, name) : NULL;
+}
+
+/* plans made and not destroyed since the last reset of the counts, of which `failed_layouts`
+ * layout creations failed (the mock counts calls) */
+static int plans_alive(int failed_layouts)
+{
+    int d = calls_.calls("cublasLtMatmulDescCreate") - calls_.calls("cublasLtMatmulDescDestroy");
+    int l = calls_.calls("cublasLtMatrixLayoutCreate") - failed_layouts -
+            calls_.calls("cublasLtMatrixLayoutDestroy");
+    int p = calls_.calls("cublasLtMatmulPreferenceCreate") -
+            calls_.calls("cublasLtMatmulPreferenceDestroy");
+    CHECK(l == 3 * d && p == 0); /* three layouts per descriptor, no preference kept */
+    return d;
+}
+
+/* A small GEMM with a bias, checked: C[M x 2] = A[M x 2] B[2 x 2] + bias. A, B and C are
+ * 256-byte aligned (the key holds the pointers' alignments). */
+static int small_gemm(void *stream, int64_t M, const float *bias)
+{
+    size_t bytes = (sizeof(float) * (size_t)(2 * M) + 255) / 256 * 256;
+    float *a = aligned_alloc(256, bytes), *c = aligned_alloc(256, bytes);
+    _Alignas(256) static const float b[4] = {1, 2, 3, 4};
+    for (int64_t i = 0; i < 2 * M; i++)
+        a[i] = (float)(i % 5);
+    axc_gemm_args g = {.device = 0, .stream = stream, .dtype = AXC_DT_F32, .M = M, .N = 2, .K = 2,
+                       .A = a, .lda = 2, .B = b, .ldb = 2, .C = c, .ldc = 2, .alpha = 1.0f,
+                       .bias = bias};
+    int ok = axc_gemm(&g) == AXC_OK;
+    if (!ok)
+        fprintf(stderr, "small_gemm: %s\n", axc_last_error());
+    for (int64_t i = 0; ok && i < M; i++)
+        for (int j = 0; j < 2; j++)
+            ok &= c[i * 2 + j] == a[i * 2] * b[j] + a[i * 2 + 1] * b[2 + j] + bias[j];
+    free(a), free(c);
+    return ok;
+}
+
+typedef struct thread_arg {
+    char stream; /* its address: the thread's stream */
+    float bias[2];
+    int ok;
+} thread_arg;
+
+static pthread_barrier_t start_;
+
+static void *gemm_thread(void *p)
+{
+    thread_arg *t = p;
+    t->ok = 1;
+    pthread_barrier_wait(&start_); /* all at once: they contend for the plan from the start */
+    for (int i = 0; i < 40; i++) /* one shape: the threads contend for the same plan */
+        t->ok &= small_gemm(&t->stream, 3, t->bias);
+    return NULL;
+}
+
+/* The descriptors and the heuristic's algorithm are built once per key: warmed-up GEMMs with
+ * other pointers (a bias too) make nothing; the cache stays within its bound, evicting and
+ * destroying; a failed build (no algorithm, a layout that cannot be made) leaves nothing
+ * cached and nothing alive; threads running one shape each get a plan of their own (each sets
+ * its own bias pointer); axc_cublaslt_release destroys every plan. */
+static void test_plan_cache(void)
+{
+    int *no_algo = lt_knob("mock_lt_no_algo"), *fail_layout = lt_knob("mock_lt_fail_layout_at");
+    int *matmul_us = lt_knob("mock_lt_matmul_us");
+    CHECK(api_counts_find(&calls_) && no_algo && fail_layout && matmul_us);
+    if (!calls_.calls || !no_algo || !fail_layout || !matmul_us)
+        return;
+    int capacity = 0;
+    CHECK_OK(axc_cublaslt_release());
+    CHECK(axc_cublaslt_cached_plans(&capacity) == 0 && capacity == 512);
+    calls_.reset();
+    _Alignas(256) static float bias1[2] = {0.5f, -1}, bias2[2] = {2, 0.25f};
+    _Alignas(256) static float bias3[4] = {0, 0, 7, 8};
+    /* per call: the bias pointer, nothing else */
+    CHECK(small_gemm(NULL, 3, bias1));
+    CHECK(plans_alive(0) == 1 && calls_.calls("cublasLtMatmulAlgoGetHeuristic") == 1);
+    calls_.reset();
+    CHECK(small_gemm(NULL, 3, bias2) && small_gemm(NULL, 3, bias1));
+    CHECK(calls_.calls("cublasLtMatmulDescCreate") == 0 &&
+          calls_.calls("cublasLtMatmulAlgoGetHeuristic") == 0 &&
+          calls_.calls("cublasLtMatmulDescSetAttribute") == 2 &&
+          calls_.calls("cublasLtMatmul") == 2);
+    /* a bias of another alignment (8 bytes) is another key: the heuristic was told it */
+    CHECK(small_gemm(NULL, 3, bias3 + 2));
+    CHECK(calls_.calls("cublasLtMatmulAlgoGetHeuristic") == 1);
+
+    /* the bound: more keys than plans; evicted plans are destroyed */
+    CHECK_OK(axc_cublaslt_release());
+    calls_.reset();
+    int good = 1;
+    for (int64_t M = 1; M <= capacity + 100; M++)
+        good &= small_gemm(NULL, M, bias1);
+    CHECK(good);
+    int cached = axc_cublaslt_cached_plans(NULL);
+    printf("plan cache: %d keys, %d plans cached (bound %d), %d destroyed\n", capacity + 100,
+           cached, capacity, calls_.calls("cublasLtMatmulDescDestroy"));
+    CHECK(cached <= capacity && cached >= capacity * 3 / 4);
+    CHECK(plans_alive(0) == cached && calls_.calls("cublasLtMatmulDescDestroy") >= 100);
+    CHECK_OK(axc_cublaslt_release());
+    CHECK(axc_cublaslt_cached_plans(NULL) == 0 && plans_alive(0) == 0);
+
+    /* failed builds: nothing cached, nothing alive; the next call builds the plan */
+    calls_.reset();
+    *no_algo = 1;
+    float c1[6];
+    static float a1[6], b1[4];
+    axc_gemm_args g = {.device = 0, .dtype = AXC_DT_F32, .M = 3, .N = 2, .K = 2, .A = a1,
+                       .lda = 2, .B = b1, .ldb = 2, .C = c1, .ldc = 2, .alpha = 1.0f};
+    CHECK(axc_gemm(&g) == AXC_ERR_BACKEND &&
+          strstr(axc_last_error(), "cublasLtMatmulAlgoGetHeuristic"));
+    *no_algo = 0;
+    CHECK(axc_cublaslt_cached_plans(NULL) == 0 && plans_alive(0) == 0);
+    *fail_layout = 2; /* B's */
+    CHECK(axc_gemm(&g) == AXC_ERR_BACKEND &&
+          strstr(axc_last_error(), "cublasLtMatrixLayoutCreate(B)"));
+    CHECK(axc_cublaslt_cached_plans(NULL) == 0 && plans_alive(1) == 0);
+    CHECK_OK(axc_gemm(&g));
+    CHECK_OK(axc_gemm(&g));
+    CHECK(axc_cublaslt_cached_plans(NULL) == 1 && plans_alive(1) == 1 &&
+          calls_.calls("cublasLtMatmulAlgoGetHeuristic") == 2); /* the failed one, then this */
+
+    /* threads on one shape, each with its own bias and stream; each launch takes 1 ms, so
+     * they overlap (a plan shared by two at once would mix up their bias pointers) */
+    CHECK_OK(axc_cublaslt_release());
+    calls_.reset();
+    *matmul_us = 1000;
+    enum { THREADS = 4 };
+    static thread_arg args[THREADS];
+    pthread_t th[THREADS];
+    CHECK(pthread_barrier_init(&start_, NULL, THREADS) == 0);
+    for (int i = 0; i < THREADS; i++) {
+        args[i].bias[0] = (float)i;
+        args[i].bias[1] = (float)(10 * i);
+        CHECK(pthread_create(&th[i], NULL, gemm_thread, &args[i]) == 0);
+    }
+    good = 1;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        good &= args[i].ok;
+    }
+    pthread_barrier_destroy(&start_);
+    *matmul_us = 0;
+    CHECK(good);
+    cached = axc_cublaslt_cached_plans(NULL);
+    printf("plan cache: %d threads on one shape: %d plans, %d heuristic queries\n", THREADS,
+           cached, calls_.calls("cublasLtMatmulAlgoGetHeuristic"));
+    CHECK(cached >= 1 && cached <= THREADS && plans_alive(0) == cached);
+    CHECK_OK(axc_cublaslt_release());
+    CHECK(plans_alive(0) == 0);
 }
 
 int main(void)
@@ -305,6 +465,7 @@ int main(void)
     axc_gemm_args g = {.device = 3, .dtype = AXC_DT_F32, .M = 1, .N = 1, .K = 1, .A = &x,
                        .lda = 1, .B = &x, .ldb = 1, .C = &x, .ldc = 1, .alpha = 1.0f};
     CHECK(axc_gemm(&g) == AXC_ERR_INVALID && strstr(axc_last_error(), "device 3"));
+    test_plan_cache();
     printf("test_gemm_mock: %d GEMM configurations through the cuBLASLt path\n", n);
     order_checker oc;
     CHECK(order_checker_find(&oc));
