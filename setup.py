@@ -133,7 +133,7 @@ ext = Extension(
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
                         "-Wno-missing-field-initializers"] + SANITIZE,
     extra_link_args=SANITIZE[:1],
-    libraries=["dl", "pthread", "rt"],
+    libraries=["dl", "pthread", "rt", "m"],
     language="c",
 )
 
