@@ -432,8 +432,7 @@ static axc_status run_compressed(run_ctx *c, const axc_coll *a, const float *sen
         for (int k = 0; k < G && st == AXC_OK; k++)
             st = axc_codec_decode(a->codec, a->block, got + (size_t)k * E, len, out, k > 0);
         if (a->op == AXC_RED_AVG)
-            for (size_t i = 0; i < len; i++)
-                out[i] = out[i] / (float)G;
+            axc_codec_div(out, len, (float)G);
         if (ar && st == AXC_OK) { /* then every rank decodes the owners' encoded sums */
             memset(enc, 0, E);
             st = axc_codec_encode(a->codec, a->block, sum, len, enc);

@@ -109,7 +109,7 @@ static void decode_range(axc_codec codec, const float *scales, const unsigned ch
 {
     for (size_t i = lo; i < hi; i++) {
         float v = decode_elem(codec, payload, i, scales[i / (size_t)block]);
-        out[i] = accumulate ? AXC_FADD(out[i], v) : v;
+        out[i] = accumulate ? axc_ce_add(out[i], v) : v;
     }
 }
 
@@ -120,8 +120,10 @@ axc_status axc_codec_encode(axc_codec codec, int block, const float *in, size_t 
         return axc_fail(AXC_ERR_INVALID, "codec encode: NULL buffer for %zu elements", n);
     unsigned char *o = out;
     if (codec == AXC_CODEC_NONE) {
-        if (n)
-            memcpy(o, in, 4 * n);
+        for (size_t i = 0; i < n; i++) {
+            float v = axc_ce_canon(in[i]);
+            memcpy(o + 4 * i, &v, 4);
+        }
         return AXC_OK;
     }
     if (codec == AXC_CODEC_BF16) {
@@ -158,7 +160,7 @@ axc_status axc_codec_decode(axc_codec codec, int block, const void *in, size_t n
                 memcpy(&h, p + 2 * i, 2);
                 v = axc_ce_bf16_to_f32(h);
             }
-            out[i] = accumulate ? AXC_FADD(out[i], v) : v;
+            out[i] = accumulate ? axc_ce_add(out[i], v) : v;
         }
         return AXC_OK;
     }
@@ -192,7 +194,7 @@ axc_status axc_codec_encode_ef(axc_codec codec, int block, const float *in, floa
         size_t lo = b * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
         int finite = 1;
         for (size_t i = 0; i < len; i++) {
-            c[i] = AXC_FADD(in[lo + i], residual[lo + i]);
+            c[i] = axc_ce_add(in[lo + i], residual[lo + i]);
             finite &= axc_ce_finite(c[i]);
         }
         if (bytes_per_block) {
@@ -213,4 +215,10 @@ axc_status axc_codec_encode_ef(axc_codec codec, int block, const float *in, floa
                 residual[lo + i] = AXC_FSUB(c[i], d[i]);
     }
     return AXC_OK;
+}
+
+void axc_codec_div(float *x, size_t n, float d)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = axc_ce_canon(AXC_FDIV(x[i], d));
 }

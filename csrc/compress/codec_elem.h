@@ -48,12 +48,20 @@ AXC_HD float axc_ce_float(uint32_t u)
 
 AXC_HD int axc_ce_finite(float f) { return (axc_ce_bits(f) & 0x7f800000u) != 0x7f800000u; }
 
-/* bfloat16, round to nearest even; nan stays a (quiet) nan, inf stays inf */
+/* NaN payloads differ between x86 (the operand's, or 0xffc00000) and CUDA (0x7fffffff): every
+ * NaN an operation of the codecs can produce is replaced by this one, so bytes stay equal. */
+#define AXC_CE_NAN 0x7fc00000u
+
+AXC_HD float axc_ce_canon(float f) { return f != f ? axc_ce_float(AXC_CE_NAN) : f; }
+
+AXC_HD float axc_ce_add(float a, float b) { return axc_ce_canon(AXC_FADD(a, b)); }
+
+/* bfloat16, round to nearest even; nan becomes the canonical nan, inf stays inf */
 AXC_HD uint16_t axc_ce_bf16(float f)
 {
     uint32_t u = axc_ce_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
+        return (uint16_t)(AXC_CE_NAN >> 16);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
@@ -84,7 +92,7 @@ AXC_HD float axc_ce_scale(axc_ce_scan s, float qmax)
     if (s.flags == 4u)
         return axc_ce_float(0xff800000u);
     if (s.flags)
-        return axc_ce_float(0x7fc00000u);
+        return axc_ce_float(AXC_CE_NAN);
     return AXC_FDIV(s.absmax, qmax);
 }
 

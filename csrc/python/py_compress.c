@@ -67,15 +67,28 @@ static PyObject *py_codec_encoded_bytes(PyObject *self, PyObject *args)
     return PyLong_FromSize_t(bytes);
 }
 
-/* codec_encode(codec, block, input f32, output u8, residual f32 or None): CPU tensors */
+/* Tensors of one call all on the CPU or all on one CUDA device (-2 otherwise, with the error). */
+static int same_device(const char *what, const py_tensor *a, const py_tensor *b, const py_tensor *c)
+{
+    if (a->device != b->device || (c && c->device != a->device)) {
+        PyErr_Format(PyExc_ValueError, "%s: the tensors must all be on the CPU or on one CUDA "
+                                       "device", what);
+        return -2;
+    }
+    return a->device;
+}
+
+/* codec_encode(codec, block, input f32, output u8, residual f32 or None, stream): CPU tensors,
+ * or CUDA tensors (the kernels, ordered on `stream`) */
 static PyObject *py_codec_encode(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *name;
     int block;
     PyObject *in_t, *out_t, *res_t;
+    unsigned long long stream = 0;
     axc_codec codec;
-    if (!PyArg_ParseTuple(args, "siOOO", &name, &block, &in_t, &out_t, &res_t) ||
+    if (!PyArg_ParseTuple(args, "siOOO|K", &name, &block, &in_t, &out_t, &res_t, &stream) ||
         codec_args(name, block, &codec, &block) < 0)
         return NULL;
     py_tensor in, out, res = {0};
@@ -84,10 +97,9 @@ static PyObject *py_codec_encode(PyObject *self, PyObject *args)
         return NULL;
     size_t bytes = 0;
     axc_codec_encoded_bytes(codec, in.numel, block, &bytes);
-    if (in.device >= 0 || out.device >= 0 || (res_t != Py_None && res.device >= 0)) {
-        PyErr_SetString(PyExc_ValueError, "codec_encode takes CPU tensors");
+    int device = same_device("codec_encode", &in, &out, res_t != Py_None ? &res : NULL);
+    if (device == -2)
         return NULL;
-    }
     if (out.numel != bytes || (res_t != Py_None && res.numel != in.numel)) {
         PyErr_Format(PyExc_ValueError,
                      "codec_encode: %zu elements as %s need an output of %zu bytes (got %zu) "
@@ -96,22 +108,25 @@ static PyObject *py_codec_encode(PyObject *self, PyObject *args)
         return NULL;
     }
     axc_status st;
+    void *sp = (void *)(uintptr_t)stream;
     Py_BEGIN_ALLOW_THREADS st =
-        res_t != Py_None ? axc_codec_encode_ef(codec, block, in.ptr, res.ptr, in.numel, out.ptr)
-                         : axc_codec_encode(codec, block, in.ptr, in.numel, out.ptr);
+        device >= 0 ? axc_codec_cuda_encode(codec, block, in.ptr, res.ptr, in.numel, out.ptr, sp)
+        : res_t != Py_None ? axc_codec_encode_ef(codec, block, in.ptr, res.ptr, in.numel, out.ptr)
+                           : axc_codec_encode(codec, block, in.ptr, in.numel, out.ptr);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
-/* codec_decode(codec, block, input u8, output f32, accumulate): CPU tensors */
+/* codec_decode(codec, block, input u8, output f32, accumulate, stream): as codec_encode */
 static PyObject *py_codec_decode(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *name;
     int block, accumulate;
     PyObject *in_t, *out_t;
+    unsigned long long stream = 0;
     axc_codec codec;
-    if (!PyArg_ParseTuple(args, "siOOp", &name, &block, &in_t, &out_t, &accumulate) ||
+    if (!PyArg_ParseTuple(args, "siOOp|K", &name, &block, &in_t, &out_t, &accumulate, &stream) ||
         codec_args(name, block, &codec, &block) < 0)
         return NULL;
     py_tensor in, out;
@@ -119,10 +134,9 @@ static PyObject *py_codec_decode(PyObject *self, PyObject *args)
         return NULL;
     size_t bytes = 0;
     axc_codec_encoded_bytes(codec, out.numel, block, &bytes);
-    if (in.device >= 0 || out.device >= 0) {
-        PyErr_SetString(PyExc_ValueError, "codec_decode takes CPU tensors");
+    int device = same_device("codec_decode", &in, &out, NULL);
+    if (device == -2)
         return NULL;
-    }
     if (in.numel != bytes) {
         PyErr_Format(PyExc_ValueError,
                      "codec_decode: %zu elements as %s are %zu encoded bytes, input has %zu",
@@ -130,7 +144,10 @@ static PyObject *py_codec_decode(PyObject *self, PyObject *args)
         return NULL;
     }
     axc_status st;
-    Py_BEGIN_ALLOW_THREADS st = axc_codec_decode(codec, block, in.ptr, out.numel, out.ptr, accumulate);
+    Py_BEGIN_ALLOW_THREADS st =
+        device >= 0 ? axc_codec_cuda_decode(codec, block, in.ptr, out.numel, out.ptr, accumulate,
+                                            (void *)(uintptr_t)stream)
+                    : axc_codec_decode(codec, block, in.ptr, out.numel, out.ptr, accumulate);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     Py_RETURN_NONE;
 }
@@ -222,15 +239,24 @@ static PyObject *py_codec_default_block(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(AXC_CODEC_DEFAULT_BLOCK);
 }
 
+static PyObject *py_codec_cuda_compiled(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(axc_codec_cuda_compiled());
+}
+
 PyMethodDef axc_py_compress_methods[] = {
+    {"codec_cuda_compiled", py_codec_cuda_compiled, METH_NOARGS,
+     "True when the build embeds the CUDA codec kernels (nvcc was found)."},
     {"codec_default_block", py_codec_default_block, METH_NOARGS,
      "The block size that block=0 selects."},
     {"codec_encoded_bytes", py_codec_encoded_bytes, METH_VARARGS,
      "codec_encoded_bytes(codec, n, block) -> bytes of the encoding of n float32 values."},
     {"codec_encode", py_codec_encode, METH_VARARGS,
-     "codec_encode(codec, block, input, output, residual): encodes (CPU tensors)."},
+     "codec_encode(codec, block, input, output, residual[, stream]): encodes."},
     {"codec_decode", py_codec_decode, METH_VARARGS,
-     "codec_decode(codec, block, input, output, accumulate): decodes (CPU tensors)."},
+     "codec_decode(codec, block, input, output, accumulate[, stream]): decodes."},
     {"compressed_collective", py_compressed_collective, METH_VARARGS,
      "Starts a compressed collective (internal)."},
     {NULL, NULL, 0, NULL},

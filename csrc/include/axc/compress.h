@@ -64,6 +64,20 @@ axc_status axc_codec_encode_ef(axc_codec codec, int block, const float *in, floa
 axc_status axc_codec_decode(axc_codec codec, int block, const void *in, size_t n, float *out,
                             int accumulate);
 
+/* x[i] = x[i] / d (the average of a compressed sum; a nan becomes the codecs' one nan) */
+void axc_codec_div(float *x, size_t n, float d);
+
+/* The CUDA kernels (codec_kernels.cu) on device buffers, ordered on `stream` (no host
+ * synchronisation): the same bytes as the functions above. AXC_ERR_UNAVAILABLE when the build
+ * has no kernels (nvcc was not found) or there is no CUDA runtime (>= 12) or device. */
+int axc_codec_cuda_compiled(void);
+axc_status axc_codec_cuda_encode(axc_codec codec, int block, const float *in, float *residual,
+                                 size_t n, void *out, void *stream);
+axc_status axc_codec_cuda_decode(axc_codec codec, int block, const void *in, size_t n,
+                                 float *out, int accumulate, void *stream);
+/* x[i] = x[i] / d (the average of a compressed sum) */
+axc_status axc_codec_cuda_div(float *x, size_t n, float d, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
