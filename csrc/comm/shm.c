@@ -450,6 +450,9 @@ static axc_status run_compressed(run_ctx *c, const axc_coll *a, const float *sen
                            : (size_t)k * a->count;
             size_t len = ar ? (n_in - lo < piece ? n_in - lo : piece) : a->count;
             st = axc_codec_decode(a->codec, a->block, got + (size_t)k * E, len, recv + lo, 0);
+            if (st == AXC_OK && ar && k == me && a->residual) /* what encoding my sum lost */
+                axc_codec_feedback(a->codec, a->block, sum, recv + lo, len,
+                                   a->op == AXC_RED_AVG ? (float)G : 1.0f, a->residual + lo);
         }
     }
     free(enc);

@@ -28,19 +28,24 @@ axc_status axc_codec_from_name(const char *name, axc_codec *codec)
                     name ? name : "(null)");
 }
 
+int axc_codec_default_block(axc_codec codec)
+{
+    return codec == AXC_CODEC_INT4 ? AXC_CODEC_DEFAULT_BLOCK_INT4 : AXC_CODEC_DEFAULT_BLOCK;
+}
+
 axc_status axc_codec_check(axc_codec codec, int block, int *block_out)
 {
     if ((int)codec < 0 || codec >= AXC_CODEC_COUNT)
         return axc_fail(AXC_ERR_INVALID, "unknown codec %d, expected 0..%d", (int)codec,
                         AXC_CODEC_COUNT - 1);
     if (block == 0)
-        block = AXC_CODEC_DEFAULT_BLOCK;
+        block = axc_codec_default_block(codec);
     if (block < AXC_CODEC_MIN_BLOCK || block > AXC_CODEC_MAX_BLOCK || (block & (block - 1)))
         return axc_fail(AXC_ERR_INVALID,
                         "compression block %d is not supported: expected a power of two from "
-                        "%d to %d (or 0 for the default %d)",
+                        "%d to %d (or 0 for the codec's default, %d for %s)",
                         block, AXC_CODEC_MIN_BLOCK, AXC_CODEC_MAX_BLOCK,
-                        AXC_CODEC_DEFAULT_BLOCK);
+                        axc_codec_default_block(codec), axc_codec_name(codec));
     if (block_out)
         *block_out = block;
     return AXC_OK;
@@ -221,4 +226,20 @@ void axc_codec_div(float *x, size_t n, float d)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = axc_ce_canon(AXC_FDIV(x[i], d));
+}
+
+void axc_codec_feedback(axc_codec codec, int block, const float *x, const float *decoded,
+                        size_t n, float mult, float *residual)
+{
+    if (axc_codec_check(codec, block, &block) != AXC_OK)
+        return;
+    for (size_t lo = 0; lo < n; lo += (size_t)block) {
+        size_t hi = n - lo < (size_t)block ? n : lo + (size_t)block;
+        int finite = 1;
+        for (size_t i = lo; i < hi; i++)
+            finite &= axc_ce_finite(x[i]);
+        if (finite)
+            for (size_t i = lo; i < hi; i++)
+                residual[i] = axc_ce_add(residual[i], AXC_FMUL(AXC_FSUB(x[i], decoded[i]), mult));
+    }
 }

@@ -232,11 +232,15 @@ static PyObject *py_compressed_collective(PyObject *self, PyObject *args)
     return axc_py_start_collective(gk, &c, keep, async_op);
 }
 
-static PyObject *py_codec_default_block(PyObject *self, PyObject *noargs)
+static PyObject *py_codec_default_block(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)noargs;
-    return PyLong_FromLong(AXC_CODEC_DEFAULT_BLOCK);
+    const char *name;
+    axc_codec codec;
+    int block;
+    if (!PyArg_ParseTuple(args, "s", &name) || codec_args(name, 0, &codec, &block) < 0)
+        return NULL;
+    return PyLong_FromLong(block);
 }
 
 static PyObject *py_codec_cuda_compiled(PyObject *self, PyObject *noargs)
@@ -249,8 +253,8 @@ static PyObject *py_codec_cuda_compiled(PyObject *self, PyObject *noargs)
 PyMethodDef axc_py_compress_methods[] = {
     {"codec_cuda_compiled", py_codec_cuda_compiled, METH_NOARGS,
      "True when the build embeds the CUDA codec kernels (nvcc was found)."},
-    {"codec_default_block", py_codec_default_block, METH_NOARGS,
-     "The block size that block=0 selects."},
+    {"codec_default_block", py_codec_default_block, METH_VARARGS,
+     "codec_default_block(codec): the block size that block=0 selects."},
     {"codec_encoded_bytes", py_codec_encoded_bytes, METH_VARARGS,
      "codec_encoded_bytes(codec, n, block) -> bytes of the encoding of n float32 values."},
     {"codec_encode", py_codec_encode, METH_VARARGS,

@@ -60,6 +60,14 @@ def one_shot_bound(codec, block, x):
     return s / 2 + ulps
 
 
+def feedback(codec, block, x, decoded, mult, residual):
+    """residual += mult * (x - decoded) on x's finite blocks (axc_codec_feedback), in fp32."""
+    for lo in range(0, x.numel(), block):
+        hi = min(x.numel(), lo + block)
+        if bool(torch.isfinite(x[lo:hi]).all()):
+            residual[lo:hi] += (x[lo:hi] - decoded[lo:hi]) * mult
+
+
 def pieces(n, G):
     piece = (n + G - 1) // G
     return piece, [(min(k * piece, n), min(n, (k + 1) * piece)) for k in range(G)]
@@ -94,8 +102,12 @@ def emulate(coll, codec, block, xs, op, residuals=None):
         sums.append(s)
     if coll == "reduce_scatter":
         return sums, bound
-    out = torch.cat([decode_into(codec, block, encode(codec, block, s), torch.empty_like(s))
-                     for s in sums])
+    outs = [decode_into(codec, block, encode(codec, block, s), torch.empty_like(s)) for s in sums]
+    if residuals is not None:  # the owner feeds back what encoding its sum lost
+        for k, (lo, hi) in enumerate(bounds):
+            feedback(codec, block, sums[k], outs[k], G if op == "avg" else 1,
+                     residuals[k][lo:hi])
+    out = torch.cat(outs)
     bound += torch.cat([one_shot_bound(codec, block, s) for s in sums])
     return out, bound
 
@@ -136,7 +148,7 @@ def run_case(g, group, coll, codec, block, n, op, seed, ef_steps):
     residuals = [torch.zeros(count) for _ in members] if ef_steps else None
     what = f"{coll}({op}) {codec}/{block} n={n} on {group} (G={G}) ef_steps={ef_steps}"
     spec = {"codec": codec, "block": block}
-    block = block or _C.codec_default_block()
+    block = block or _C.codec_default_block(codec)
     for step in range(max(1, ef_steps)):
         xs = [make_input(count, seed + step, r) for r in members]
         want_res = [r.clone() for r in residuals] if residuals is not None else None

@@ -66,7 +66,9 @@ typedef struct axc_coll {
      * result. all_gather: every rank decodes every encoded piece, its own included. A group of
      * one rank copies exactly. `residual` (NULL: none) is the error feedback, an fp32 buffer of
      * the send length: the input encoded is send + residual, and residual becomes what the
-     * encoding lost (axc_codec_encode_ef). */
+     * encoding lost (axc_codec_encode_ef); in an all_reduce the owner of piece k also adds
+     * there what encoding its sum lost (times G for avg), so over steps the results add up to
+     * the exact sums minus the residuals still held. */
     axc_codec codec;
     int block;
     float *residual;
