@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The multi-rank workers whose collectives write into torch tensors asynchronously (held
-# results, deferred dW GEMMs, gradient buckets, concurrent micro-batches, compressed collectives),
-# with the extension
-# built under AddressSanitizer and libasan preloaded into Python: a collective that writes into
+# results, deferred dW GEMMs, gradient buckets, concurrent micro-batches) and the compressed
+# collectives (scratch buffers, error-feedback residuals), with the extension built under
+# AddressSanitizer and libasan preloaded into Python: a collective that writes into
 # a tensor torch has already freed is reported as heap-use-after-free (and fails the run) instead
 # of corrupting memory at random. Only our C code is instrumented; torch's allocations are seen
 # through the intercepted malloc/free. Usage: bash tests/run_asan_workers.sh [python]
