@@ -309,7 +309,8 @@ axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel)
 
 /* ---------------------------------------------------------------- collectives */
 
-static axc_status validate_compressed(const axc_comm *comm, const axc_coll *c)
+static axc_status validate_compressed(const axc_comm *comm, const group_slot *g,
+                                      const axc_coll *c)
 {
     const char *what = axc_coll_name(c->kind);
     AXC_TRY(axc_codec_check(c->codec, c->block, NULL));
@@ -323,11 +324,19 @@ static axc_status validate_compressed(const axc_comm *comm, const axc_coll *c)
                         axc_dtype_name(c->dtype));
     if (c->kind != AXC_COLL_ALL_GATHER && c->op == AXC_RED_MAX)
         return axc_fail(AXC_ERR_INVALID, "compressed %s supports sum and avg, not max", what);
-    if (c->device >= 0)
-        return axc_fail(AXC_ERR_INVALID,
-                        "compressed %s of CUDA tensors is not implemented yet (host tensors on "
-                        "the shm backend only)",
-                        what);
+    if (c->device >= 0) { /* the nccl backend runs the codec kernels on its comm stream */
+        if (!comm->nccl_preferred)
+            return axc_fail(AXC_ERR_INVALID,
+                            "compressed %s of CUDA tensors needs the nccl backend (shm does not "
+                            "stage compressed collectives through host memory)",
+                            what);
+        if (g->info.size > 1 && !axc_codec_cuda_compiled())
+            return axc_fail(AXC_ERR_UNAVAILABLE,
+                            "compressed %s of CUDA tensors: this build has no CUDA codec kernels "
+                            "(nvcc was not found when axonn_c was built)",
+                            what);
+        return AXC_OK;
+    }
     if (!comm->shm)
         return axc_fail(AXC_ERR_UNAVAILABLE,
                         "compressed %s needs the shm backend, which this job does not have", what);
@@ -348,7 +357,7 @@ static axc_status validate(const axc_comm *comm, const group_slot *g, const axc_
     if (c->op < 0 || c->op > AXC_RED_MAX)
         return axc_fail(AXC_ERR_INVALID, "unknown reduction %d", (int)c->op);
     if (c->codec != AXC_CODEC_NONE)
-        return validate_compressed(comm, c);
+        return validate_compressed(comm, g, c);
     (void)comm;
     return AXC_OK;
 }

@@ -22,7 +22,7 @@ static pthread_once_t once_ = PTHREAD_ONCE_INIT;
 static axc_status load_status_ = AXC_ERR_UNAVAILABLE;
 static char load_msg_[512] = "the codec kernels were not loaded";
 static const axc_cuda_api *cu_;
-static void *k_encode_, *k_decode_, *k_div_;
+static void *k_encode_, *k_decode_, *k_div_, *k_feedback_;
 
 static void load_kernels(void)
 {
@@ -49,6 +49,8 @@ static void load_kernels(void)
         err = cu_->LibraryGetKernel(&k_decode_, lib, "axc_codec_decode_kernel");
     if (err == AXC_CUDA_SUCCESS)
         err = cu_->LibraryGetKernel(&k_div_, lib, "axc_codec_div_kernel");
+    if (err == AXC_CUDA_SUCCESS)
+        err = cu_->LibraryGetKernel(&k_feedback_, lib, "axc_codec_feedback_kernel");
     if (err != AXC_CUDA_SUCCESS) {
         snprintf(load_msg_, sizeof load_msg_,
                  "loading the codec kernels (%zu-byte fatbin) failed: %s (cudaError %d)",
@@ -117,4 +119,18 @@ axc_status axc_codec_cuda_div(float *x, size_t n, float d, void *stream)
     unsigned long long nn = n;
     void *args[] = {&x, &nn, &d};
     return launch(k_div_, "codec div kernel", elementwise_blocks(n), args, stream);
+}
+
+axc_status axc_codec_cuda_feedback(axc_codec codec, int block, const float *x,
+                                   const float *decoded, size_t n, float mult, float *residual,
+                                   void *stream)
+{
+    AXC_TRY(axc_codec_check(codec, block, &block));
+    AXC_TRY(kernels());
+    if (!n)
+        return AXC_OK;
+    unsigned long long nn = n;
+    void *args[] = {&block, &x, &decoded, &nn, &mult, &residual};
+    return launch(k_feedback_, "codec feedback kernel", (n + (size_t)block - 1) / (size_t)block,
+                  args, stream);
 }

@@ -149,3 +149,29 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
          i += (size_t)gridDim.x * blockDim.x)
         x[i] = axc_ce_canon(AXC_FDIV(x[i], d));
 }
+
+/* residual += mult * (x - decoded) on the codec blocks of x that are finite (one thread block per
+ * codec block; the CPU's axc_codec_feedback) */
+extern "C" __global__ void __launch_bounds__(AXC_THREADS)
+    axc_codec_feedback_kernel(int block, const float *x, const float *decoded,
+                              unsigned long long n, float mult, float *residual)
+{
+    __shared__ unsigned s_bad[AXC_THREADS];
+    size_t lo = blockIdx.x * (size_t)block, len = n - lo < (size_t)block ? n - lo : (size_t)block;
+    int t = threadIdx.x;
+    unsigned bad = 0;
+    for (size_t i = t; i < len; i += blockDim.x)
+        bad |= !axc_ce_finite(x[lo + i]);
+    s_bad[t] = bad;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if (t < w)
+            s_bad[t] |= s_bad[t + w];
+        __syncthreads();
+    }
+    if (s_bad[0])
+        return;
+    for (size_t i = t; i < len; i += blockDim.x)
+        residual[lo + i] = axc_ce_add(residual[lo + i],
+                                      AXC_FMUL(AXC_FSUB(x[lo + i], decoded[lo + i]), mult));
+}

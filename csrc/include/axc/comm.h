@@ -58,7 +58,7 @@ typedef struct axc_coll {
     int device;   /* -1: host memory; >= 0: CUDA device index */
     void *stream; /* CUDA: the stream the buffers are ordered on (torch's current stream) */
     /* Compressed collective (codec != AXC_CODEC_NONE; float32 all_reduce, reduce_scatter or
-     * all_gather, sum or avg, host buffers): every rank encodes its input once with `codec` in
+     * all_gather, sum or avg; host buffers on shm, CUDA buffers on nccl): every rank encodes its input once with `codec` in
      * blocks of `block` elements (0: the default). all_reduce: piece k of ceil(count / G)
      * elements goes to rank k (an all-to-all of encoded pieces), which decodes and sums them in
      * fp32 in group-rank order, encodes the sum and all-gathers it; every rank decodes the same

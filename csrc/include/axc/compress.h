@@ -85,6 +85,9 @@ axc_status axc_codec_cuda_encode(axc_codec codec, int block, const float *in, fl
                                  size_t n, void *out, void *stream);
 axc_status axc_codec_cuda_decode(axc_codec codec, int block, const void *in, size_t n,
                                  float *out, int accumulate, void *stream);
+axc_status axc_codec_cuda_feedback(axc_codec codec, int block, const float *x,
+                                   const float *decoded, size_t n, float mult, float *residual,
+                                   void *stream);
 /* x[i] = x[i] / d (the average of a compressed sum) */
 axc_status axc_codec_cuda_div(float *x, size_t n, float d, void *stream);
 
