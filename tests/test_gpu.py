@@ -286,3 +286,20 @@ def test_codec_kernels_bytes_equal_cpu():
                 gpu_out = acc.cuda()
                 _C.codec_decode(codec, block, cpu_enc.cuda(), gpu_out, True, stream)
                 assert torch.equal(gpu_out.cpu().view(torch.int32), cpu_out.view(torch.int32))
+
+
+def test_compressed_collectives_nccl_one_rank(nccl1):
+    """A compressed collective of CUDA tensors on NCCL: a group of one copies exactly, counts no
+    wire bytes, and bad calls are refused by name."""
+    x = torch.randn(1001, device="cuda")
+    want = x.clone()
+    axonn_c.reset_comm_stats()
+    axonn_c.comm.all_reduce(x, group="data", compression="int4")
+    out = torch.empty(1001, device="cuda")
+    axonn_c.comm.all_gather(out, x, group="depth", compression={"codec": "fp8", "block": 64})
+    torch.cuda.synchronize()
+    assert torch.equal(x, want) and torch.equal(out, want)
+    stats = axonn_c.comm_stats()
+    assert stats["data"]["compressed_calls"] == 1 and stats["data"]["bytes_sent"] == 0
+    with pytest.raises(ValueError, match="not max"):
+        axonn_c.comm.all_reduce(x, op="max", compression="int8")
