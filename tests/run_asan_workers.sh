@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The multi-rank workers whose collectives write into torch tensors asynchronously (held
-# results, deferred dW GEMMs, gradient buckets, concurrent micro-batches), with the extension
-# built under AddressSanitizer and libasan preloaded into Python: a collective that writes into
+# results, deferred dW GEMMs, gradient buckets, concurrent micro-batches) and the compressed
+# collectives (scratch buffers, error-feedback residuals), with the extension built under
+# AddressSanitizer and libasan preloaded into Python: a collective that writes into
 # a tensor torch has already freed is reported as heap-use-after-free (and fails the run) instead
 # of corrupting memory at random. Only our C code is instrumented; torch's allocations are seen
 # through the intercepted malloc/free. Usage: bash tests/run_asan_workers.sh [python]
@@ -35,4 +36,5 @@ run() {  # expected-line nproc worker [args]
 AXONN_C_SIM_US=1500 run "pipeline checks pass" 2 pipeline_worker.py
 AXONN_C_SIM_US=300 run "scheduler checks pass" 2 sched_worker.py
 run "concurrent micro-batch checks pass" 2 concurrent_worker.py
+run "identical on every rank" 3 compress_worker.py --sizes 1,7,1000 --codecs int4,fp8
 echo "ASan workers: clean"

@@ -247,3 +247,59 @@ def test_run_concurrent_refuses_cuda(monkeypatch):
                 call()
     finally:
         axonn_c.finalize()
+
+
+def test_codec_kernels_bytes_equal_cpu():
+    """The CUDA codec kernels write the CPU reference's bytes (encode, with and without error
+    feedback) and decode (and decode-accumulate) to the same floats, for every codec, several
+    block sizes and lengths, with zeros, outliers and non-finite values."""
+    from axonn_c import _C
+
+    assert _C.codec_cuda_compiled(), "built without nvcc: no CUDA codec kernels"
+    stream = torch.cuda.current_stream().cuda_stream
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 7, 1000, 65537):
+        x = torch.randn(n, generator=gen) * 10.0 ** (-3 * torch.rand(n, generator=gen))
+        x[::97] = 0
+        x[5 % n] = 300.0
+        if n > 600:
+            x[300], x[600] = float("inf"), float("nan")
+        res = torch.randn(n, generator=gen) * 1e-3
+        for codec in ("none", "bf16", "fp8", "int8", "int4"):
+            for block in (32, 256, 4096):
+                nbytes = _C.codec_encoded_bytes(codec, n, block)
+                for residual in (None, res):
+                    cpu_enc = torch.empty(nbytes, dtype=torch.uint8)
+                    cpu_res = None if residual is None else residual.clone()
+                    _C.codec_encode(codec, block, x, cpu_enc, cpu_res)
+                    gpu_enc = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                    gpu_res = None if residual is None else residual.cuda()
+                    _C.codec_encode(codec, block, x.cuda(), gpu_enc, gpu_res, stream)
+                    what = f"{codec}/{block} n={n} ef={residual is not None}"
+                    assert torch.equal(gpu_enc.cpu(), cpu_enc), what
+                    if residual is not None:
+                        assert torch.equal(gpu_res.cpu().view(torch.int32),
+                                           cpu_res.view(torch.int32)), what
+                acc = torch.randn(n, generator=gen)
+                cpu_out = acc.clone()
+                _C.codec_decode(codec, block, cpu_enc, cpu_out, True)
+                gpu_out = acc.cuda()
+                _C.codec_decode(codec, block, cpu_enc.cuda(), gpu_out, True, stream)
+                assert torch.equal(gpu_out.cpu().view(torch.int32), cpu_out.view(torch.int32))
+
+
+def test_compressed_collectives_nccl_one_rank(nccl1):
+    """A compressed collective of CUDA tensors on NCCL: a group of one copies exactly, counts no
+    wire bytes, and bad calls are refused by name."""
+    x = torch.randn(1001, device="cuda")
+    want = x.clone()
+    axonn_c.reset_comm_stats()
+    axonn_c.comm.all_reduce(x, group="data", compression="int4")
+    out = torch.empty(1001, device="cuda")
+    axonn_c.comm.all_gather(out, x, group="depth", compression={"codec": "fp8", "block": 64})
+    torch.cuda.synchronize()
+    assert torch.equal(x, want) and torch.equal(out, want)
+    stats = axonn_c.comm_stats()
+    assert stats["data"]["compressed_calls"] == 1 and stats["data"]["bytes_sent"] == 0
+    with pytest.raises(ValueError, match="not max"):
+        axonn_c.comm.all_reduce(x, op="max", compression="int8")

@@ -97,6 +97,19 @@ const char *axc_coll_name(axc_coll_kind kind)
 
 void axc_coll_volume(const axc_coll *c, int G, int r, uint64_t *sent, uint64_t *recv)
 {
+    if (c->codec != AXC_CODEC_NONE && G > 1) {
+        int ar = c->kind == AXC_COLL_ALL_REDUCE;
+        size_t piece = ar ? (c->count + (size_t)G - 1) / (size_t)G : c->count, e = 0;
+        if (axc_codec_encoded_bytes(c->codec, piece, c->block, &e) != AXC_OK)
+            e = 0; /* (refused by validate before it runs) */
+        *sent = *recv = (uint64_t)(ar ? 2 : 1) * (uint64_t)(G - 1) * e;
+        return;
+    }
+    axc_coll_logical_volume(c, G, r, sent, recv);
+}
+
+void axc_coll_logical_volume(const axc_coll *c, int G, int r, uint64_t *sent, uint64_t *recv)
+{
     uint64_t es = axc_dtype_size(c->dtype), n = c->count, s = 0, v = 0;
     if (G > 1) {
         switch (c->kind) {
@@ -296,6 +309,40 @@ axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel)
 
 /* ---------------------------------------------------------------- collectives */
 
+static axc_status validate_compressed(const axc_comm *comm, const group_slot *g,
+                                      const axc_coll *c)
+{
+    const char *what = axc_coll_name(c->kind);
+    AXC_TRY(axc_codec_check(c->codec, c->block, NULL));
+    if (c->kind != AXC_COLL_ALL_REDUCE && c->kind != AXC_COLL_REDUCE_SCATTER &&
+        c->kind != AXC_COLL_ALL_GATHER)
+        return axc_fail(AXC_ERR_INVALID,
+                        "%s cannot be compressed: only all_reduce, reduce_scatter and all_gather",
+                        what);
+    if (c->dtype != AXC_DT_F32)
+        return axc_fail(AXC_ERR_INVALID, "compressed %s needs float32 data, got %s", what,
+                        axc_dtype_name(c->dtype));
+    if (c->kind != AXC_COLL_ALL_GATHER && c->op == AXC_RED_MAX)
+        return axc_fail(AXC_ERR_INVALID, "compressed %s supports sum and avg, not max", what);
+    if (c->device >= 0) { /* the nccl backend runs the codec kernels on its comm stream */
+        if (!comm->nccl_preferred)
+            return axc_fail(AXC_ERR_INVALID,
+                            "compressed %s of CUDA tensors needs the nccl backend (shm does not "
+                            "stage compressed collectives through host memory)",
+                            what);
+        if (g->info.size > 1 && !axc_codec_cuda_compiled())
+            return axc_fail(AXC_ERR_UNAVAILABLE,
+                            "compressed %s of CUDA tensors: this build has no CUDA codec kernels "
+                            "(nvcc was not found when axonn_c was built)",
+                            what);
+        return AXC_OK;
+    }
+    if (!comm->shm)
+        return axc_fail(AXC_ERR_UNAVAILABLE,
+                        "compressed %s needs the shm backend, which this job does not have", what);
+    return AXC_OK;
+}
+
 static axc_status validate(const axc_comm *comm, const group_slot *g, const axc_coll *c)
 {
     if (c->kind < 0 || c->kind >= AXC_COLL_COUNT)
@@ -309,6 +356,8 @@ static axc_status validate(const axc_comm *comm, const group_slot *g, const axc_
         return axc_fail(AXC_ERR_INVALID, "%s: output buffer is NULL", axc_coll_name(c->kind));
     if (c->op < 0 || c->op > AXC_RED_MAX)
         return axc_fail(AXC_ERR_INVALID, "unknown reduction %d", (int)c->op);
+    if (c->codec != AXC_CODEC_NONE)
+        return validate_compressed(comm, g, c);
     (void)comm;
     return AXC_OK;
 }
@@ -416,6 +465,10 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
     g->counters.bytes_sent += s;
     g->counters.bytes_recv += r;
     g->counters.calls += 1;
+    axc_coll_logical_volume(c, g->info.size, g->info.rank, &s, &r);
+    g->counters.logical_bytes_sent += s;
+    g->counters.logical_bytes_recv += r;
+    g->counters.compressed_calls += c->codec != AXC_CODEC_NONE;
     *out = w;
     return AXC_OK;
 }
@@ -516,6 +569,9 @@ void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *
         out->bytes_sent += k->bytes_sent;
         out->bytes_recv += k->bytes_recv;
         out->calls += k->calls;
+        out->logical_bytes_sent += k->logical_bytes_sent;
+        out->logical_bytes_recv += k->logical_bytes_recv;
+        out->compressed_calls += k->compressed_calls;
     }
 }
 

@@ -225,6 +225,8 @@ struct nccl_group {
     int owns_comm;    /* 0: borrows the world communicator */
     void *stream;     /* comm stream */
     void *barrier_buf; /* one int32 on the device */
+    void *cbuf;        /* compressed collectives' scratch (encoded pieces, the owner's sum) */
+    size_t cbuf_bytes;
     int inflight;     /* slots with group == this */
     uint64_t issued;  /* collectives enqueued on this group so far (under issue_mu) */
     char name[160];   /* NCCL commName */
@@ -847,7 +849,14 @@ static void group_destroy_resources(nccl_backend *be, nccl_group *g)
             axc_log(2, "nccl: cudaFree of the %s group's barrier buffer failed (cudaError %d)",
                     axc_group_name(g->kind), e);
     }
-    g->stream = g->barrier_buf = NULL;
+    if (g->cbuf) {
+        int e = be->cu->Free(g->cbuf);
+        if (e != AXC_CUDA_SUCCESS)
+            axc_log(2, "nccl: cudaFree of the %s group's compression buffer failed (cudaError %d)",
+                    axc_group_name(g->kind), e);
+    }
+    g->stream = g->barrier_buf = g->cbuf = NULL;
+    g->cbuf_bytes = 0;
 }
 
 static axc_status nccl_group_open(axc_backend *base, const axc_group_info *info, void **out)
@@ -1079,16 +1088,128 @@ static int map_op(axc_redop op, ncclRedOp_t *out)
     return 0;
 }
 
+/* One NCCL call of a sequence on a non-blocking communicator: the next may be issued only once
+ * this one is enqueued (ncclInProgress polled to completion). */
+static ncclResult_t settle(nccl_backend *be, nccl_group *g, ncclResult_t r, int *aborted)
+{
+    if (r == ncclInProgress)
+        r = poll_comm(be, g->comm, deadline_after(be->timeout_s), aborted);
+    return r;
+}
+
+/* A compressed collective (axc_coll.codec; the shm backend's run_compressed has the algorithm)
+ * on the comm stream: codec kernels around a grouped send/recv all-to-all and an all-gather of
+ * bytes, so every rank decodes the same bytes. A kernel that cannot be launched fails the call
+ * with ncclUnhandledCudaError and its message logged. */
+static ncclResult_t issue_compressed_locked(nccl_backend *be, nccl_group *g, const axc_coll *c,
+                                            int *aborted)
+{
+    const nccl_api *nc = be->nc;
+    void *s = g->stream;
+    int G = g->size, me = g->rank;
+    int ar = c->kind == AXC_COLL_ALL_REDUCE, ag = c->kind == AXC_COLL_ALL_GATHER;
+    size_t piece = ar ? (c->count + (size_t)G - 1) / (size_t)G : c->count;
+    size_t n_in = c->kind == AXC_COLL_REDUCE_SCATTER ? c->count * (size_t)G : c->count, E = 0;
+    const float *send = c->send ? (const float *)c->send : (const float *)c->recv;
+    float *recv = c->recv;
+    if (G == 1) /* nothing to exchange: an exact copy, as on shm */
+        return send == recv || !c->count
+                   ? ncclSuccess
+                   : (be->cu->MemcpyAsync(recv, send, c->count * 4, AXC_CUDA_MEMCPY_D2D, s) ==
+                              AXC_CUDA_SUCCESS
+                          ? ncclSuccess
+                          : ncclUnhandledCudaError);
+    if (axc_codec_encoded_bytes(c->codec, piece, c->block, &E) != AXC_OK)
+        return ncclInvalidArgument;
+    size_t n_send = ag ? 1 : (size_t)G, sum_off = (n_send * E + (size_t)G * E + 255) / 256 * 256;
+    size_t need = sum_off + (ar ? piece * 4 : 0) + 256;
+    if (g->cbuf_bytes < need) { /* (cudaFree waits for the device: earlier users are done) */
+        if (g->cbuf)
+            be->cu->Free(g->cbuf);
+        g->cbuf = NULL;
+        g->cbuf_bytes = 0;
+        if (be->cu->Malloc(&g->cbuf, need) != AXC_CUDA_SUCCESS)
+            return ncclSystemError;
+        g->cbuf_bytes = need;
+    }
+    unsigned char *enc = g->cbuf, *got = enc + n_send * E;
+    float *sum = (float *)(void *)(enc + sum_off);
+    axc_status st = AXC_OK;
+    ncclResult_t r = ncclSuccess;
+#define AXC_PIECE(k, lo, len)                                                                 \
+    size_t lo = (size_t)(k) * piece < n_in ? (size_t)(k) * piece : n_in;                    \
+    size_t len = n_in - lo < piece ? n_in - lo : piece
+    for (size_t k = 0; k < n_send && st == AXC_OK; k++) {
+        AXC_PIECE(k, lo, len);
+        st = axc_codec_cuda_encode(c->codec, c->block, send + lo,
+                                   c->residual ? c->residual + lo : NULL, len, enc + k * E, s);
+    }
+    if (st == AXC_OK) {
+        if (ag) {
+            r = settle(be, g, nc->AllGather(enc, got, E, ncclUint8, g->comm, s), aborted);
+        } else {
+            r = nc->GroupStart();
+            for (int p = 0; p < G && (r == ncclSuccess || r == ncclInProgress); p++) {
+                r = nc->Send(enc + (size_t)p * E, E, ncclUint8, p, g->comm, s);
+                if (r == ncclSuccess || r == ncclInProgress)
+                    r = nc->Recv(got + (size_t)p * E, E, ncclUint8, p, g->comm, s);
+            }
+            ncclResult_t end = nc->GroupEnd();
+            r = settle(be, g, r == ncclSuccess || r == ncclInProgress ? end : r, aborted);
+        }
+    }
+    if (st == AXC_OK && r == ncclSuccess && !ag) {
+        AXC_PIECE(me, lo, len);
+        float *out = ar ? sum : recv;
+        if (!ar)
+            len = c->count;
+        (void)lo;
+        for (int k = 0; k < G && st == AXC_OK; k++)
+            st = axc_codec_cuda_decode(c->codec, c->block, got + (size_t)k * E, len, out, k > 0,
+                                       s);
+        if (st == AXC_OK && c->op == AXC_RED_AVG)
+            st = axc_codec_cuda_div(out, len, (float)G, s);
+        if (st == AXC_OK && ar)
+            st = axc_codec_cuda_encode(c->codec, c->block, sum, NULL, len, enc, s);
+        if (st == AXC_OK && ar)
+            r = settle(be, g, nc->AllGather(enc, got, E, ncclUint8, g->comm, s), aborted);
+    }
+    if (st == AXC_OK && r == ncclSuccess && (ar || ag)) {
+        for (int k = 0; k < G && st == AXC_OK; k++) {
+            AXC_PIECE(k, lo, len);
+            if (ag) {
+                lo = (size_t)k * c->count;
+                len = c->count;
+            }
+            st = axc_codec_cuda_decode(c->codec, c->block, got + (size_t)k * E, len, recv + lo, 0,
+                                       s);
+            if (st == AXC_OK && ar && k == me && c->residual)
+                st = axc_codec_cuda_feedback(c->codec, c->block, sum, recv + lo, len,
+                                             c->op == AXC_RED_AVG ? (float)G : 1.0f,
+                                             c->residual + lo, s);
+        }
+    }
+#undef AXC_PIECE
+    if (st != AXC_OK) {
+        axc_log(2, "nccl: compressed %s on the %s group: %s", axc_coll_name(c->kind),
+                axc_group_name(g->kind), axc_last_error());
+        return ncclUnhandledCudaError;
+    }
+    return r;
+}
+
 /* Enqueues the NCCL call(s) of `c` on the group's comm stream (issue_mu held). May return
  * ncclInProgress (non-blocking communicator): the caller polls. */
 static ncclResult_t issue_locked(nccl_backend *be, nccl_group *g, const axc_coll *c,
-                                 ncclDataType_t dt, ncclRedOp_t op)
+                                 ncclDataType_t dt, ncclRedOp_t op, int *aborted)
 {
     const nccl_api *nc = be->nc;
     cudaStream_t s = (cudaStream_t)g->stream;
     ncclComm_t comm = g->comm;
     const void *send = c->send ? c->send : c->recv; /* NULL send: in place */
     size_t n = c->count;
+    if (c->codec != AXC_CODEC_NONE)
+        return issue_compressed_locked(be, g, c, aborted);
     switch (c->kind) {
     case AXC_COLL_ALL_REDUCE: return nc->AllReduce(send, c->recv, n, dt, op, comm, s);
     case AXC_COLL_ALL_GATHER: return nc->AllGather(send, c->recv, n, dt, comm, s);
@@ -1272,9 +1393,9 @@ static axc_status nccl_start(axc_backend *base, void *group, axc_work *w)
     }
     int skip = c->count == 0 && c->kind != AXC_COLL_BARRIER; /* nothing to move; keep ordering */
     uint64_t group_seq = ++g->issued;
-    ncclResult_t r = skip ? ncclSuccess : issue_locked(be, g, c, dt, op);
     int aborted = 0;
-    if (r == ncclInProgress)
+    ncclResult_t r = skip ? ncclSuccess : issue_locked(be, g, c, dt, op, &aborted);
+    if (r == ncclInProgress && !aborted)
         r = poll_comm(be, g->comm, deadline_after(be->timeout_s), &aborted);
     if (r != ncclSuccess) {
         char msg[512], what[200];

@@ -58,6 +58,7 @@ typedef struct shm_call {
     uint64_t count;
     uint32_t kind, dtype, op;
     int32_t root;
+    uint32_t codec, block; /* compressed collectives (axc_coll.codec, .block) */
 } shm_call;
 
 typedef struct shm_group {
@@ -239,7 +240,8 @@ static int same_call(const shm_call *x, const shm_call *y)
 {
     return x->seq == y->seq && x->kind == y->kind && x->count == y->count &&
            x->dtype == y->dtype && (!reduces(x->kind) || x->op == y->op) &&
-           (x->kind != AXC_COLL_BROADCAST || x->root == y->root);
+           (x->kind != AXC_COLL_BROADCAST || x->root == y->root) && x->codec == y->codec &&
+           x->block == y->block;
 }
 
 static int describe_call(char *out, size_t cap, int rank, const shm_call *x)
@@ -253,6 +255,9 @@ static int describe_call(char *out, size_t cap, int rank, const shm_call *x)
         n += snprintf(out + n, cap - (size_t)n, " (%s)", axc_redop_name((axc_redop)x->op));
     if (x->kind == AXC_COLL_BROADCAST)
         n += snprintf(out + n, cap - (size_t)n, " from group rank %d", (int)x->root);
+    if (x->codec != AXC_CODEC_NONE)
+        n += snprintf(out + n, cap - (size_t)n, " compressed %s/%u",
+                      axc_codec_name((axc_codec)x->codec), x->block);
     return n + snprintf(out + n, cap - (size_t)n, " as its collective %llu on this group",
                         (unsigned long long)x->seq);
 }
@@ -387,6 +392,74 @@ static axc_status run_broadcast(run_ctx *c, const axc_coll *a, const void *send,
     return AXC_OK;
 }
 
+/* A compressed collective (axc_coll.codec, see axc/comm.h): encode once, move the encoded
+ * pieces with the byte all-to-all / all-gather above, decode (and sum in group-rank order). */
+static axc_status run_compressed(run_ctx *c, const axc_coll *a, const float *send, float *recv)
+{
+    int G = c->g->info.size, me = c->g->info.rank;
+    int ar = a->kind == AXC_COLL_ALL_REDUCE, ag = a->kind == AXC_COLL_ALL_GATHER;
+    size_t piece = ar ? (a->count + (size_t)G - 1) / (size_t)G : a->count;
+    size_t n_in = a->kind == AXC_COLL_REDUCE_SCATTER ? a->count * (size_t)G : a->count, E = 0;
+    AXC_TRY(axc_codec_encoded_bytes(a->codec, piece, a->block, &E));
+    /* encoded pieces to send (G of them, one for all_gather), received pieces, the owner's sum */
+    size_t n_send = ag ? 1 : (size_t)G;
+    unsigned char *enc = calloc(n_send * E + (size_t)G * E + 1, 1);
+    float *sum = ar ? malloc(piece * sizeof *sum + 1) : NULL;
+    if (!enc || (ar && !sum)) {
+        free(enc);
+        free(sum);
+        return axc_fail(AXC_ERR_NOMEM, "out of memory for a compressed %s of %zu elements",
+                        axc_coll_name(a->kind), a->count);
+    }
+    unsigned char *got = enc + n_send * E;
+    axc_status st = AXC_OK;
+    for (size_t k = 0; k < n_send && st == AXC_OK; k++) {
+        size_t lo = k * piece < n_in ? k * piece : n_in;
+        size_t len = n_in - lo < piece ? n_in - lo : piece;
+        st = a->residual ? axc_codec_encode_ef(a->codec, a->block, send + lo, a->residual + lo,
+                                               len, enc + k * E)
+                         : axc_codec_encode(a->codec, a->block, send + lo, len, enc + k * E);
+    }
+    axc_coll bytes = {.kind = ag ? AXC_COLL_ALL_GATHER : AXC_COLL_ALL_TO_ALL,
+                      .count = E, .dtype = AXC_DT_U8, .device = -1};
+    if (st == AXC_OK)
+        st = ag ? run_all_gather(c, &bytes, enc, got) : run_exchange(c, &bytes, enc, got, 0);
+    if (st == AXC_OK && !ag) {
+        /* my piece from every rank, summed in group-rank order */
+        size_t lo = (size_t)me * piece < n_in ? (size_t)me * piece : n_in;
+        size_t len = ar ? (n_in - lo < piece ? n_in - lo : piece) : a->count;
+        float *out = ar ? sum : recv;
+        for (int k = 0; k < G && st == AXC_OK; k++)
+            st = axc_codec_decode(a->codec, a->block, got + (size_t)k * E, len, out, k > 0);
+        if (a->op == AXC_RED_AVG)
+            axc_codec_div(out, len, (float)G);
+        if (ar && st == AXC_OK) { /* then every rank decodes the owners' encoded sums */
+            memset(enc, 0, E);
+            st = axc_codec_encode(a->codec, a->block, sum, len, enc);
+            bytes.kind = AXC_COLL_ALL_GATHER;
+            /* the peers are done reading my slot's pieces before I post the sum there */
+            if (st == AXC_OK)
+                st = bar(c);
+            if (st == AXC_OK)
+                st = run_all_gather(c, &bytes, enc, got);
+        }
+    }
+    if (st == AXC_OK && (ar || ag)) {
+        for (int k = 0; k < G && st == AXC_OK; k++) {
+            size_t lo = ar ? ((size_t)k * piece < n_in ? (size_t)k * piece : n_in)
+                           : (size_t)k * a->count;
+            size_t len = ar ? (n_in - lo < piece ? n_in - lo : piece) : a->count;
+            st = axc_codec_decode(a->codec, a->block, got + (size_t)k * E, len, recv + lo, 0);
+            if (st == AXC_OK && ar && k == me && a->residual) /* what encoding my sum lost */
+                axc_codec_feedback(a->codec, a->block, sum, recv + lo, len,
+                                   a->op == AXC_RED_AVG ? (float)G : 1.0f, a->residual + lo);
+        }
+    }
+    free(enc);
+    free(sum);
+    return st;
+}
+
 static size_t send_elems(const axc_coll *a, int G)
 {
     switch (a->kind) {
@@ -425,18 +498,21 @@ static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a
         return aborted_error(b, c.what);
     uint64_t seq = ++b->lanes[lane].calls;
     shm_call *mine = call_slot(b, lane, b->rank, seq);
-    *mine = (shm_call){seq, a->count, (uint32_t)a->kind, (uint32_t)a->dtype, (uint32_t)a->op,
-                       a->root};
+    *mine = (shm_call){seq,     a->count, (uint32_t)a->kind,  (uint32_t)a->dtype,
+                       (uint32_t)a->op, a->root,  (uint32_t)a->codec, (uint32_t)a->block};
     c.mine = mine; /* compared at the first barrier (the barrier's atomics publish it) */
-    switch (a->kind) {
-    case AXC_COLL_ALL_REDUCE: st = run_all_reduce(&c, a, send, recv); break;
-    case AXC_COLL_ALL_GATHER: st = run_all_gather(&c, a, send, recv); break;
-    case AXC_COLL_REDUCE_SCATTER: st = run_exchange(&c, a, send, recv, 1); break;
-    case AXC_COLL_ALL_TO_ALL: st = run_exchange(&c, a, send, recv, 0); break;
-    case AXC_COLL_BROADCAST: st = run_broadcast(&c, a, send, recv); break;
-    case AXC_COLL_BARRIER:
-    case AXC_COLL_COUNT: break;
-    }
+    if (a->codec != AXC_CODEC_NONE)
+        st = run_compressed(&c, a, send, recv);
+    else
+        switch (a->kind) {
+        case AXC_COLL_ALL_REDUCE: st = run_all_reduce(&c, a, send, recv); break;
+        case AXC_COLL_ALL_GATHER: st = run_all_gather(&c, a, send, recv); break;
+        case AXC_COLL_REDUCE_SCATTER: st = run_exchange(&c, a, send, recv, 1); break;
+        case AXC_COLL_ALL_TO_ALL: st = run_exchange(&c, a, send, recv, 0); break;
+        case AXC_COLL_BROADCAST: st = run_broadcast(&c, a, send, recv); break;
+        case AXC_COLL_BARRIER:
+        case AXC_COLL_COUNT: break;
+        }
     /* closing barrier: the slots may be reused by the group's next collective */
     if (st == AXC_OK)
         st = bar(&c);

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,6 +62,16 @@ AXC_PROTO_IS(cudaStreamIsCapturing, cudaError_t (*)(cudaStream_t, enum cudaStrea
 AXC_PROTO_IS(cudaThreadExchangeStreamCaptureMode, cudaError_t (*)(enum cudaStreamCaptureMode *));
 #if CUDART_VERSION >= 12000
 AXC_PROTO_IS(cudaStreamGetId, cudaError_t (*)(cudaStream_t, unsigned long long *));
+AXC_PROTO_IS(cudaLibraryGetKernel, cudaError_t (*)(cudaKernel_t *, cudaLibrary_t, const char *));
+AXC_PROTO_IS(cudaLibraryLoadData,
+             cudaError_t (*)(cudaLibrary_t *, const void *, enum cudaJitOption *, void **,
+                             unsigned int, enum cudaLibraryOption *, void **, unsigned int));
+AXC_PROTO_IS(cudaLaunchKernel,
+             cudaError_t (*)(const void *, dim3, dim3, void **, size_t, cudaStream_t));
+_Static_assert(sizeof(cudaLibrary_t) == sizeof(void *) && sizeof(cudaKernel_t) == sizeof(void *),
+               "cudaLibrary_t/cudaKernel_t are not pointers");
+_Static_assert(sizeof(dim3) == sizeof(struct axc_cuda_dim3) && offsetof(dim3, z) == 8,
+               "dim3 no longer has the layout of axc_cuda_dim3");
 #endif
 
 _Static_assert(sizeof(cudaError_t) == sizeof(int), "cudaError_t is not int-sized");
@@ -220,6 +231,12 @@ static void load_runtime(void)
         memcpy(&api.ThreadExchangeStreamCaptureMode, &sym, sizeof sym);
     if ((sym = dlsym(h, "cudaStreamGetId")) != NULL)
         memcpy(&api.StreamGetId, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaLibraryLoadData")) != NULL)
+        memcpy(&api.LibraryLoadData, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaLibraryGetKernel")) != NULL)
+        memcpy(&api.LibraryGetKernel, &sym, sizeof sym);
+    if ((sym = dlsym(h, "cudaLaunchKernel")) != NULL)
+        memcpy(&api.LaunchKernel, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)

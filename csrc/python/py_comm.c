@@ -408,7 +408,55 @@ static int read_tensor(PyObject *t, const char *argname, tensor_view *v)
     return 0;
 }
 
+/* For py_compress.c: read_tensor's checks with the view's fields as out-parameters. */
+int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *numel,
+                       axc_dtype *dtype, int *device)
+{
+    tensor_view v;
+    if (read_tensor(t, argname, &v) < 0)
+        return -1;
+    *ptr = v.ptr;
+    *numel = v.numel;
+    *dtype = v.dtype;
+    *device = v.device;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ collectives */
+
+/* Starts `c` on group `gk` and returns its Work (async_op) or None once it finished. Steals
+ * `keep` (the tensors that must outlive the collective; may be NULL). Also used by
+ * py_compress.c. */
+PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject *keep,
+                                  int async_op)
+{
+    axc_work *w = NULL;
+    axc_status st;
+    /* without the GIL: a start can block (NCCL connects lazily, on a communicator's first
+     * collective, until the peers issue theirs), and other threads may be the ones to issue */
+    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(g_comm, gk, c, &w);
+    Py_END_ALLOW_THREADS if (st != AXC_OK)
+    {
+        Py_XDECREF(keep);
+        return axc_py_raise(st);
+    }
+    WorkObject *wo = PyObject_New(WorkObject, &WorkType);
+    if (!wo) {
+        axc_work_free(w);
+        Py_XDECREF(keep);
+        return NULL;
+    }
+    wo->work = w;
+    wo->keep = keep;
+    wo->done = 0;
+    if (async_op)
+        return (PyObject *)wo;
+    int rc = work_finish(wo);
+    Py_DECREF(wo);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
 
 /* coll(kind, group, output, input, op, root, stream, async) */
 static PyObject *py_collective(PyObject *self, PyObject *args)
@@ -507,31 +555,7 @@ static PyObject *py_collective(PyObject *self, PyObject *args)
         if (!keep)
             return NULL;
     }
-    axc_work *w = NULL;
-    /* without the GIL: a start can block (NCCL connects lazily, on a communicator's first
-     * collective, until the peers issue theirs), and other threads may be the ones to issue */
-    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(g_comm, gk, &c, &w);
-    Py_END_ALLOW_THREADS if (st != AXC_OK)
-    {
-        Py_XDECREF(keep);
-        return axc_py_raise(st);
-    }
-    WorkObject *wo = PyObject_New(WorkObject, &WorkType);
-    if (!wo) {
-        axc_work_free(w);
-        Py_XDECREF(keep);
-        return NULL;
-    }
-    wo->work = w;
-    wo->keep = keep;
-    wo->done = 0;
-    if (async_op)
-        return (PyObject *)wo;
-    int rc = work_finish(wo);
-    Py_DECREF(wo);
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
+    return axc_py_start_collective(gk, &c, keep, async_op);
 }
 
 /* ------------------------------------------------------------------ stats and build info */
@@ -550,9 +574,13 @@ static PyObject *py_comm_stats(PyObject *self, PyObject *args)
     for (int k = 0; k < AXC_GROUP_COUNT; k++) {
         axc_counters c;
         axc_comm_counters(g_comm, (axc_group_kind)k, &c);
-        PyObject *e = Py_BuildValue("{s:K,s:K,s:K}", "bytes_sent", (unsigned long long)c.bytes_sent,
-                                    "bytes_recv", (unsigned long long)c.bytes_recv, "calls",
-                                    (unsigned long long)c.calls);
+        /* bytes_*: wire bytes; logical_bytes_*: the same traffic uncompressed */
+        PyObject *e = Py_BuildValue(
+            "{s:K,s:K,s:K,s:K,s:K,s:K}", "bytes_sent", (unsigned long long)c.bytes_sent,
+            "bytes_recv", (unsigned long long)c.bytes_recv, "calls", (unsigned long long)c.calls,
+            "logical_bytes_sent", (unsigned long long)c.logical_bytes_sent, "logical_bytes_recv",
+            (unsigned long long)c.logical_bytes_recv, "compressed_calls",
+            (unsigned long long)c.compressed_calls);
         if (!e || PyDict_SetItemString(d, axc_group_name((axc_group_kind)k), e) < 0) {
             Py_XDECREF(e);
             Py_DECREF(d);

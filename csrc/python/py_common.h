@@ -22,6 +22,7 @@ extern PyMethodDef axc_py_linear_methods[];
 extern PyMethodDef axc_py_gemm_methods[];
 extern PyMethodDef axc_py_timeline_methods[];
 extern PyMethodDef axc_py_sched_methods[];
+extern PyMethodDef axc_py_compress_methods[];
 
 /* Types registered on the module (each file adds its own). */
 int axc_py_comm_add_types(PyObject *module);

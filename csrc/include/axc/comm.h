@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "axc/compress.h"
 #include "axc/grid.h"
 #include "axc/status.h"
 
@@ -56,11 +57,31 @@ typedef struct axc_coll {
     int root;     /* broadcast: group rank of the source */
     int device;   /* -1: host memory; >= 0: CUDA device index */
     void *stream; /* CUDA: the stream the buffers are ordered on (torch's current stream) */
+    /* Compressed collective (codec != AXC_CODEC_NONE; float32 all_reduce, reduce_scatter or
+     * all_gather, sum or avg; host buffers on shm, CUDA buffers on nccl): every rank encodes its input once with `codec` in
+     * blocks of `block` elements (0: the default). all_reduce: piece k of ceil(count / G)
+     * elements goes to rank k (an all-to-all of encoded pieces), which decodes and sums them in
+     * fp32 in group-rank order, encodes the sum and all-gathers it; every rank decodes the same
+     * bytes, so all hold bit-identical results. reduce_scatter: the owner's decoded sum is the
+     * result. all_gather: every rank decodes every encoded piece, its own included. A group of
+     * one rank copies exactly. `residual` (NULL: none) is the error feedback, an fp32 buffer of
+     * the send length: the input encoded is send + residual, and residual becomes what the
+     * encoding lost (axc_codec_encode_ef); in an all_reduce the owner of piece k also adds
+     * there what encoding its sum lost (times G for avg), so over steps the results add up to
+     * the exact sums minus the residuals still held. */
+    axc_codec codec;
+    int block;
+    float *residual;
 } axc_coll;
 
 /* Closed-form ring volumes (bytes) one rank of a `G`-rank group sends and receives for `c`.
- * These are the numbers the byte counters add and the communication model predicts. */
+ * These are the numbers the byte counters add and the communication model predicts. A
+ * compressed collective counts its wire bytes: E = the encoded bytes of one piece (all_reduce:
+ * ceil(count / G) elements, else count), (G - 1) * E each way, twice for all_reduce. */
 void axc_coll_volume(const axc_coll *c, int G, int group_rank, uint64_t *sent, uint64_t *recv);
+/* What `c` would move uncompressed (the same as axc_coll_volume when it is not compressed). */
+void axc_coll_logical_volume(const axc_coll *c, int G, int group_rank, uint64_t *sent,
+                             uint64_t *recv);
 
 /* How the job's ranks find each other: a key-value store (torch's c10d store in practice). */
 typedef struct axc_bootstrap {
@@ -137,8 +158,11 @@ int axc_work_done(axc_work *work);
 /* Waits if needed, then frees. */
 void axc_work_free(axc_work *work);
 
+/* bytes_*: what was sent/received (wire bytes, compressed or not); logical_bytes_*: what the
+ * uncompressed collectives would have moved (equal to bytes_* without compression). */
 typedef struct axc_counters {
     uint64_t bytes_sent, bytes_recv, calls;
+    uint64_t logical_bytes_sent, logical_bytes_recv, compressed_calls;
 } axc_counters;
 void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *out);
 void axc_comm_reset_counters(axc_comm *comm);

@@ -21,6 +21,10 @@ enum {
 enum { AXC_CUDA_CAPTURE_NONE = 0 /* cudaStreamCaptureStatusNone */ };
 enum { AXC_CUDA_CAPTURE_MODE_RELAXED = 2 /* cudaStreamCaptureModeRelaxed */ };
 
+struct axc_cuda_dim3 {
+    unsigned x, y, z;
+};
+
 typedef struct axc_cuda_api {
     int runtime_version; /* e.g. 13000 */
     int (*GetDeviceCount)(int *count);
@@ -63,6 +67,15 @@ typedef struct axc_cuda_api {
     /* optional (CUDA >= 12): a stream's id, unique for the process's lifetime (a stream handle
      * may be reused once cudaStreamDestroy returned) */
     int (*StreamGetId)(void *stream, unsigned long long *id);
+    /* optional (CUDA >= 12): kernels of an embedded fatbin (the codec kernels, codec_cuda.c):
+     * cudaLibraryLoadData without options, cudaLibraryGetKernel, and cudaLaunchKernel taking
+     * that kernel handle (dim3 by value: axc_cuda_dim3 has its layout) */
+    int (*LibraryLoadData)(void **library, const void *code, void *jit_options,
+                           void **jit_values, unsigned n_jit, void *lib_options,
+                           void **lib_values, unsigned n_lib);
+    int (*LibraryGetKernel)(void **kernel, void *library, const char *name);
+    int (*LaunchKernel)(const void *func, struct axc_cuda_dim3 grid, struct axc_cuda_dim3 block,
+                        void **args, size_t shared_mem, void *stream);
 } axc_cuda_api;
 
 /* Runtime constants the core relies on (checked against the real headers in cuda_rt.c). */

@@ -159,6 +159,31 @@ static void on_log(int level, const char *msg)
         g_abort_failures++;
 }
 
+/* A compressed collective over NCCL on a group of one rank: an exact stream-ordered copy (no
+ * codec kernel, nothing on the wire: the multi-rank path needs a GPU); refused calls first. */
+static void check_compressed_one_rank(axc_comm *comm, axc_coll c, float *src, float *dst)
+{
+    for (int i = 0; i < 16; i++)
+        src[i] = (float)i * 0.37f - 2.0f;
+    c.send = src;
+    c.recv = dst;
+    c.codec = AXC_CODEC_INT4;
+    axc_work *w = NULL;
+    c.op = AXC_RED_MAX;
+    CHECK(axc_comm_start(comm, AXC_GROUP_DATA, &c, &w) == AXC_ERR_INVALID && !w);
+    c.op = AXC_RED_SUM;
+    axc_comm_reset_counters(comm);
+    CHECK_OK(axc_comm_start(comm, AXC_GROUP_DATA, &c, &w));
+    if (w) {
+        CHECK_OK(axc_work_wait(w));
+        axc_work_free(w);
+    }
+    CHECK(memcmp(src, dst, 16 * sizeof(float)) == 0);
+    axc_counters ctr;
+    axc_comm_counters(comm, AXC_GROUP_DATA, &ctr);
+    CHECK(ctr.compressed_calls == 1 && ctr.bytes_sent == 0 && ctr.logical_bytes_sent == 0);
+}
+
 int main(void)
 {
     axc_set_log_hook(on_log);
@@ -232,6 +257,7 @@ int main(void)
         return ctest_summary("test_nccl_mock");
     int issued = check_follow_after(comm, c, dbuf[1], dbuf[2], dbuf[3]);
     issued += check_waited_on_another_stream(comm, c);
+    check_compressed_one_rank(comm, c, dbuf[1], dbuf[2]);
     axc_comm_destroy(comm);
     cfg.timeout_s = 0.5;
     comm = NULL;

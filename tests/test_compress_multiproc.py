@@ -1,0 +1,60 @@
+"""Compressed collectives on shm (2-8 ranks) and the compression= argument's checks."""
+import pytest
+import torch
+
+from conftest import torchrun
+
+import axonn_c
+from axonn_c import _C
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_compressed_collectives(world):
+    out = torchrun(world, "compress_worker.py", "--sizes", "1,7,1000")
+    assert f"world {world} grid" in out and "identical on every rank" in out
+
+
+@pytest.mark.multiproc
+def test_sub_groups_blocks_and_small_slots():
+    # groups of 2 inside a 2x2 grid, every codec at two block sizes, lengths that need many
+    # rounds of 64 KiB slots, and a simulated link (which counts wire bytes)
+    out = torchrun(4, "compress_worker.py", "--grid", "2,2,1,1", "--sizes", "5,70001",
+                   "--blocks", "32,4096",
+                   env={"AXONN_C_SHM_SLOT_KB": "64", "AXONN_C_SIM_GBPS": "50"})
+    assert "identical on every rank" in out
+
+
+def test_codec_round_trip_in_python():
+    x = torch.linspace(-3, 5, 1001)
+    for codec in ("bf16", "fp8", "int8", "int4"):
+        enc = torch.empty(_C.codec_encoded_bytes(codec, x.numel(), 0), dtype=torch.uint8)
+        _C.codec_encode(codec, 0, x, enc, None)
+        y = torch.empty_like(x)
+        _C.codec_decode(codec, 0, enc, y, False)
+        assert (y - x).abs().max().item() <= 5 / 7 / 2 * 1.001
+
+
+def test_compression_argument_errors(world_of_one):
+    axonn_c.init()
+    x = torch.ones(10)
+    with pytest.raises(ValueError, match=r"unknown compression codec 'int3'.*'int4'"):
+        axonn_c.comm.all_reduce(x, compression="int3")
+    with pytest.raises(ValueError, match=r"unknown compression keys \['blocks'\]"):
+        axonn_c.comm.all_reduce(x, compression={"codec": "int8", "blocks": 64})
+    with pytest.raises(ValueError, match="power of two"):
+        axonn_c.comm.all_reduce(x, compression={"codec": "int8", "block": 48})
+    with pytest.raises(TypeError, match="dtype int64, expected float32"):
+        axonn_c.comm.all_reduce(torch.ones(4, dtype=torch.int64), compression="int8")
+    with pytest.raises(ValueError, match="sum and avg, not max"):
+        axonn_c.comm.all_reduce(x, op="max", compression="int8")
+    with pytest.raises(ValueError, match="residual must be a float32 tensor like the input"):
+        axonn_c.comm.all_reduce(x, compression={"codec": "int4", "error_feedback": torch.zeros(3)})
+    with pytest.raises(TypeError, match="error_feedback must be the float32 residual"):
+        axonn_c.comm.all_reduce(x, compression={"codec": "int4", "error_feedback": True})
+    # a group of one copies exactly; "none" and None are the uncompressed collective
+    y = torch.linspace(0, 1, 10)
+    axonn_c.comm.all_reduce(y, compression="int4")
+    assert torch.equal(y, torch.linspace(0, 1, 10))
+    axonn_c.comm.all_reduce(y, compression={"codec": "none"})
+    assert axonn_c.comm_stats()["world"]["compressed_calls"] == 1
