@@ -200,14 +200,14 @@ def check_scatter_blocks_bounded(sizes, n):
     torch.manual_seed(8)
     model = Net()
     x = torch.randn(2 * n, model.layers[0]._shapes["k_local"])
-    cc = axonn_c.concurrent
+    cc = axonn_c.microbatches
     default, cc.SCATTER_BLOCKS_IN_FLIGHT = cc.SCATTER_BLOCKS_IN_FLIGHT, 1
     try:
         axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
     finally:
         cc.SCATTER_BLOCKS_IN_FLIGHT = default
     axonn_c.sync_gradients(model)
-    st = cc.last_scatters
+    st = cc._memory.last_scatters
     assert st == {"reduce_scatters": len(model.layers), "peak_blocks": 1}, \
         f"rank {g.rank}: {st}, expected {len(model.layers)} reduce-scatters, 1 block held"
     axonn_c.finalize()
