@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import _C
+from . import _C, validate
+from .bootstrap import InitStore
 
 DEFAULT_TIMEOUT_S = 300.0
 GROUPS = ("col", "row", "depth", "data", "intra", "world")
@@ -183,8 +184,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                                         or prefetch_budget <= 0):
         raise ValueError(f"prefetch_budget must be None or a positive number of bytes, got "
                          f"{prefetch_budget!r}")
-    if not isinstance(bucket_size, int) or bucket_size < 1:
-        raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size!r}")
+    validate.check_int("bucket_size (bytes)", bucket_size, 1, 2**40)
+    timeout = validate.timeout_from_env(DEFAULT_TIMEOUT_S) if timeout is None else \
+        validate.check_timeout(timeout)  # before any rank touches the store (issue 28 item 1)
     if not isinstance(cache_weights, bool):
         raise TypeError(f"cache_weights must be a bool, got {cache_weights!r}")
     if (not isinstance(concurrent_microbatches, int) or isinstance(concurrent_microbatches, bool)
@@ -203,8 +205,6 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    if timeout is None:
-        timeout = float(os.environ.get("AXONN_C_TIMEOUT", DEFAULT_TIMEOUT_S))
     if plan is not None:
         if plan != "auto":
             raise ValueError(f"plan={plan!r}: expected 'auto' or None")
@@ -247,17 +247,17 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         cuda_device = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(cuda_device)
     _generation += 1
-    store = dist.PrefixStore(f"axonn_c/{_generation}/", _make_store(rank, world, timeout))
-
-    def store_get(key: str, wait_s: float) -> bytes:
-        store.wait([key], timedelta(seconds=wait_s))
-        return store.get(key)
-
-    _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-            G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
-            G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
-            cuda_device=cuda_device, store_set=store.set, store_get=store_get,
-            channels=_channels(concurrent_microbatches))
+    store = InitStore(dist.PrefixStore(f"axonn_c/{_generation}/",
+                                       _make_store(rank, world, timeout)), rank)
+    try:
+        _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
+                G_inter=G_inter, backend=backend, job_id=f"gen{_generation}", timeout=timeout,
+                cuda_device=cuda_device, store_set=store.set, store_get=store.get,
+                channels=_channels(concurrent_microbatches), store_peer_failed=store.peer_failed)
+    except BaseException as e:  # the peers stop waiting for this rank at once
+        store.publish_failure(e)
+        raise
     global epoch, microbatches
     epoch += 1
     microbatches = concurrent_microbatches

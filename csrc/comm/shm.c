@@ -836,6 +836,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
      * no longer leave anything behind in /dev/shm */
     int64_t deadline = axc_now_ns() + (int64_t)(cfg->timeout_s * 1e9);
     axc_status st = AXC_OK;
+    unsigned polls = 0;
     for (;;) {
         uint32_t n = atomic_load(&b->hdr->attached);
         if (n >= (uint32_t)b->world)
@@ -848,6 +849,9 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
                           n, b->world, cfg->timeout_s);
             break;
         }
+        if (cfg->bootstrap.peer_failed && ++polls % 5 == 0 &&
+            (st = cfg->bootstrap.peer_failed(cfg->bootstrap.ctx)) != AXC_OK)
+            break;
         axc_futex_wait(&b->hdr->attached, n, left < POLL_NS ? left : POLL_NS, 1);
     }
     shm_unlink(b->name);

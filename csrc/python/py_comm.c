@@ -19,8 +19,9 @@ void axc_py_sched_close(void);
 /* ------------------------------------------------------------------ bootstrap over the store */
 
 typedef struct py_store {
-    PyObject *set; /* callable(key: str, value: bytes) */
-    PyObject *get; /* callable(key: str, timeout: float) -> bytes */
+    PyObject *set;         /* callable(key: str, value: bytes) */
+    PyObject *get;         /* callable(key: str, timeout: float) -> bytes */
+    PyObject *peer_failed; /* callable() -> None or the message another rank's init failed with */
 } py_store;
 
 static axc_status store_error(const char *what, const char *key)
@@ -78,6 +79,26 @@ static axc_status store_get(void *ctx, const char *key, void *value, size_t cap,
     return st;
 }
 
+static axc_status store_peer_failed(void *ctx)
+{
+    py_store *ps = ctx;
+    PyGILState_STATE gs = PyGILState_Ensure();
+    axc_status st = AXC_OK;
+    PyObject *r = PyObject_CallNoArgs(ps->peer_failed);
+    if (!r) {
+        st = store_error("check", "error");
+    } else if (r != Py_None) {
+        PyObject *s = PyObject_Str(r);
+        const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+        st = axc_fail(AXC_ERR_PEER, "init failed on another rank: %s", msg ? msg : "?");
+        Py_XDECREF(s);
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    PyGILState_Release(gs);
+    return st;
+}
+
 /* ------------------------------------------------------------------ init / finalize / grid */
 
 static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
@@ -86,16 +107,17 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"rank",   "world_size", "local_rank", "local_world_size",
                              "G_data", "G_intra_r",  "G_intra_c",  "G_intra_d",
                              "G_inter", "backend",   "job_id",     "timeout",
-                             "cuda_device", "store_set", "store_get", "channels", NULL};
+                             "cuda_device", "store_set", "store_get", "channels",
+                             "store_peer_failed", NULL};
     int rank, world, local_rank, local_world, gdata, gr, gc, gd, ginter, cuda_device;
     int channels = 1;
     const char *backend = NULL, *job_id;
     double timeout;
-    py_store ps;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiiiizsdiOO|i", kwlist, &rank, &world,
+    py_store ps = {NULL, NULL, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiiiizsdiOO|iO", kwlist, &rank, &world,
                                      &local_rank, &local_world, &gdata, &gr, &gc, &gd, &ginter,
                                      &backend, &job_id, &timeout, &cuda_device, &ps.set, &ps.get,
-                                     &channels))
+                                     &channels, &ps.peer_failed))
         return NULL;
     if (g_comm) {
         const axc_grid *g = axc_comm_grid(g_comm);
@@ -110,8 +132,9 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
                      gc, gd, channels);
         return NULL;
     }
-    if (timeout <= 0) {
-        PyErr_Format(PyExc_ValueError, "timeout must be > 0 seconds, got %g", timeout);
+    if (!(timeout > 0 && timeout <= AXC_MAX_TIMEOUT_S)) { /* NaN fails too */
+        PyErr_Format(PyExc_ValueError, "timeout must be a finite number of seconds in (0, %.0f], "
+                     "got %g", AXC_MAX_TIMEOUT_S, timeout);
         return NULL;
     }
     axc_comm_config cfg;
@@ -130,6 +153,7 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     cfg.bootstrap.ctx = &ps;
     cfg.bootstrap.set = store_set;
     cfg.bootstrap.get = store_get;
+    cfg.bootstrap.peer_failed = ps.peer_failed != Py_None ? store_peer_failed : NULL;
     axc_comm *comm = NULL;
     Py_BEGIN_ALLOW_THREADS st = axc_comm_create(&comm, &cfg);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
