@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C, concurrent, grads, pipeline, runtime
+from . import _C, concurrent, grads, pipeline, runtime, validate
 from .comm import _stream
 from .runtime import grid
 
@@ -372,7 +372,8 @@ class Linear(nn.Module):
                  transpose: bool = False, skip_bias_add: bool = False, init_method=None,
                  expert_mode: bool = False, device=None, dtype=None):
         super().__init__()
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = validate.check_int("Linear: in_features", in_features, 0, 2**31 - 1)
+        self.out_features = validate.check_int("Linear: out_features", out_features, 0, 2**31 - 1)
         self.transpose, self.skip_bias_add = bool(transpose), bool(skip_bias_add)
         self.expert_mode = bool(expert_mode)
         dtype = dtype or torch.get_default_dtype()
@@ -524,6 +525,7 @@ class Linear(nn.Module):
                              self._shard_shapes["n_local"] if self.expert_mode
                              else self.out_features)
             return (y, self.bias) if self.skip_bias_add else y
+        validate.check_tensor("Linear: input", x, 1)
         s = self._shapes
         want = s["k_local"] if self.expert_mode else self.in_features
         if x.shape[-1] != want:

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import _C, concurrent, grads, runtime
+from . import _C, concurrent, grads, runtime, validate
 
 _state = threading.local()
 
@@ -139,9 +139,7 @@ class Sequential(nn.Sequential):
 
     def __init__(self, *args, chunks: int = 2):
         super().__init__(*args)
-        chunks = int(chunks)
-        if chunks < 1:
-            raise ValueError(f"axonn_c.Sequential: chunks must be >= 1, got {chunks}")
+        chunks = validate.check_int("axonn_c.Sequential: chunks", chunks, 1, 2**16)
         self.chunks = chunks
 
     def _pipelines(self, x) -> bool:
@@ -336,9 +334,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
     from .parallel import no_grad_sync
 
-    micro_batches = int(micro_batches)
-    if micro_batches < 1:
-        raise ValueError(f"forward_backward: micro_batches must be >= 1, got {micro_batches}")
+    micro_batches = validate.check_int("forward_backward: micro_batches", micro_batches, 1)
     inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     if not inputs or not all(isinstance(t, Tensor) and t.dim() >= 1 for t in inputs):
         raise TypeError("forward_backward: inputs must be a tensor or a non-empty tuple of "
@@ -348,6 +344,8 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
         if t.shape[0] != rows:
             raise ValueError(f"forward_backward: every input needs the same dim 0 ({rows}), "
                              f"got {tuple(t.shape)}")
+    validate.check_int(f"forward_backward: micro_batches (at most the batch's {rows} rows)",
+                       micro_batches, 1, rows)  # an empty piece has no loss (issue 28 item 2)
     pieces = list(zip(*(torch.tensor_split(t, micro_batches, dim=0) for t in inputs)))
     # (decided by the model and the grid only, the same on every rank: not by hooks; and not
     # from inside a forward that forward_backward runs)

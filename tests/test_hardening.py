@@ -20,3 +20,13 @@ def test_item1_nonsense_timeout_refused_on_every_rank_with_process_group():
 @pytest.mark.multiproc
 def test_item1_init_failure_on_one_rank_fails_init_everywhere():
     run(2, "one_rank_fails_init")
+
+
+@pytest.mark.multiproc
+def test_item4_resize_during_async_collective_is_safe():
+    run(2, "resize_during_async")
+
+
+@pytest.mark.multiproc
+def test_item6_nested_and_overlapping_refused():
+    run(2, "nested_and_overlapping")

@@ -56,7 +56,66 @@ def one_rank_fails_init():
     axonn_c.finalize()
 
 
-SCENARIOS = {f.__name__: f for f in (bad_timeout_with_pg, one_rank_fails_init)}
+def resize_during_async():
+    """Item 4: resizing the output (or the input) while an async collective writes into it (or
+    reads from it) cannot corrupt memory: the collective works on a private copy taken at the
+    call, and wait() puts the result into the output's current memory (its first elements
+    after a resize_)."""
+    g = axonn_c.init(G_intra_c=world(), timeout=60)
+    n = 1 << 18
+    expect = torch.cat([torch.full((n,), float(r + 1)) for r in range(g.world_size)])
+    for i in range(12):
+        x = torch.full((n,), float(g.rank + 1))
+        out = torch.empty(n * g.world_size)
+        work = axonn_c.comm.all_gather(out, x, async_op=True)
+        moved = out if i % 2 == 0 else x
+        moved.resize_(1 << 22)  # torch frees the old memory now
+        moved.fill_(-1.0)
+        work.wait()
+        assert torch.equal(out[:n * g.world_size], expect)
+        y = torch.ones(n)
+        axonn_c.comm.all_reduce(y, async_op=True).wait()
+        assert torch.equal(y, torch.full((n,), float(g.world_size)))
+    for _ in range(6):  # in place: the same tensor is output and input
+        t = torch.ones(n)
+        work = axonn_c.comm.all_reduce(t, async_op=True)
+        t.resize_(1 << 22)
+        del work  # a dropped handle completes the work too
+        assert torch.equal(t[:n], torch.full((n,), float(g.world_size)))
+    axonn_c.comm.barrier()
+    axonn_c.finalize()
+
+
+def nested_and_overlapping():
+    """Item 6: nested tensors and partially overlapping input/output views are refused with a
+    named error on every rank (no scrambled result); the exact in-place all_reduce still works."""
+    g = axonn_c.init(G_intra_c=world(), timeout=60)
+    G = g.world_size
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    for args in ((nested, torch.ones(4)), (torch.ones(4 * G), nested)):
+        try:
+            axonn_c.comm.all_gather(*args)
+        except TypeError as e:
+            assert "nested" in str(e), e
+        else:
+            raise AssertionError("a nested tensor was accepted")
+    buf = torch.zeros(5 * G)
+    for out, inp in ((buf[:4 * G], buf[4 * G - 2:4 * G + 2]),  # partial overlap
+                     (buf[1:1 + 4 * G], buf[:4])):
+        try:
+            axonn_c.comm.all_gather(out, inp)
+        except ValueError as e:
+            assert "overlap" in str(e), e
+        else:
+            raise AssertionError("overlapping views were accepted")
+    t = torch.ones(8)
+    axonn_c.comm.all_reduce(t)
+    assert torch.equal(t, torch.full((8,), float(G)))
+    axonn_c.finalize()
+
+
+SCENARIOS = {f.__name__: f for f in (bad_timeout_with_pg, one_rank_fails_init,
+                                     resize_during_async, nested_and_overlapping)}
 
 
 def main():
