@@ -2,10 +2,32 @@
 failed init fail init on every rank at once (instead of the others waiting out the timeout)."""
 from __future__ import annotations
 
+import os
 import time
+from datetime import timedelta
 
 ERROR_KEY = "init_error"
 _POLL_S = 0.02  # how often a waiting rank looks for its key and for a peer's error
+
+
+# the MASTER_ADDR/MASTER_PORT store of this process, made at its first init and kept for the
+# later ones (issue 28 item 10): a store per init made rank 0 start and stop a TCP store server
+# on the same port at every cycle, and a peer still talking to the old server failed its init
+# ("Did the remote server shutdown?"). Keys carry the init's generation, so they never clash.
+_env_stores: dict = {}
+
+
+def env_store(rank: int, world: int, timeout: float):
+    """The store built from MASTER_ADDR/MASTER_PORT (torchrun's agent store when present), one
+    per process and address."""
+    import torch.distributed as dist
+
+    key = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], rank, world)
+    if key not in _env_stores:
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world,
+                                           timeout=timedelta(seconds=timeout)))
+        _env_stores[key] = store
+    return _env_stores[key]
 
 
 class InitStore:

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C, validate
-from .bootstrap import InitStore
+from .bootstrap import InitStore, env_store
 
 DEFAULT_TIMEOUT_S = 300.0
 GROUPS = ("col", "row", "depth", "data", "intra", "world")
@@ -135,9 +134,7 @@ def _make_store(rank: int, world: int, timeout: float):
         raise RuntimeError(
             f"WORLD_SIZE={world} but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun "
             "or set them")
-    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world,
-                                       timeout=timedelta(seconds=timeout)))
-    return store
+    return env_store(rank, world, timeout)  # one per process (issue 28 item 10)
 
 
 def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1,

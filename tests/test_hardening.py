@@ -1,8 +1,12 @@
 """Regression tests of issue 28 (hardening): one per numbered item; multi-rank where the bug is
 (tests/workers/hardening_worker.py runs the ranks)."""
+import os
+import subprocess
+import sys
+
 import pytest
 
-from conftest import torchrun
+from conftest import WORKERS, free_port, shm_leftovers, torchrun
 
 
 def run(nproc, scenario, *args, **kw):
@@ -30,3 +34,34 @@ def test_item4_resize_during_async_collective_is_safe():
 @pytest.mark.multiproc
 def test_item6_nested_and_overlapping_refused():
     run(2, "nested_and_overlapping")
+
+
+def by_hand(world, scenario, *args, timeout=600):
+    """Ranks started without torchrun: the store is rank 0's own TCP store server at
+    MASTER_ADDR/MASTER_PORT (no agent store)."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKERS / "hardening_worker.py"), scenario, *map(str, args)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"OK {scenario}" in out, f"rank {rank}:\n{out[-4000:]}"
+    return outs
+
+
+@pytest.mark.multiproc
+def test_item10_many_init_finalize_cycles_without_process_group():
+    before = set(shm_leftovers())
+    by_hand(2, "init_cycles", 120)
+    torchrun(2, "hardening_worker.py", "init_cycles", 40)  # the agent store too
+    assert not set(shm_leftovers()) - before
+
+
+@pytest.mark.multiproc
+def test_item13_bench_skip_comm_on_the_easy_layout():
+    run(2, "bench_skip_comm", env={"AXONN_C_BENCH_SKIP": "comm"})

@@ -114,8 +114,36 @@ def nested_and_overlapping():
     axonn_c.finalize()
 
 
+def init_cycles(n="100"):
+    """Item 10: many init/finalize cycles without a torch process group (the store comes from
+    MASTER_ADDR/MASTER_PORT) keep working."""
+    for i in range(int(n)):
+        g = axonn_c.init(G_intra_c=world(), timeout=60)
+        x = torch.full((4,), float(i))
+        axonn_c.comm.all_reduce(x)
+        assert torch.equal(x, torch.full((4,), float(i * g.world_size))), (i, x)
+        axonn_c.finalize()
+
+
+def bench_skip_comm():
+    """Item 13: AXONN_C_BENCH_SKIP=comm (set by the test) on the easy layout runs the layer
+    without communication instead of reading an unfilled token-count array."""
+    assert os.environ.get("AXONN_C_BENCH_SKIP") == "comm"
+    for sizes in (dict(G_intra_c=world()), dict(G_intra_r=world()),
+                  dict(G_intra_d=world())):
+        axonn_c.init(timeout=60, **sizes)
+        layer = axonn_c.Linear(16, 16)
+        for rows in (4, 3):
+            x = torch.randn(rows, 16, requires_grad=True)
+            y = layer(x)
+            assert y.shape == (rows, 16), y.shape
+            y.sum().backward()
+        axonn_c.finalize()
+
+
 SCENARIOS = {f.__name__: f for f in (bad_timeout_with_pg, one_rank_fails_init,
-                                     resize_during_async, nested_and_overlapping)}
+                                     resize_during_async, nested_and_overlapping, init_cycles,
+                                     bench_skip_comm)}
 
 
 def main():
