@@ -65,3 +65,21 @@ def test_item10_many_init_finalize_cycles_without_process_group():
 @pytest.mark.multiproc
 def test_item13_bench_skip_comm_on_the_easy_layout():
     run(2, "bench_skip_comm", env={"AXONN_C_BENCH_SKIP": "comm"})
+
+
+@pytest.mark.multiproc
+def test_item12_stale_segment_of_a_dead_process_removed_at_next_init():
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process now
+    name = f"axonn_c.{dead.pid}.0.deadbeef"
+    live = f"axonn_c.{os.getpid()}.0.livebeef"  # this process is alive: kept
+    for n in (name, live):
+        with open(f"/dev/shm/{n}", "wb") as f:
+            f.write(b"\0" * 4096)
+    try:
+        run(2, "stale_segment_swept", name)
+        assert os.path.exists(f"/dev/shm/{live}")
+    finally:
+        for n in (name, live):
+            if os.path.exists(f"/dev/shm/{n}"):
+                os.unlink(f"/dev/shm/{n}")

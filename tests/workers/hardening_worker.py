@@ -141,9 +141,18 @@ def bench_skip_comm():
         axonn_c.finalize()
 
 
+def stale_segment_swept(name):
+    """Item 12: a segment left in /dev/shm by a dead rank 0 (the test made `name`, with a dead
+    pid in it) is removed by the next init; live processes' segments are not touched."""
+    axonn_c.init(G_intra_c=world(), timeout=60)
+    axonn_c.comm.barrier()  # rank 0 swept before it published its segment
+    assert not os.path.exists(f"/dev/shm/{name}"), name
+    axonn_c.finalize()
+
+
 SCENARIOS = {f.__name__: f for f in (bad_timeout_with_pg, one_rank_fails_init,
                                      resize_during_async, nested_and_overlapping, init_cycles,
-                                     bench_skip_comm)}
+                                     bench_skip_comm, stale_segment_swept)}
 
 
 def main():
