@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C, concurrent, grads, pipeline, runtime, validate
+from . import _C, concurrent, grads, pipeline, replicate, runtime, validate
 from .comm import _stream
 from .runtime import grid
 
@@ -396,6 +396,7 @@ class Linear(nn.Module):
             full_b = torch.empty(self.out_features, dtype=torch.float32)
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             nn.init.uniform_(full_b, -bound, bound)
+        replicate.same_full_init(full_w, full_b)  # one draw on every rank (issue 28 item 5)
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
         if bias:
             self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))

@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import comm, grads, runtime, validate
+from . import comm, grads, replicate, runtime, validate
 from .linear import Linear
 from .runtime import grid
 
@@ -162,6 +162,7 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     if any(not hasattr(m.weight, "_axonn_norm_groups") for m in _axonn_layers(model)):
         tag_norm_groups(model)  # for clip_grad_norm_, which sees parameters only
     replicated = _replicated_groups(expert)
+    replicate.same_replicated_state(model, replicated)  # first call: as DDP does (issue 28 item 5)
     scale = 1.0 / _token_shards(expert) if mean else None
     if scale == 1.0:
         scale = None

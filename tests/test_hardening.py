@@ -83,3 +83,8 @@ def test_item12_stale_segment_of_a_dead_process_removed_at_next_init():
         for n in (name, live):
             if os.path.exists(f"/dev/shm/{n}"):
                 os.unlink(f"/dev/shm/{n}")
+
+
+@pytest.mark.multiproc
+def test_item5_replicated_state_identical_without_a_common_seed():
+    run(2, "no_common_seed")

@@ -150,9 +150,37 @@ def stale_segment_swept(name):
     axonn_c.finalize()
 
 
+def no_common_seed():
+    """Item 5: ranks whose random streams differ when the model is built (no common seed) end
+    with one model: full_state_dict is the same on every rank and the outputs are the serial
+    model's (loaded from it), for the Linear's replicated bias and a plain LayerNorm."""
+    for sizes in (dict(G_intra_c=world()), dict(G_intra_r=world()), dict(G_data=world())):
+        g = axonn_c.init(timeout=60, **sizes)
+        torch.manual_seed(1000 + g.rank)  # different on every rank
+        torch.randn(g.rank * 7 + 1)  # and a rank-dependent number of draws
+        model = torch.nn.Sequential(axonn_c.Linear(8, 16), torch.nn.LayerNorm(16),
+                                    axonn_c.Linear(16, 8, transpose=True))
+        with torch.no_grad():  # LayerNorm differs per rank, as after rank-dependent init
+            model[1].weight.add_(torch.randn(16))
+        x = torch.ones(4, 8) * torch.arange(8.0)
+        model(x).sum().backward()
+        axonn_c.sync_gradients(model)
+        sd = axonn_c.full_state_dict(model)
+        for k, v in sd.items():
+            ref = v.clone().contiguous()
+            axonn_c.comm.broadcast(ref, src=0)
+            assert torch.equal(ref, v), (sizes, k, (ref - v).abs().max())
+        serial = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                                     torch.nn.Linear(16, 8))
+        serial.load_state_dict(sd)
+        with torch.no_grad():
+            assert torch.allclose(model(x), serial(x), atol=1e-5), sizes
+        axonn_c.finalize()
+
+
 SCENARIOS = {f.__name__: f for f in (bad_timeout_with_pg, one_rank_fails_init,
                                      resize_during_async, nested_and_overlapping, init_cycles,
-                                     bench_skip_comm, stale_segment_swept)}
+                                     bench_skip_comm, stale_segment_swept, no_common_seed)}
 
 
 def main():
