@@ -2,6 +2,7 @@
 failed init fail init on every rank at once (instead of the others waiting out the timeout)."""
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from datetime import timedelta
@@ -15,6 +16,8 @@ _POLL_S = 0.02  # how often a waiting rank looks for its key and for a peer's er
 # on the same port at every cycle, and a peer still talking to the old server failed its init
 # ("Did the remote server shutdown?"). Keys carry the init's generation, so they never clash.
 _env_stores: dict = {}
+# dropped before the interpreter tears down, while torch can still stop a server's thread
+atexit.register(_env_stores.clear)
 
 
 def env_store(rank: int, world: int, timeout: float):

@@ -328,7 +328,8 @@ static void work_dealloc(WorkObject *self)
         PyErr_Restore(type, value, tb);
     }
     Py_XDECREF(self->keep);
-    free(self->stage); /* (only a timed-out work the backend still owns keeps it) */
+    if (self->done || !self->work)
+        free(self->stage); /* else the backend may still write into it after a timeout: leaked */
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
