@@ -3,6 +3,9 @@ stalled during training, and a long soak.
 
     python benchmarks/reliability.py --kills 20 --stalls 5 --soak-steps 1000 --world 4
 
+(the trials and the soak can run as separate invocations: --kills 0 --stalls 0, or
+--soak-steps 0)
+
 - kill: a training job of --world ranks (launched by hand, shm backend); after a random delay
   one random rank gets SIGKILL; every survivor must raise CommError; reported: the time from
   the kill to each survivor's raise.
@@ -55,6 +58,8 @@ def worker(mode, timeout, steps):
     import faulthandler
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     world = int(os.environ["WORLD_SIZE"])
+    import torch._dynamo  # noqa: F401  (the first step's lazy import: seconds on a busy machine)
+
     axonn_c.init(G_intra_c=world, timeout=timeout)
     if mode == "train":  # the first steps import torch's lazy modules (seconds, not training)
         _train_forever(3)
@@ -81,6 +86,9 @@ def _port():
         return s.getsockname()[1]
 
 
+LAUNCHED = []  # pids of every worker started (their segments are the ones to account for)
+
+
 def launch(world, mode, timeout, steps=0):
     port = _port()
     procs = []
@@ -92,6 +100,7 @@ def launch(world, mode, timeout, steps=0):
             [sys.executable, __file__, "--worker", mode, "--timeout", str(timeout),
              "--soak-steps", str(steps)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    LAUNCHED.extend(p.pid for p in procs)
     for p in procs:
         line = p.stdout.readline()
         assert "READY" in line, line + p.stdout.read()
@@ -145,7 +154,7 @@ def main():
     ap.add_argument("--stalls", type=int, default=2)
     ap.add_argument("--soak-steps", type=int, default=300)
     ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -183,7 +192,8 @@ def main():
                            "rss_mib_max": round(max(rss), 1), "fds_per_rank": fds,
                            "threads_per_rank": threads}
         ok &= all(len(v) == 1 for v in fds + threads)
-    left = {n for n in os.listdir("/dev/shm") if n.startswith("axonn_c.")} - before
+    left = {n for n in os.listdir("/dev/shm") if n.startswith("axonn_c.")
+            and n.split(".")[1] in {str(p) for p in LAUNCHED}} - before  # (other jobs' not)
     summary["segments_left"] = sorted(left)
     ok &= not left
     print("SUMMARY " + json.dumps(summary), flush=True)
