@@ -334,7 +334,9 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
     from .parallel import no_grad_sync
 
-    micro_batches = validate.check_int("forward_backward: micro_batches", micro_batches, 1)
+    # (bounded: 2**31 pieces never returned; more pieces than rows stay allowed, ranks with
+    # uneven batches must take the same path)
+    micro_batches = validate.check_int("forward_backward: micro_batches", micro_batches, 1, 2**16)
     inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     if not inputs or not all(isinstance(t, Tensor) and t.dim() >= 1 for t in inputs):
         raise TypeError("forward_backward: inputs must be a tensor or a non-empty tuple of "
@@ -344,8 +346,6 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
         if t.shape[0] != rows:
             raise ValueError(f"forward_backward: every input needs the same dim 0 ({rows}), "
                              f"got {tuple(t.shape)}")
-    validate.check_int(f"forward_backward: micro_batches (at most the batch's {rows} rows)",
-                       micro_batches, 1, rows)  # an empty piece has no loss (issue 28 item 2)
     pieces = list(zip(*(torch.tensor_split(t, micro_batches, dim=0) for t in inputs)))
     # (decided by the model and the grid only, the same on every rank: not by hooks; and not
     # from inside a forward that forward_backward runs)

@@ -58,7 +58,7 @@ def test_item6_nested_refused_at_one_rank():
         axonn_c.comm.all_gather(buf[:4], buf[2:6])
 
 
-@pytest.mark.parametrize("mb", [2**31, 5, 0, "2", 1.5, True])
+@pytest.mark.parametrize("mb", [2**31, 2**17, 0, "2", 1.5, True])
 def test_item2_micro_batches_checked(mb):
     axonn_c.init()
     model = torch.nn.Linear(3, 1)
