@@ -27,6 +27,8 @@ from torch import Tensor, nn
 
 from torch.nn.modules import module as M
 
+from . import validate
+
 from . import _C, grads
 from .grads import no_grad_sync
 from .linear import HOLD_BWD, HOLD_CHUNK, HOLD_FWD, Linear
@@ -123,9 +125,7 @@ class Sequential(nn.Sequential):
 
     def __init__(self, *args, chunks: int = 2):
         super().__init__(*args)
-        chunks = int(chunks)
-        if chunks < 1:
-            raise ValueError(f"axonn_c.Sequential: chunks must be >= 1, got {chunks}")
+        chunks = validate.check_int("axonn_c.Sequential: chunks", chunks, 1, 2**16)
         self.chunks = chunks
 
     def _pipelines(self, x) -> bool:
@@ -314,9 +314,9 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     backward's GEMMs. Other models run the pieces one after the other.
 
     `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
-    micro_batches = int(micro_batches)
-    if micro_batches < 1:
-        raise ValueError(f"forward_backward: micro_batches must be >= 1, got {micro_batches}")
+    # (bounded: 2**31 pieces never returned; more pieces than rows stay allowed, ranks with
+    # uneven batches must take the same path)
+    micro_batches = validate.check_int("forward_backward: micro_batches", micro_batches, 1, 2**16)
     inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     if not inputs or not all(isinstance(t, Tensor) and t.dim() >= 1 for t in inputs):
         raise TypeError("forward_backward: inputs must be a tensor or a non-empty tuple of "

@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import _C, comm, grads
+from . import _C, comm, grads, replicate, validate
 from .comm import _stream
 from .state import OVERLAP_KNOBS, grid, grid_sizes, microbatch_active, refuse_cuda, session
 
@@ -440,7 +440,8 @@ class Linear(nn.Module):
                  transpose: bool = False, skip_bias_add: bool = False, init_method=None,
                  expert_mode: bool = False, device=None, dtype=None):
         super().__init__()
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = validate.check_int("Linear: in_features", in_features, 0, 2**31 - 1)
+        self.out_features = validate.check_int("Linear: out_features", out_features, 0, 2**31 - 1)
         self.transpose, self.skip_bias_add = bool(transpose), bool(skip_bias_add)
         self.expert_mode = bool(expert_mode)
         dtype = dtype or torch.get_default_dtype()
@@ -463,6 +464,7 @@ class Linear(nn.Module):
             full_b = torch.empty(self.out_features, dtype=torch.float32)
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             nn.init.uniform_(full_b, -bound, bound)
+        replicate.same_full_init(full_w, full_b)  # one draw on every rank (issue 28 item 5)
         self.weight = nn.Parameter(torch.empty(s["shard"], device=device, dtype=dtype))
         if bias:
             self.bias = nn.Parameter(torch.empty(s["n_local"], device=device, dtype=dtype))
@@ -621,6 +623,7 @@ class Linear(nn.Module):
                              self._shard_shapes["n_local"] if self.expert_mode
                              else self.out_features)
             return (y, self.bias) if self.skip_bias_add else y
+        validate.check_tensor("Linear: input", x, 1)
         s = self._shapes
         want = s["k_local"] if self.expert_mode else self.in_features
         if x.shape[-1] != want:

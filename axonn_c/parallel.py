@@ -23,7 +23,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import comm, grads
+from . import comm, grads, replicate, validate
 from .grads import no_grad_sync
 from .linear import Linear
 from .state import configure_scheduler, grid, group_size, is_initialized, session
@@ -138,6 +138,8 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     call only scales: Linear weights and biases from the first step, the model's other
     parameters from the second (this call registers their gradient hooks, axonn_c/grads.py).
     """
+    validate.check_grad_attr(validate.check_module("sync_gradients: model", model),
+                             gradient_attr_name)
     grid()  # raises before init(): without a grid nothing would be summed
     if not session.grad_sync_enabled:
         return
@@ -146,6 +148,7 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     if any(not hasattr(m.weight, "_axonn_norm_groups") for m in _axonn_layers(model)):
         tag_norm_groups(model)  # for clip_grad_norm_, which sees parameters only
     replicated = _replicated_groups(expert)
+    replicate.same_replicated_state(model, replicated)  # first call: as DDP does (issue 28 item 5)
     scale = 1.0 / _token_shards(expert) if mean else None
     if scale == 1.0:
         scale = None
@@ -222,10 +225,10 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     rank holds the same values after sync_gradients) contributes once.
     """
     del foreach
-    if isinstance(parameters, Tensor):
-        parameters = [parameters]
+    parameters = validate.check_params("clip_grad_norm_: parameters", parameters)
+    validate.check_number("clip_grad_norm_: max_norm", max_norm, finite=True)
     params = [p for p in parameters if p.grad is not None]
-    norm_type = float(norm_type)
+    norm_type = validate.check_number("clip_grad_norm_: norm_type", norm_type, positive=True)
     g = grid()
     if params:
         device, dtype = params[0].grad.device, torch.float32
@@ -272,7 +275,7 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
     serial shapes ([out, in] and [out]) on every rank: exactly the state dict of the serial model
     in which nn.Linear stands for axonn_c.Linear, loadable by it (or by this model, through
     load_state_dict). Collective: call on every rank."""
-    sd = model.state_dict(prefix=prefix)
+    sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
     full = OrderedDict()
     layers = {prefix + name: m for name, m in model.named_modules() if isinstance(m, Linear)}
     gathered: Dict[str, Tensor] = {}

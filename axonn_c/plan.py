@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 import time
@@ -366,8 +367,9 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: missing {', '.join(missing)}", file=sys.stderr)
         return 2
-    if args.top < 1:
-        print(f"error: --top must be >= 1, got {args.top}", file=sys.stderr)
+    bad = _bad_cli_numbers(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     try:
         t0 = time.perf_counter()
@@ -399,15 +401,38 @@ def main(argv=None) -> int:
     print(format_table(entries, args.top))
     if not n_fit:
         print("no grid fits in memory; the table shows the closest ones", file=sys.stderr)
-    if args.json:
-        write_json(entries, args.json)
-    if args.csv:
-        write_csv(entries, args.csv)
-    if args.plot:
-        write_plot(entries, args.plot, args.top,
-                   f"{params / 1e9:.0f}B-parameter transformer on {args.gpus} GPUs of "
-                   f"{prof['name']}: predicted communication per step")
+    try:
+        if args.json:
+            write_json(entries, args.json)
+        if args.csv:
+            write_csv(entries, args.csv)
+        if args.plot:
+            write_plot(entries, args.plot, args.top,
+                       f"{params / 1e9:.0f}B-parameter transformer on {args.gpus} GPUs of "
+                       f"{prof['name']}: predicted communication per step")
+    except OSError as e:
+        print(f"error: cannot write the output: {e}", file=sys.stderr)
+        return 2
     return 0 if n_fit else 1
+
+
+# (name, lowest, highest) of the CLI's integer options; the model computes in int64, so sizes are
+# bounded well below its overflow
+_CLI_INT_RANGES = (("layers", 1, 2**20), ("hidden", 1, 2**24), ("heads", 1, 2**20),
+                   ("ffn", 1, 2**26), ("vocab", 0, 2**26), ("seq", 1, 2**24),
+                   ("global_batch", 1, 2**30), ("micro_batch", 0, 2**30), ("grad_acc", 1, 2**20),
+                   ("gpus", 1, 2**20), ("fwd_chunks", 1, 64), ("top", 1, 2**20))
+
+
+def _bad_cli_numbers(args) -> str | None:
+    """What is wrong with the CLI's numbers (named as the option), or None."""
+    for name, lo, hi in _CLI_INT_RANGES:
+        value = getattr(args, name)
+        if value is not None and not lo <= value <= hi:
+            return f"--{name.replace('_', '-')} must be in [{lo}, {hi}], got {value}"
+    if not (math.isfinite(args.compress_data) and args.compress_data > 0):
+        return f"--compress-data must be a finite ratio > 0, got {args.compress_data}"
+    return None
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@ lives in axonn_c/state.py)."""
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from . import _C, grads, microbatches
+from . import _C, grads, microbatches, validate
+from .bootstrap import InitStore, env_store
 from .state import Grid, configure_scheduler, grid, is_initialized, session
 
 __all__ = ["init", "finalize", "grid", "is_initialized", "Grid", "comm_stats",
@@ -45,9 +45,7 @@ def _make_store(rank: int, world: int, timeout: float):
         raise RuntimeError(
             f"WORLD_SIZE={world} but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun "
             "or set them")
-    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world,
-                                       timeout=timedelta(seconds=timeout)))
-    return store
+    return env_store(rank, world, timeout)  # one per process (issue 28 item 10)
 
 
 def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1,
@@ -83,7 +81,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     `concurrent_microbatches=n` (> 1) opens n + 3 independent channels of every group, so that
     axonn_c.run_concurrent() can run n micro-batches at once in threads, one micro-batch's
     GEMMs hiding the others' collectives, while the caller sums finished gradients
-    (axonn_c/concurrent.py). Host tensors only: the extra channels open no NCCL communicators.
+    (axonn_c/microbatches.py). Host tensors only: the extra channels open no NCCL communicators.
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")
@@ -95,8 +93,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                                         or prefetch_budget <= 0):
         raise ValueError(f"prefetch_budget must be None or a positive number of bytes, got "
                          f"{prefetch_budget!r}")
-    if not isinstance(bucket_size, int) or bucket_size < 1:
-        raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size!r}")
+    validate.check_int("bucket_size (bytes)", bucket_size, 1, 2**40)
+    timeout = validate.timeout_from_env(DEFAULT_TIMEOUT_S) if timeout is None else \
+        validate.check_timeout(timeout)  # before any rank touches the store (issue 28 item 1)
     if not isinstance(cache_weights, bool):
         raise TypeError(f"cache_weights must be a bool, got {cache_weights!r}")
     if (not isinstance(concurrent_microbatches, int) or isinstance(concurrent_microbatches, bool)
@@ -113,8 +112,6 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    if timeout is None:
-        timeout = float(os.environ.get("AXONN_C_TIMEOUT", DEFAULT_TIMEOUT_S))
     if plan is not None:
         if plan != "auto":
             raise ValueError(f"plan={plan!r}: expected 'auto' or None")
@@ -162,17 +159,17 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         torch.cuda.set_device(cuda_device)
     session.generation += 1
     gen = session.generation
-    store = dist.PrefixStore(f"axonn_c/{gen}/", _make_store(rank, world, timeout))
-
-    def store_get(key: str, wait_s: float) -> bytes:
-        store.wait([key], timedelta(seconds=wait_s))
-        return store.get(key)
-
-    _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-            G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
-            G_inter=G_inter, backend=backend, job_id=f"gen{gen}", timeout=timeout,
-            cuda_device=cuda_device, store_set=store.set, store_get=store_get,
-            channels=_channels(concurrent_microbatches))
+    store = InitStore(dist.PrefixStore(f"axonn_c/{gen}/", _make_store(rank, world, timeout)),
+                      rank)
+    try:
+        _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
+                G_inter=G_inter, backend=backend, job_id=f"gen{gen}", timeout=timeout,
+                cuda_device=cuda_device, store_set=store.set, store_get=store.get,
+                channels=_channels(concurrent_microbatches), store_peer_failed=store.peer_failed)
+    except BaseException as e:  # the peers stop waiting for this rank at once
+        store.publish_failure(e)
+        raise
     session.epoch += 1
     session.microbatches = concurrent_microbatches
     _set_placement()

@@ -52,6 +52,9 @@ class Session:
     # not marked on the tensor: a weak reference attribute would make the model unpicklable
     # (torch.save), and a deepcopy or an unpickled copy has the attributes but none of the hooks
     hooked: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
+    # (MASTER_ADDR, MASTER_PORT, rank, world) -> the store built from them, kept for later
+    # inits (axonn_c/bootstrap.py)
+    env_stores: dict = field(default_factory=dict)
     # the run_concurrent call running now (microbatches.py), or None: its shared depth traffic
     concurrent_call: object = None
     # per thread: `microbatch` (index) and `uses` on a run_concurrent thread; `hold_target`,

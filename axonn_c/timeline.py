@@ -22,7 +22,7 @@ import sys
 from types import MappingProxyType
 from typing import Iterable, List, Optional
 
-from . import _C
+from . import _C, validate
 from .state import grid
 
 __all__ = ["start", "stop", "clear", "enabled", "summary", "spans", "export", "merge", "compute",
@@ -58,7 +58,11 @@ def now_ns() -> int:
 
 def record_compute(name: str, t0_ns: int, t1_ns: int, nbytes: int = 0) -> None:
     """Records a compute span [t0_ns, t1_ns) measured with now_ns() (no-op when not recording)."""
-    _C.timeline_record_compute(name, int(t0_ns), int(t1_ns), int(nbytes))
+    if not isinstance(name, str):
+        raise TypeError(f"record_compute: name must be a str, got {type(name).__name__}")
+    _C.timeline_record_compute(name, validate.check_int("record_compute: t0_ns", t0_ns, 0),
+                               validate.check_int("record_compute: t1_ns", t1_ns, 0),
+                               validate.check_int("record_compute: nbytes", nbytes, 0, 2**63 - 1))
 
 
 @contextlib.contextmanager
@@ -101,6 +105,11 @@ def _rank_world():
 
 def _rank_path(path: str, rank: int, world: int) -> str:
     path = os.fspath(path)
+    # a path naming no file ('', a directory, a device) would become './.rank0', '/.rank0' or
+    # '/dev/full.rank0' at several ranks: refuse it
+    if not isinstance(path, str) or not path or path.endswith(os.sep) or os.path.isdir(path) \
+            or (os.path.exists(path) and not os.path.isfile(path)):
+        raise ValueError(f"timeline.export: path must name a file to write, got {path!r}")
     if "{rank}" in path:
         return path.replace("{rank}", str(rank))
     if world <= 1:

@@ -177,6 +177,9 @@ axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg)
     if (cfg->rank < 0 || cfg->rank >= cfg->grid.world_size)
         return axc_fail(AXC_ERR_INVALID, "rank %d is outside the world of %d ranks", cfg->rank,
                         cfg->grid.world_size);
+    if (!(cfg->timeout_s > 0 && cfg->timeout_s <= AXC_MAX_TIMEOUT_S)) /* NaN fails too */
+        return axc_fail(AXC_ERR_INVALID, "timeout must be in (0, %.0f] seconds, got %g",
+                        AXC_MAX_TIMEOUT_S, cfg->timeout_s);
     axc_comm *comm = calloc(1, sizeof *comm);
     if (!comm)
         return axc_fail(AXC_ERR_NOMEM, "out of memory creating the communicator");

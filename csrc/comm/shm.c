@@ -9,6 +9,7 @@
  * staged through pinned host memory. A dead or late peer fails the op on every rank within the
  * timeout; a peer that runs a different collective (out of step: another kind, length, dtype,
  * op or root) fails it on every rank at the collective's first barrier. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -817,6 +818,39 @@ static double env_double(const char *name, double dflt)
     return end != v ? d : dflt;
 }
 
+/* Removes /dev/shm/axonn_c.<pid>.* segments of this user whose creator (the pid in the name) no
+ * longer exists: a rank 0 killed while it waited in init for the others to attach left its
+ * segment there (issue 28 item 12). Names are unlinked once every rank attached, so a live
+ * job's segment is named only during its init, and its creator is alive then. */
+static void sweep_stale_segments(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "axonn_c.", 8) != 0)
+            continue;
+        char *end;
+        long pid = strtol(e->d_name + 8, &end, 10);
+        if (end == e->d_name + 8 || *end != '.' || pid <= 0)
+            continue;
+        struct stat stt;
+        char path[320];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (stat(path, &stt) != 0 || stt.st_uid != geteuid())
+            continue;
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            char name[300];
+            snprintf(name, sizeof name, "/%s", e->d_name);
+            if (shm_unlink(name) == 0)
+                axc_log(1, "removed the shared-memory segment %s of the dead process %ld", name,
+                        pid);
+        }
+    }
+    closedir(d);
+}
+
 static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
 {
     /* a slot per rank for every lane (channel, kind) whose groups have more than one rank: the
@@ -851,6 +885,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     int fd = -1;
     if (b->rank == 0) {
         static _Atomic unsigned counter = 0;
+        sweep_stale_segments();
         snprintf(b->name, sizeof b->name, "/axonn_c.%d.%u.%lx%s%s", (int)getpid(),
                  atomic_fetch_add(&counter, 1), (unsigned long)axc_now_ns(),
                  tag && *tag ? "." : "", tag && *tag ? tag : "");
@@ -924,6 +959,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
      * no longer leave anything behind in /dev/shm */
     int64_t deadline = axc_now_ns() + (int64_t)(cfg->timeout_s * 1e9);
     axc_status st = AXC_OK;
+    unsigned polls = 0;
     for (;;) {
         uint32_t n = atomic_load(&b->hdr->attached);
         if (n >= (uint32_t)b->world)
@@ -936,6 +972,9 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
                           n, b->world, cfg->timeout_s);
             break;
         }
+        if (cfg->bootstrap.peer_failed && ++polls % 5 == 0 &&
+            (st = cfg->bootstrap.peer_failed(cfg->bootstrap.ctx)) != AXC_OK)
+            break;
         axc_futex_wait(&b->hdr->attached, n, left < POLL_NS ? left : POLL_NS, 1);
     }
     shm_unlink(b->name);

@@ -777,6 +777,8 @@ axc_status axc_linear_plane_tokens(axc_comm *comm, const axc_linear_desc *d, int
     int64_t counts[4096];
     if (n > 4096)
         return axc_fail(AXC_ERR_INVALID, "intra group of %d ranks exceeds 4096", n);
+    for (int i = 0; i < n; i++) /* what a skipped gather (AXONN_C_BENCH_SKIP=comm) leaves */
+        counts[i] = t;
     if (device >= 0 && !axc_comm_host_collectives(comm))
         AXC_TRY(gather_counts_on_device(comm, device, stream, t, counts, n));
     else

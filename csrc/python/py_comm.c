@@ -2,6 +2,7 @@
  * the core with the GIL released. The one communicator of the process lives here. */
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "axc/comm.h"
@@ -19,8 +20,9 @@ void axc_py_sched_close(void);
 /* ------------------------------------------------------------------ bootstrap over the store */
 
 typedef struct py_store {
-    PyObject *set; /* callable(key: str, value: bytes) */
-    PyObject *get; /* callable(key: str, timeout: float) -> bytes */
+    PyObject *set;         /* callable(key: str, value: bytes) */
+    PyObject *get;         /* callable(key: str, timeout: float) -> bytes */
+    PyObject *peer_failed; /* callable() -> None or the message another rank's init failed with */
 } py_store;
 
 static axc_status store_error(const char *what, const char *key)
@@ -78,6 +80,26 @@ static axc_status store_get(void *ctx, const char *key, void *value, size_t cap,
     return st;
 }
 
+static axc_status store_peer_failed(void *ctx)
+{
+    py_store *ps = ctx;
+    PyGILState_STATE gs = PyGILState_Ensure();
+    axc_status st = AXC_OK;
+    PyObject *r = PyObject_CallNoArgs(ps->peer_failed);
+    if (!r) {
+        st = store_error("check", "error");
+    } else if (r != Py_None) {
+        PyObject *s = PyObject_Str(r);
+        const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+        st = axc_fail(AXC_ERR_PEER, "init failed on another rank: %s", msg ? msg : "?");
+        Py_XDECREF(s);
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    PyGILState_Release(gs);
+    return st;
+}
+
 /* ------------------------------------------------------------------ init / finalize / grid */
 
 static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
@@ -86,16 +108,17 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"rank",   "world_size", "local_rank", "local_world_size",
                              "G_data", "G_intra_r",  "G_intra_c",  "G_intra_d",
                              "G_inter", "backend",   "job_id",     "timeout",
-                             "cuda_device", "store_set", "store_get", "channels", NULL};
+                             "cuda_device", "store_set", "store_get", "channels",
+                             "store_peer_failed", NULL};
     int rank, world, local_rank, local_world, gdata, gr, gc, gd, ginter, cuda_device;
     int channels = 1;
     const char *backend = NULL, *job_id;
     double timeout;
-    py_store ps;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiiiizsdiOO|i", kwlist, &rank, &world,
+    py_store ps = {NULL, NULL, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiiiiizsdiOO|iO", kwlist, &rank, &world,
                                      &local_rank, &local_world, &gdata, &gr, &gc, &gd, &ginter,
                                      &backend, &job_id, &timeout, &cuda_device, &ps.set, &ps.get,
-                                     &channels))
+                                     &channels, &ps.peer_failed))
         return NULL;
     if (g_comm) {
         const axc_grid *g = axc_comm_grid(g_comm);
@@ -110,8 +133,9 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
                      gc, gd, channels);
         return NULL;
     }
-    if (timeout <= 0) {
-        PyErr_Format(PyExc_ValueError, "timeout must be > 0 seconds, got %g", timeout);
+    if (!(timeout > 0 && timeout <= AXC_MAX_TIMEOUT_S)) { /* NaN fails too */
+        PyErr_Format(PyExc_ValueError, "timeout must be a finite number of seconds in (0, %.0f], "
+                     "got %g", AXC_MAX_TIMEOUT_S, timeout);
         return NULL;
     }
     axc_comm_config cfg;
@@ -130,6 +154,7 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     cfg.bootstrap.ctx = &ps;
     cfg.bootstrap.set = store_set;
     cfg.bootstrap.get = store_get;
+    cfg.bootstrap.peer_failed = ps.peer_failed != Py_None ? store_peer_failed : NULL;
     axc_comm *comm = NULL;
     Py_BEGIN_ALLOW_THREADS st = axc_comm_create(&comm, &cfg);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
@@ -242,9 +267,16 @@ static PyObject *py_grid_members(PyObject *self, PyObject *args)
 
 typedef struct {
     PyObject_HEAD axc_work *work;
-    PyObject *keep; /* tensors that must outlive the collective */
+    PyObject *keep; /* tensors that must outlive the collective; keep[0] is the output */
     int done;
+    /* an async host collective works on this private copy (malloc'd: input, then output unless
+     * in place), so that resizing or swapping the tensors' storage while it runs cannot make it
+     * write into freed memory (issue 28 item 4); wait() copies the result into the output */
+    unsigned char *stage;
+    size_t stage_out_off, stage_out_bytes;
 } WorkObject;
+
+static int unstage(WorkObject *self);
 
 static int work_finish(WorkObject *self)
 {
@@ -261,12 +293,15 @@ static int work_finish(WorkObject *self)
     self->done = 1;
     axc_work_free(w);
     self->work = NULL;
+    int rc = st == AXC_OK && self->stage ? unstage(self) : 0;
+    free(self->stage);
+    self->stage = NULL;
     Py_CLEAR(self->keep);
     if (st != AXC_OK) {
         axc_py_raise(st);
         return -1;
     }
-    return 0;
+    return rc;
 }
 
 static PyObject *work_wait(WorkObject *self, PyObject *noargs)
@@ -293,6 +328,8 @@ static void work_dealloc(WorkObject *self)
         PyErr_Restore(type, value, tb);
     }
     Py_XDECREF(self->keep);
+    if (self->done || !self->work)
+        free(self->stage); /* else the backend may still write into it after a timeout: leaked */
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -341,15 +378,68 @@ static long long call_ll(PyObject *obj, const char *method)
 
 /* Reads a torch.Tensor: data pointer, element count, dtype, device; rejects what the transport
  * cannot take with a message naming the argument and what was expected. */
-static int read_tensor(PyObject *t, const char *argname, tensor_view *v)
+/* torch.Tensor and torch.nn.Parameter, looked up once (torch is imported before the
+ * extension). Only these two exact types are read: any other object, subclasses included, could
+ * answer data_ptr() with any number (issue 28 item 3). */
+static PyObject *g_tensor_type, *g_param_type;
+
+static int torch_types(void)
 {
-    PyObject *contig = PyObject_CallMethod(t, "is_contiguous", NULL);
-    if (!contig) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a torch.Tensor, got %s", argname,
-                     Py_TYPE(t)->tp_name);
+    if (g_param_type)
+        return 0;
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (!torch)
+        return -1;
+    PyObject *nn = PyObject_GetAttrString(torch, "nn");
+    g_tensor_type = PyObject_GetAttrString(torch, "Tensor");
+    g_param_type = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
+    Py_XDECREF(nn);
+    Py_DECREF(torch);
+    if (!g_tensor_type || !g_param_type) {
+        Py_CLEAR(g_tensor_type);
+        Py_CLEAR(g_param_type);
         return -1;
     }
+    return 0;
+}
+
+static int read_tensor(PyObject *t, const char *argname, tensor_view *v)
+{
+    if (torch_types() < 0)
+        return -1;
+    if (Py_TYPE(t) != (PyTypeObject *)g_tensor_type && Py_TYPE(t) != (PyTypeObject *)g_param_type) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a torch.Tensor (or nn.Parameter), got %s; pass a tensor "
+                     "subclass as x.as_subclass(torch.Tensor)",
+                     argname, Py_TYPE(t)->tp_name);
+        return -1;
+    }
+    PyObject *nested = PyObject_GetAttrString(t, "is_nested");
+    int is_nested = nested ? PyObject_IsTrue(nested) : -1;
+    Py_XDECREF(nested);
+    if (is_nested != 0) {
+        if (is_nested > 0)
+            PyErr_Format(PyExc_TypeError,
+                         "%s is a nested tensor: collectives take dense tensors; pass "
+                         "t.values() or a padded tensor",
+                         argname);
+        return -1;
+    }
+    PyObject *layout = PyObject_GetAttrString(t, "layout");
+    PyObject *layout_s = layout ? PyObject_Str(layout) : NULL;
+    Py_XDECREF(layout);
+    const char *ls = layout_s ? PyUnicode_AsUTF8(layout_s) : NULL;
+    if (!ls || strcmp(ls, "torch.strided") != 0) {
+        if (ls)
+            PyErr_Format(PyExc_TypeError, "%s has layout %s, expected torch.strided (dense)",
+                         argname, ls);
+        Py_XDECREF(layout_s);
+        return -1;
+    }
+    Py_DECREF(layout_s);
+    PyObject *contig = PyObject_CallMethod(t, "is_contiguous", NULL);
+    if (!contig)
+        return -1;
     int ok = PyObject_IsTrue(contig);
     Py_DECREF(contig);
     if (!ok) {
@@ -422,13 +512,27 @@ int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *num
     return 0;
 }
 
+/* The staged result into the output's current memory (after a resize_, its first bytes). */
+static int unstage(WorkObject *self)
+{
+    tensor_view out;
+    if (read_tensor(PyTuple_GET_ITEM(self->keep, 0), "output", &out) < 0)
+        return -1;
+    size_t bytes = out.numel * axc_dtype_size(out.dtype);
+    memcpy(out.ptr, self->stage + self->stage_out_off,
+           bytes < self->stage_out_bytes ? bytes : self->stage_out_bytes);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ collectives */
 
 /* Starts `c` on group `gk` and returns its Work (async_op) or None once it finished. Steals
- * `keep` (the tensors that must outlive the collective; may be NULL). Also used by
- * py_compress.c. */
+ * `keep` (the tensors that must outlive the collective; may be NULL) and `stage` (a private
+ * copy the collective works on, or NULL: see WorkObject; its result is at stage_out_off).
+ * Also used by py_compress.c. */
 PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject *keep,
-                                  int async_op)
+                                  int async_op, unsigned char *stage, size_t stage_out_off,
+                                  size_t stage_out_bytes)
 {
     axc_work *w = NULL;
     axc_status st;
@@ -438,17 +542,23 @@ PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject
     Py_END_ALLOW_THREADS if (st != AXC_OK)
     {
         Py_XDECREF(keep);
+        free(stage);
         return axc_py_raise(st);
     }
     WorkObject *wo = PyObject_New(WorkObject, &WorkType);
     if (!wo) {
-        axc_work_free(w);
+        Py_BEGIN_ALLOW_THREADS axc_work_wait(w); /* (it works on `stage`) */
+        Py_END_ALLOW_THREADS axc_work_free(w);
         Py_XDECREF(keep);
+        free(stage);
         return NULL;
     }
     wo->work = w;
     wo->keep = keep;
     wo->done = 0;
+    wo->stage = stage;
+    wo->stage_out_off = stage_out_off;
+    wo->stage_out_bytes = stage_out_bytes;
     if (async_op)
         return (PyObject *)wo;
     int rc = work_finish(wo);
@@ -490,6 +600,9 @@ static PyObject *py_collective(PyObject *self, PyObject *args)
     c.device = -1;
     c.stream = (void *)(uintptr_t)stream;
     PyObject *keep = NULL;
+    unsigned char *stage = NULL;
+    size_t in_bytes = 0, out_bytes = 0;
+    int same = 0;
     if (c.kind != AXC_COLL_BARRIER) {
         tensor_view out, in;
         if (read_tensor(out_t, "output", &out) < 0 || read_tensor(in_t, "input", &in) < 0)
@@ -537,10 +650,28 @@ static PyObject *py_collective(PyObject *self, PyObject *args)
             return NULL;
         }
         int aliasing_ok = c.kind == AXC_COLL_ALL_REDUCE || c.kind == AXC_COLL_BROADCAST;
-        if (!aliasing_ok && G > 1 && out.numel && out.ptr == in.ptr) {
-            PyErr_Format(PyExc_ValueError, "%s: input and output must be different tensors",
-                         axc_coll_name(c.kind));
+        size_t esize = axc_dtype_size(in.dtype);
+        uintptr_t ib = (uintptr_t)in.ptr, ie = ib + in.numel * esize;
+        uintptr_t ob = (uintptr_t)out.ptr, oe = ob + out.numel * esize;
+        same = ib == ob && ie == oe;
+        int overlap = in.numel && out.numel && ib < oe && ob < ie;
+        if (overlap && !(same && (aliasing_ok || G == 1))) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: input and output %s (only all_reduce and broadcast work in place, "
+                         "on one tensor); pass separate tensors",
+                         axc_coll_name(c.kind),
+                         same ? "are the same memory" : "partially overlap in memory");
             return NULL;
+        }
+        if (async_op && in.device < 0) { /* stage: see WorkObject */
+            in_bytes = same ? 0 : in.numel * esize;
+            out_bytes = out.numel * esize;
+            stage = malloc(in_bytes + out_bytes + 1);
+            if (!stage)
+                return PyErr_NoMemory();
+            memcpy(stage, same ? out.ptr : in.ptr, same ? out_bytes : in_bytes);
+            out.ptr = stage + in_bytes;
+            in.ptr = same ? out.ptr : stage;
         }
         c.send = in.ptr;
         c.recv = out.ptr;
@@ -552,10 +683,12 @@ static PyObject *py_collective(PyObject *self, PyObject *args)
         if (c.device >= 0 && c.kind == AXC_COLL_ALL_TO_ALL && G == 0)
             return NULL;
         keep = PyTuple_Pack(2, out_t, in_t);
-        if (!keep)
+        if (!keep) {
+            free(stage);
             return NULL;
+        }
     }
-    return axc_py_start_collective(gk, &c, keep, async_op);
+    return axc_py_start_collective(gk, &c, keep, async_op, stage, in_bytes, out_bytes);
 }
 
 /* ------------------------------------------------------------------ stats and build info */

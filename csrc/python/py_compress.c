@@ -12,7 +12,8 @@ axc_comm *axc_py_comm(void);
 int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *numel,
                        axc_dtype *dtype, int *device);
 PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject *keep,
-                                  int async_op);
+                                  int async_op, unsigned char *stage, size_t stage_out_off,
+                                  size_t stage_out_bytes);
 
 typedef struct py_tensor {
     void *ptr;
@@ -229,7 +230,7 @@ static PyObject *py_compressed_collective(PyObject *self, PyObject *args)
     PyObject *keep = PyTuple_Pack(3, out_t, in_t, res_t);
     if (!keep)
         return NULL;
-    return axc_py_start_collective(gk, &c, keep, async_op);
+    return axc_py_start_collective(gk, &c, keep, async_op, NULL, 0, 0);
 }
 
 static PyObject *py_codec_default_block(PyObject *self, PyObject *args)

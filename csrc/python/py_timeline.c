@@ -70,7 +70,8 @@ static PyObject *py_timeline_set_capacity(PyObject *self, PyObject *arg)
     if (n == -1 && PyErr_Occurred())
         return NULL;
     if (n <= 0) {
-        PyErr_SetString(PyExc_ValueError, "timeline capacity must be positive");
+        PyErr_Format(PyExc_ValueError, "timeline capacity must be in [1, %zu] spans, got %zd",
+                     AXC_TIMELINE_MAX_CAPACITY, n);
         return NULL;
     }
     axc_status st = axc_timeline_set_capacity((size_t)n);
@@ -166,14 +167,19 @@ static PyObject *py_timeline_record_compute(PyObject *self, PyObject *args)
     (void)self;
     const char *name;
     long long t0, t1;
-    unsigned long long bytes = 0;
-    if (!PyArg_ParseTuple(args, "sLL|K:timeline_record_compute", &name, &t0, &t1, &bytes))
+    long long bytes = 0; /* signed: -1 or 2^64 is an error, not a wrapped count */
+    if (!PyArg_ParseTuple(args, "sLL|L:timeline_record_compute", &name, &t0, &t1, &bytes))
         return NULL;
+    if (bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "timeline_record_compute: nbytes must be >= 0, got %lld",
+                     bytes);
+        return NULL;
+    }
     if (t1 < t0) {
         PyErr_SetString(PyExc_ValueError, "timeline_record_compute: t1 < t0");
         return NULL;
     }
-    axc_timeline_record(AXC_SPAN_COMPUTE, intern_name(name), -1, t0, t1, bytes);
+    axc_timeline_record(AXC_SPAN_COMPUTE, intern_name(name), -1, t0, t1, (uint64_t)bytes);
     Py_RETURN_NONE;
 }
 

@@ -31,8 +31,9 @@ static _Atomic uint32_t g_gen = 1;
 
 axc_status axc_timeline_set_capacity(size_t spans)
 {
-    if (spans == 0)
-        return axc_fail(AXC_ERR_INVALID, "timeline capacity must be positive");
+    if (spans == 0 || spans > AXC_TIMELINE_MAX_CAPACITY)
+        return axc_fail(AXC_ERR_INVALID, "timeline capacity must be in [1, %zu] spans, got %zu",
+                        AXC_TIMELINE_MAX_CAPACITY, spans);
     pthread_mutex_lock(&g_mu);
     int has = atomic_load(&g_buf) != NULL;
     if (!has)

@@ -1,7 +1,9 @@
 /* shm backend across forked processes: every collective on every group of several grids, odd
  * lengths crossing the slot size, byte counters, groups progressing independently, works started
  * after other groups' works, channels matched independently, ranks out of step failing at once
- * with both calls named, and a dead peer failing the others in time. */
+ * with both calls named, a dead peer failing the others in time, and an init failing on one rank
+ * failing on the others at once. */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -395,6 +397,35 @@ static int tagged_run(const char *tag, int bad)
     return failed;
 }
 
+/* Issue 28 item 1: a timeout that is not a finite number in (0, AXC_MAX_TIMEOUT_S] is refused
+ * before the store is touched; rank 0 waiting for a rank whose init failed (here rank 1 never
+ * attaches and says so through peer_failed) fails at once, not at the timeout. */
+static axc_status peer_says_failed(void *ctx)
+{
+    (void)ctx;
+    return axc_fail(AXC_ERR_PEER, "init failed on another rank: rank 1: test");
+}
+
+static void init_failure_main(int rank, int world, const int dims[4], double timeout)
+{
+    axc_comm_config cfg;
+    (void)fork_ranks_config(&cfg, rank, world, dims, "initfail", timeout);
+    axc_comm *comm = NULL;
+    const double bad[] = {0.0, -1.0, NAN, INFINITY, 1e300, AXC_MAX_TIMEOUT_S * 2};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cfg.timeout_s = bad[i];
+        EXPECT(axc_comm_create(&comm, &cfg) == AXC_ERR_INVALID && comm == NULL);
+    }
+    if (rank == 1)
+        return; /* never attaches: its init "failed" */
+    cfg.timeout_s = timeout;
+    cfg.bootstrap.peer_failed = peer_says_failed;
+    int64_t t0 = axc_now_ns();
+    EXPECT(axc_comm_create(&comm, &cfg) == AXC_ERR_PEER && comm == NULL);
+    EXPECT(strstr(axc_last_error(), "rank 1: test") != NULL);
+    EXPECT(axc_now_ns() - t0 < (int64_t)(timeout * 0.5e9));
+}
+
 int main(void)
 {
     fork_ranks_init();
@@ -418,6 +449,7 @@ int main(void)
     CHECK(tagged_run("ctest-tag_1", 0) == 0);
     CHECK(tagged_run("../escape", 1) == 0);
     CHECK(tagged_run("a-tag-that-is-far-too-long-to-be-part-of-a-name-0123456789012345678", 1) == 0);
+    CHECK(fork_ranks_spawn(2, init_failure_main, indep_grid, 60.0, 0) == 0);
     static const int dead_grid[4] = {1, 1, 3, 1};
     int64_t t0 = axc_now_ns();
     CHECK(fork_ranks_spawn(3, dead_peer_main, dead_grid, 5.0, 0) == 0);

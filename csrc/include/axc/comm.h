@@ -90,10 +90,18 @@ typedef struct axc_bootstrap {
     /* Blocks until `key` exists or `timeout_s` passes; writes at most `cap` bytes. */
     axc_status (*get)(void *ctx, const char *key, void *value, size_t cap, size_t *len,
                       double timeout_s);
+    /* Optional (NULL: never): non-AXC_OK, with a message, once another rank has published that
+     * its init failed; waits for peers during creation poll it, so that one rank's failure
+     * fails init on every rank at once instead of at the timeout. */
+    axc_status (*peer_failed)(void *ctx);
 } axc_bootstrap;
 
 typedef struct axc_comm axc_comm;
 typedef struct axc_work axc_work;
+
+/* The longest wait for a peer a communicator accepts (one week, in seconds): larger values,
+ * NaN and infinities would overflow the nanosecond deadlines. */
+#define AXC_MAX_TIMEOUT_S 604800.0
 
 typedef struct axc_comm_config {
     axc_grid grid;

@@ -33,6 +33,9 @@ enum { AXC_SPAN_COMPUTE = 0, AXC_SPAN_COMM = 1, AXC_SPAN_WAIT = 2 };
 
 /* Default capacity (spans) of the buffer allocated on the first enable. */
 #define AXC_TIMELINE_DEFAULT_CAPACITY ((size_t)1 << 20)
+/* the most spans a buffer may hold (2^26: a few GiB); more is refused, not left to fail every
+ * later enable with an allocation error */
+#define AXC_TIMELINE_MAX_CAPACITY ((size_t)1 << 26)
 
 typedef struct axc_span {
     int kind;         /* AXC_SPAN_COMPUTE, AXC_SPAN_COMM or AXC_SPAN_WAIT */
