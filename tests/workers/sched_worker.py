@@ -169,11 +169,11 @@ def check_prefetch_order(g):
         st = axonn_c.scheduler_stats(reset=True)
     assert st["peak_buffers"] == NL, f"{what}: cache_weights kept {st['peak_buffers']}"
     # a budget of one layer's gather: prefetches are refused, results unchanged
-    axonn_c.runtime.configure_scheduler(1, layer_bytes, False)
+    axonn_c.state.configure_scheduler(1, layer_bytes, False)
     step(g, model, refs, opt, ref_opt, new, 6, what + " budget")
     st = axonn_c.scheduler_stats(reset=True)
     assert st["budget_skips"] > 0 and st["peak_buffers"] == 1, f"{what}: {st}"
-    axonn_c.runtime.configure_scheduler(1, 0, False)
+    axonn_c.state.configure_scheduler(1, 0, False)
 
 
 class MLP(nn.Module):
@@ -489,7 +489,7 @@ class Probe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         st = axonn_c.scheduler_stats()
-        ctx.log.append((st["tasks"], st["tasks_run"], len(axonn_c.grads._task_keeps)))
+        ctx.log.append((st["tasks"], st["tasks_run"], len(axonn_c.grads._st.task_keeps)))
         return g, None
 
 
@@ -557,7 +557,7 @@ def check_deferred_wgrad(g):
         assert all(keeps <= 2 for *_, keeps in log), f"{what}: tensors kept piled up: {log}"
         st = axonn_c.scheduler_stats()
         assert st["tasks"] == st["tasks_run"], f"{what}: tasks left after backward: {st}"
-        assert not axonn_c.grads._task_keeps, f"{what}: tensors still kept after backward"
+        assert not axonn_c.grads._st.task_keeps, f"{what}: tensors still kept after backward"
         if any(m._shapes["gout_size"] == 1 for m in model) and g.G_intra_d == 1:
             assert max(want) >= 1, f"{what}: the model defers nothing on this grid"
         for m, p, r in zip(model, plain, ref):
@@ -599,7 +599,7 @@ def check_deferred_wgrad(g):
         h = torch.tanh(r(h))
     h.backward(dY)
     st = axonn_c.scheduler_stats()
-    assert st["tasks"] == st["tasks_run"] and not axonn_c.grads._task_keeps, f"{what}: {st}"
+    assert st["tasks"] == st["tasks_run"] and not axonn_c.grads._st.task_keeps, f"{what}: {st}"
     for m, r in zip(model, ref):
         close(m.weight.grad, shard_of(r.weight.grad, m), torch.float32, f"{what} after abort dW")
 
