@@ -492,8 +492,11 @@ class Linear(nn.Module):
             grads.hook(b, b._axonn_grad_groups)  # summed during backward
 
     def _apply(self, fn, *args, **kwargs):
-        self._plain_memo = None  # .to(), .half(), .cuda(): the memo holds dtype and device
-        return super()._apply(fn, *args, **kwargs)
+        out = super()._apply(fn, *args, **kwargs)
+        # .to(), .half(), .cuda(): the memo holds dtype and device; and the conversion may have
+        # made new Parameter objects (torch.__future__'s overwrite_module_params_on_conversion)
+        self._tag_parameters()
+        return out
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -600,16 +603,16 @@ class Linear(nn.Module):
         # pipelining or micro-batch thread
         m = self._plain_memo
         # (an exact torch.Tensor: anything else, a subclass with its own data_ptr() included,
-        # is checked by the general path)
-        if (m is not None and type(x) is Tensor
+        # is checked by the general path; the same parameter objects and skip_bias_add the memo
+        # was made with)
+        if (m is not None and type(x) is Tensor and not torch.compiler.is_compiling()
                 and m[0] == (session.epoch, session.knobs_version)):
-            w, dt, dev = self.weight, x.dtype, x.device
-            if (dt is m[1] and dt is w.dtype and dev == w.device and x.dim() == 2
+            w, b, dt, dev = self.weight, self.bias, x.dtype, x.device
+            if (w is m[5] and b is m[6] and self.skip_bias_add is m[7] and dt is m[1]
+                    and dt is w.dtype and dev == w.device and x.dim() == 2
                     and x.shape[1] == m[2] and x.is_contiguous()
                     and not torch.is_autocast_enabled(dev.type) and grads.idle()
-                    and not hold_flags(self) and not microbatch_active()
-                    and not torch.compiler.is_compiling()):
-                b = self.bias
+                    and not hold_flags(self) and not microbatch_active()):
                 if self.skip_bias_add:
                     return (_plain_apply(x, w, None, m[3]),
                             self._full_bias_for_output(b) if b is not None else None)
@@ -745,8 +748,8 @@ class Linear(nn.Module):
             # capture must refuse takes the general path)
             want = self._shapes["k_local"] if self.expert_mode else self.in_features
             capture_check = w.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
-            self._plain_memo = None if capture_check else (key, dtype, want, call,
-                                                           (use_bias, knobs))
+            self._plain_memo = None if capture_check else (
+                key, dtype, want, call, (use_bias, knobs), w, self.bias, self.skip_bias_add)
         return call
 
     _sched_key = None

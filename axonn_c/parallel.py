@@ -414,7 +414,6 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                             f"{value!r}")
     saved = dict(session.overlap_overrides)
     saved_sched = tuple(session.sched_config)
-    session.knobs_version += 1
     session.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
                                      overlap_reduce_scatter=overlap_reduce_scatter,
                                      overlap_all_gather=overlap_all_gather,
@@ -423,12 +422,13 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
         session.overlap_overrides["overlap_data"] = overlap_data
     if defer_wgrad is not None:
         session.overlap_overrides["defer_wgrad"] = defer_wgrad
+    session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
     configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
     try:
         yield
     finally:
-        session.knobs_version += 1
         session.overlap_overrides.clear()
         session.overlap_overrides.update(saved)
+        session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
         if is_initialized():
             configure_scheduler(*saved_sched)

@@ -102,10 +102,10 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             or not 1 <= concurrent_microbatches <= 8):
         raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "
                          f"{concurrent_microbatches!r}")
-    session.knobs_version += 1
     session.overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
                             overlap_all_gather=overlap, overlap_data=overlap,
                             defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))
+    session.knobs_version += 1  # (after the change)
     session.bucket_bytes = bucket_size
     sched_cfg = (prefetch, prefetch_budget or 0, cache_weights)
     rank = _env_int("RANK", 0)

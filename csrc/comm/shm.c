@@ -822,6 +822,8 @@ static double env_double(const char *name, double dflt)
  * longer exists: a rank 0 killed while it waited in init for the others to attach left its
  * segment there (issue 28 item 12). Names are unlinked once every rank attached, so a live
  * job's segment is named only during its init, and its creator is alive then. */
+enum { STALE_SEGMENT_AGE_S = 120 }; /* a dead process's segment is swept once this old */
+
 static void sweep_stale_segments(void)
 {
     DIR *d = opendir("/dev/shm");
@@ -839,6 +841,11 @@ static void sweep_stale_segments(void)
         char path[320];
         snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
         if (stat(path, &stt) != 0 || stt.st_uid != geteuid())
+            continue;
+        /* only what has lain there a while: kill() sees this PID namespace only (a job in
+         * another one sharing /dev/shm may be inside its init), and a job's own leak check
+         * looks at what it left right after it ended */
+        if (time(NULL) - stt.st_mtime < STALE_SEGMENT_AGE_S)
             continue;
         if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
             char name[300];

@@ -203,6 +203,32 @@ static PyObject *py_compressed_collective(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%s: input and output must be different tensors", what);
         return NULL;
     }
+    /* memory ranges: only an all_reduce may work in place, on exactly one tensor; the residual
+     * is memory of its own */
+    const py_tensor *views[3] = {&out, &in, res_t != Py_None ? &res : NULL};
+    static const char *const names[3] = {"output", "input", "error_feedback residual"};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++) {
+            if (!views[i] || !views[j] || !views[i]->numel || !views[j]->numel)
+                continue;
+            uintptr_t ib = (uintptr_t)views[i]->ptr, ie = ib + views[i]->numel * 4;
+            uintptr_t jb = (uintptr_t)views[j]->ptr, je = jb + views[j]->numel * 4;
+            int same = ib == jb && ie == je && i == 0 && j == 1 && kind == AXC_COLL_ALL_REDUCE;
+            if (ib < je && jb < ie && !same) {
+                PyErr_Format(PyExc_ValueError,
+                             "compressed %s: the %s and the %s overlap in memory; pass separate "
+                             "tensors", what, names[i], names[j]);
+                return NULL;
+            }
+        }
+    /* an asynchronous call would write into the tensors while Python may resize or free them
+     * (the uncompressed collectives stage host tensors for that; these do not yet) */
+    if (async_op && in.device < 0) {
+        PyErr_Format(PyExc_NotImplementedError,
+                     "compressed %s with async_op=True on CPU tensors is not supported yet: call "
+                     "it with async_op=False", what);
+        return NULL;
+    }
     if (res_t != Py_None && (res.numel != in.numel || res.device != in.device)) {
         PyErr_Format(PyExc_ValueError,
                      "the error_feedback residual must be a float32 tensor like the input (%zu "

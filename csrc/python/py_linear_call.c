@@ -177,12 +177,14 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
     if (check_shard(self, w, &s) < 0)
         return NULL;
     int easy = d->layout == AXC_LAYOUT_EASY;
-    PyObject *y = new_empty(x, rows, easy ? d->out_features : s.n_local, 1);
-    PyObject *saved = easy ? new_empty(x, s.saved_rows, s.saved_cols, 1) : (Py_INCREF(Py_None), Py_None);
-    PyObject *ws = s.workspace_elems ? new_empty(x, s.workspace_elems, 0, 0)
-                                     : (Py_INCREF(Py_None), Py_None);
-    PyObject *out = NULL;
-    if (!y || !saved || !ws)
+    PyObject *y = NULL, *saved = NULL, *ws = NULL, *out = NULL;
+    /* (each allocation only after the previous one succeeded: no C API call with an exception
+     * set) */
+    if (!(y = new_empty(x, rows, easy ? d->out_features : s.n_local, 1)) ||
+        !(saved = easy ? new_empty(x, s.saved_rows, s.saved_cols, 1)
+                       : (Py_INCREF(Py_None), Py_None)) ||
+        !(ws = s.workspace_elems ? new_empty(x, s.workspace_elems, 0, 0)
+                                 : (Py_INCREF(Py_None), Py_None)))
         goto done;
     int err = 0;
     axc_linear_io io = {.device = device, .stream = stream, .rows = rows, .t_max = t_max,
@@ -251,14 +253,13 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         goto done;
     dx = need_dx ? PyObject_CallMethodOneArg(x, s_new_empty, shape) : (Py_INCREF(Py_None), Py_None);
     Py_DECREF(shape);
-    shape = PyObject_GetAttr(w, s_shape);
-    if (!shape)
+    if (!dx || !(shape = PyObject_GetAttr(w, s_shape)))
         goto done;
     dw = PyObject_CallMethodOneArg(w, s_new_empty, shape);
     Py_DECREF(shape);
-    db = d->has_bias ? new_empty(dy, s.n_local, 0, 0) : (Py_INCREF(Py_None), Py_None);
-    ws = s.workspace_elems ? new_empty(dy, s.workspace_elems, 0, 0) : (Py_INCREF(Py_None), Py_None);
-    if (!dx || !dw || !db || !ws)
+    if (!dw || !(db = d->has_bias ? new_empty(dy, s.n_local, 0, 0) : (Py_INCREF(Py_None), Py_None)) ||
+        !(ws = s.workspace_elems ? new_empty(dy, s.workspace_elems, 0, 0)
+                                 : (Py_INCREF(Py_None), Py_None)))
         goto done;
     int err = 0;
     axc_linear_io io = {.device = device, .stream = stream, .rows = rows, .t_max = t_max,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, shm_leftovers
+from conftest import assert_no_shm_leftovers, free_port, job_tag
 
 HARNESS = Path(__file__).resolve().parent / "fuzz_api.py"
 
@@ -16,13 +16,14 @@ HARNESS = Path(__file__).resolve().parent / "fuzz_api.py"
 def fuzz(nproc, calls, seed, tmp_path, timeout=300):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR")
+    tag = job_tag()  # the leak check looks at this run's segments only
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR",
+               AXONN_C_SHM_TAG=tag)
     trace = tmp_path / "call"
     args = [str(HARNESS), "--calls", str(calls), "--seed", str(seed), "--trace", str(trace)]
     if nproc > 1:
         args = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
                 "127.0.0.1", "--master_port", str(free_port())] + args
-    before = set(shm_leftovers())
     try:
         proc = subprocess.run([sys.executable, *args], capture_output=True, text=True,
                               timeout=timeout, env=env)
@@ -38,7 +39,7 @@ def fuzz(nproc, calls, seed, tmp_path, timeout=300):
     assert proc.returncode == 0 and len(summaries) == nproc, \
         f"rc {proc.returncode}, calls in progress {calls_now}:\n{out[-4000:]}"
     assert all(" findings=0 " in s for s in summaries), out[-4000:]
-    assert not set(shm_leftovers()) - before
+    assert_no_shm_leftovers(tag, "the fuzz run")
     return summaries
 
 
