@@ -107,10 +107,12 @@ def test_plan_from_module():
 @pytest.mark.parametrize("world", [1, 7, 12, 65521, 55440, 65536])
 def test_planner_sizes_and_speed(world):
     dt = float("inf")
-    for _ in range(3):  # best of three: the bound is about the planner, not a loaded CI host
-        t0 = time.perf_counter()
+    # best of three, in this process's CPU time: the bound is about the planner's work, not
+    # about how many other jobs share the machine's cores
+    for _ in range(3):
+        t0 = time.process_time()
         entries = plan.plan(world, machine="frontier", **GPT80B)
-        dt = min(dt, time.perf_counter() - t0)
+        dt = min(dt, time.process_time() - t0)
     assert entries and all(e["G_data"] * e["G_intra_r"] * e["G_intra_c"] * e["G_intra_d"] == world
                            for e in entries)
     assert dt < 1.0, f"planner took {dt:.2f} s for {world} GPUs"  # issue 5 acceptance bound
