@@ -2,6 +2,7 @@
 1 and 2 ranks: 0 crashes, 0 hangs, 0 findings (every call returns or is refused by name).
 A longer run: see the README's Reliability section (e.g. --calls 10000)."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,8 @@ def fuzz(nproc, calls, seed, tmp_path, timeout=300):
     calls_now = [p.read_text() for p in tmp_path.glob("call.rank*")]
     assert "Fatal Python error" not in out and proc.returncode >= 0, \
         f"CRASH (rc {proc.returncode}) at {calls_now}:\n{out[-4000:]}"
-    summaries = [ln for ln in out.splitlines() if ln.startswith("FUZZ ")]
+    # (the ranks share one pipe: one rank's line can land in the middle of the other's)
+    summaries = re.findall(r"FUZZ rank=\d+ calls=\d+ ok=\d+ refused=\d+ findings=\d+ ", out)
     assert proc.returncode == 0 and len(summaries) == nproc, \
         f"rc {proc.returncode}, calls in progress {calls_now}:\n{out[-4000:]}"
     assert all(" findings=0 " in s for s in summaries), out[-4000:]
