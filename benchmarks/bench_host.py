@@ -115,7 +115,7 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
         os.environ["AXONN_C_BENCH_SKIP"] = "none"
     timer = CTimer()
     timer.install()
-    memo = ours._plain_memo  # the layer's C handle, when its calls take the plain path
+    memo = getattr(ours, "_plain_memo", None)  # the layer's C handle, when its calls take the plain path
     if memo is not None:
         ours._plain_memo = (*memo[:3], TimedCall(memo[3], timer), *memo[4:])
     try:
