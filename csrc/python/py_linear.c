@@ -11,7 +11,7 @@ axc_comm *axc_py_comm(void); /* py_comm.c: the process's communicator or NULL */
 /* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
  *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled,
  *               defer_dw_gemm]) */
-static int parse_desc(PyObject *t, axc_linear_desc *d)
+int axc_py_parse_linear_desc(PyObject *t, axc_linear_desc *d)
 {
     long long in, out;
     int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1, scheduled = 0, dw = 0;
@@ -42,7 +42,7 @@ static int parse_desc(PyObject *t, axc_linear_desc *d)
     return 0;
 }
 
-static axc_comm *comm_or_raise(void)
+axc_comm *axc_py_linear_comm(void)
 {
     axc_comm *c = axc_py_comm();
     if (!c)
@@ -59,9 +59,10 @@ static PyObject *py_linear_shapes(PyObject *self, PyObject *args)
     PyObject *dt;
     long long rows;
     axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &dt, &rows) || parse_desc(dt, &d) < 0)
+    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &dt, &rows) ||
+        axc_py_parse_linear_desc(dt, &d) < 0)
         return NULL;
-    axc_comm *comm = comm_or_raise();
+    axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
     axc_linear_shapes s;
@@ -90,9 +91,9 @@ static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
     unsigned long long stream;
     axc_linear_desc d;
     if (!PyArg_ParseTuple(args, "O!LiK", &PyTuple_Type, &dt, &t, &device, &stream) ||
-        parse_desc(dt, &d) < 0)
+        axc_py_parse_linear_desc(dt, &d) < 0)
         return NULL;
-    axc_comm *comm = comm_or_raise();
+    axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
     int64_t t_max = 0;
@@ -121,9 +122,9 @@ typedef struct layer_args {
 static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
 {
     axc_linear_desc d;
-    if (parse_desc(a->desc, &d) < 0)
+    if (axc_py_parse_linear_desc(a->desc, &d) < 0)
         return NULL;
-    axc_comm *comm = comm_or_raise();
+    axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
     if ((d.scheduled || a->defer) && a->layer < 0) {

@@ -10,40 +10,17 @@
 #include "axc/torch_shim.h"
 #include "py_common.h"
 
-axc_comm *axc_py_comm(void);   /* py_comm.c */
 axc_sched *axc_py_sched(void); /* py_sched.c */
+/* py_linear.c: the description tuple's parser (this handle's is its 9-item prefix) and the
+ * communicator or the "not initialised" error */
+int axc_py_parse_linear_desc(PyObject *t, axc_linear_desc *d);
+axc_comm *axc_py_linear_comm(void);
 
 typedef struct {
     PyObject_HEAD axc_linear_desc d;
 } LinearCall;
 
 static PyObject *s_shape, *s_data_ptr, *s_new_empty, *s_contiguous, *s_numel;
-
-static int parse_desc_tuple(PyObject *t, axc_linear_desc *d)
-{
-    long long in, out;
-    int transpose, has_bias, layout, ov_ar, ov_rs, chunks;
-    const char *dtype;
-    if (!PyArg_ParseTuple(t, "LLppisppi", &in, &out, &transpose, &has_bias, &layout, &dtype,
-                          &ov_ar, &ov_rs, &chunks))
-        return -1;
-    if (chunks < 0 || chunks > 64) {
-        PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %d",
-                     chunks);
-        return -1;
-    }
-    *d = (axc_linear_desc){.in_features = in, .out_features = out, .transpose = transpose,
-                           .has_bias = has_bias,
-                           .layout = layout ? AXC_LAYOUT_EXPERT : AXC_LAYOUT_EASY,
-                           .overlap_all_reduce = ov_ar, .overlap_reduce_scatter = ov_rs,
-                           .fwd_chunks = chunks};
-    axc_status st = axc_dtype_from_name(dtype, &d->dtype);
-    if (st != AXC_OK) {
-        axc_py_raise(st);
-        return -1;
-    }
-    return 0;
-}
 
 /* LinearCall((in, out, transpose, has_bias, layout, dtype, overlap_all_reduce,
  *             overlap_reduce_scatter, fwd_chunks)) */
@@ -54,19 +31,9 @@ static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "LinearCall takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &t) || parse_desc_tuple(t, &self->d) < 0)
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &t) || axc_py_parse_linear_desc(t, &self->d) < 0)
         return -1;
     return 0;
-}
-
-static axc_comm *comm_or_raise(void)
-{
-    axc_comm *c = axc_py_comm();
-    if (!c)
-        PyErr_SetString(PyExc_RuntimeError,
-                        "axonn_c is not initialised: call axonn_c.init(...) before using "
-                        "axonn_c.Linear");
-    return c;
 }
 
 /* The CUDA stream a call runs on: the one given, or for None torch's current stream of
@@ -159,7 +126,7 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
     void *stream = NULL;
     if (PyErr_Occurred() || stream_of(a[4], device, &stream) < 0)
         return NULL;
-    axc_comm *comm = comm_or_raise();
+    axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
     const axc_linear_desc *d = &self->d;
@@ -225,7 +192,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     void *stream = NULL;
     if (need_dx < 0 || PyErr_Occurred() || stream_of(a[6], device, &stream) < 0)
         return NULL;
-    axc_comm *comm = comm_or_raise();
+    axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
     const axc_linear_desc *d = &self->d;
