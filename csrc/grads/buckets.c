@@ -1,0 +1,230 @@
+/* Gradient buckets (axc/buckets.h): a state machine over this pass's flat buffers. */
+#include "axc/buckets.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum bucket_state { BUCKET_OPEN, BUCKET_PARKED, BUCKET_RETIRED };
+
+typedef struct bucket {
+    axc_bucket_key key;
+    void *data, *owner;
+    size_t cap, used; /* elements */
+    int holds;        /* chunk records still accumulating into it */
+    enum bucket_state state;
+} bucket;
+
+struct axc_buckets {
+    axc_bucket_ops ops;
+    size_t bucket_bytes;
+    bucket *v; /* this pass's buckets, in the order they were made */
+    int n, cap;
+    /* retired buckets whose sums are still to be handed out: bucket numbers in retirement
+     * order; `next_group` is the group the first one hands out next */
+    int *due;
+    int ndue, due_head, next_group;
+};
+
+static int same_key(const axc_bucket_key *a, const axc_bucket_key *b)
+{
+    if (a->dtype != b->dtype || a->device != b->device || a->ngroups != b->ngroups)
+        return 0;
+    for (int i = 0; i < a->ngroups; i++)
+        if (a->groups[i] != b->groups[i])
+            return 0;
+    return 1;
+}
+
+static axc_status check_key(const axc_bucket_key *key)
+{
+    if (!key || (unsigned)key->dtype >= AXC_DT_COUNT)
+        return axc_fail(AXC_ERR_INVALID, "gradient bucket: unknown dtype %d",
+                        key ? (int)key->dtype : -1);
+    if (key->ngroups < 1 || key->ngroups > AXC_BUCKET_MAX_GROUPS)
+        return axc_fail(AXC_ERR_INVALID,
+                        "gradient bucket: %d groups to sum over, expected 1 to %d", key->ngroups,
+                        AXC_BUCKET_MAX_GROUPS);
+    for (int i = 0; i < key->ngroups; i++)
+        if ((unsigned)key->groups[i] >= AXC_GROUP_COUNT)
+            return axc_fail(AXC_ERR_INVALID, "gradient bucket: unknown group %d",
+                            (int)key->groups[i]);
+    return AXC_OK;
+}
+
+axc_status axc_buckets_create(axc_buckets **out, const axc_bucket_ops *ops, size_t bucket_bytes)
+{
+    if (!out || !ops || !ops->alloc || !ops->release)
+        return axc_fail(AXC_ERR_INVALID, "axc_buckets_create: missing output or allocator");
+    axc_buckets *b = calloc(1, sizeof *b);
+    if (!b)
+        return axc_fail(AXC_ERR_NOMEM, "axc_buckets_create: out of memory");
+    b->ops = *ops;
+    axc_status st = axc_buckets_set_bytes(b, bucket_bytes);
+    if (st != AXC_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    return AXC_OK;
+}
+
+axc_status axc_buckets_set_bytes(axc_buckets *b, size_t bucket_bytes)
+{
+    if (bucket_bytes == 0)
+        return axc_fail(AXC_ERR_INVALID, "gradient bucket size must be positive, got 0 bytes");
+    b->bucket_bytes = bucket_bytes;
+    return AXC_OK;
+}
+
+void axc_buckets_reset(axc_buckets *b)
+{
+    if (!b)
+        return;
+    for (int i = 0; i < b->n; i++)
+        b->ops.release(b->ops.ctx, b->v[i].owner);
+    b->n = 0;
+    b->ndue = b->due_head = b->next_group = 0;
+}
+
+void axc_buckets_destroy(axc_buckets *b)
+{
+    if (!b)
+        return;
+    axc_buckets_reset(b);
+    free(b->v);
+    free(b->due);
+    free(b);
+}
+
+static bucket *get(axc_buckets *b, int i, const char *what)
+{
+    if (i < 0 || i >= b->n) {
+        axc_fail(AXC_ERR_INVALID, "%s: no gradient bucket %d in this pass (it has %d)", what, i,
+                 b->n);
+        return NULL;
+    }
+    return &b->v[i];
+}
+
+/* The bucket takes nothing more: its sums are due now, or once its holds are released. */
+static void retire(axc_buckets *b, int i)
+{
+    bucket *k = &b->v[i];
+    if (k->holds) {
+        k->state = BUCKET_PARKED;
+        return;
+    }
+    k->state = BUCKET_RETIRED;
+    if (k->used)
+        b->due[b->ndue++] = i; /* (due has room for every bucket: sized with v) */
+}
+
+axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, int *bucket_out,
+                            size_t *offset, void **owner)
+{
+    AXC_TRY(check_key(key));
+    int open = -1;
+    for (int i = 0; i < b->n; i++)
+        if (b->v[i].state == BUCKET_OPEN && same_key(&b->v[i].key, key)) {
+            open = i;
+            break;
+        }
+    if (open >= 0 && b->v[open].used + n > b->v[open].cap) {
+        retire(b, open);
+        open = -1;
+    }
+    if (open < 0) {
+        if (b->n == b->cap) {
+            int cap = b->cap ? 2 * b->cap : 8;
+            bucket *v = realloc(b->v, (size_t)cap * sizeof *v);
+            if (v)
+                b->v = v;
+            int *due = v ? realloc(b->due, (size_t)cap * sizeof *due) : NULL;
+            if (due)
+                b->due = due;
+            if (!v || !due)
+                return axc_fail(AXC_ERR_NOMEM, "gradient buckets: out of memory");
+            b->cap = cap;
+        }
+        size_t per = b->bucket_bytes / axc_dtype_size(key->dtype);
+        size_t elems = n > per ? n : per;
+        bucket k = {.key = *key, .cap = elems, .state = BUCKET_OPEN};
+        AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, &k.data, &k.owner));
+        open = b->n++;
+        b->v[open] = k;
+    }
+    bucket *k = &b->v[open];
+    *bucket_out = open;
+    *offset = k->used;
+    *owner = k->owner;
+    k->used += n;
+    return AXC_OK;
+}
+
+axc_status axc_buckets_written(axc_buckets *b, int i)
+{
+    bucket *k = get(b, i, "axc_buckets_written");
+    if (!k)
+        return AXC_ERR_INVALID;
+    if (k->state == BUCKET_OPEN && k->used == k->cap)
+        retire(b, i);
+    return AXC_OK;
+}
+
+axc_status axc_buckets_hold(axc_buckets *b, int i)
+{
+    bucket *k = get(b, i, "axc_buckets_hold");
+    if (!k)
+        return AXC_ERR_INVALID;
+    if (k->state == BUCKET_RETIRED)
+        return axc_fail(AXC_ERR_STATE, "gradient bucket %d already started its sums: it takes "
+                                       "no more holds", i);
+    k->holds++;
+    return AXC_OK;
+}
+
+axc_status axc_buckets_unhold(axc_buckets *b, int i)
+{
+    bucket *k = get(b, i, "axc_buckets_unhold");
+    if (!k)
+        return AXC_ERR_INVALID;
+    if (k->holds <= 0)
+        return axc_fail(AXC_ERR_STATE, "gradient bucket %d has no hold to release", i);
+    if (--k->holds == 0 && (k->state == BUCKET_PARKED || k->used == k->cap))
+        retire(b, i);
+    return AXC_OK;
+}
+
+void axc_buckets_close_all(axc_buckets *b)
+{
+    for (int pass = 0; pass < 2; pass++) /* parked first, then open */
+        for (int i = 0; i < b->n; i++)
+            if (b->v[i].state == (pass ? BUCKET_OPEN : BUCKET_PARKED)) {
+                b->v[i].holds = 0;
+                retire(b, i);
+            }
+}
+
+int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum)
+{
+    if (b->due_head == b->ndue)
+        return 0;
+    const bucket *k = &b->v[b->due[b->due_head]];
+    *sum = (axc_bucket_sum){.group = k->key.groups[b->next_group], .data = k->data,
+                            .count = k->used, .dtype = k->key.dtype, .device = k->key.device};
+    if (++b->next_group == k->key.ngroups) {
+        b->next_group = 0;
+        b->due_head++;
+    }
+    return 1;
+}
+
+int axc_buckets_open(const axc_buckets *b)
+{
+    int c = 0;
+    for (int i = 0; i < b->n; i++)
+        c += b->v[i].state != BUCKET_RETIRED;
+    return c;
+}
+
+int axc_buckets_count(const axc_buckets *b) { return b->n; }

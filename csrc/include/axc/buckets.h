@@ -1,0 +1,81 @@
+/* Gradient buckets: the one place that decides which flat buffer a gradient is written into and
+ * when that buffer's sums over ranks may start (docs/ARCHITECTURE.md#gradient-buckets).
+ *
+ * A bucket is a flat buffer of one dtype and device whose contents are summed over an ordered
+ * list of groups. Gradients take consecutive pieces of the open bucket of their key; a bucket
+ * that cannot take the next piece retires: its sums start at once, or, while chunk records
+ * still accumulate into it (holds), when the last hold is released. The engine only decides:
+ * the caller allocates the buffers (ops.alloc, ops.release) and starts the sums it is handed
+ * (axc_buckets_next_sum), so no lock is taken and no collective is started inside it. Not
+ * thread-safe: the caller serialises every call (the Python binding holds the GIL). */
+#ifndef AXC_BUCKETS_H
+#define AXC_BUCKETS_H
+
+#include <stddef.h>
+
+#include "axc/comm.h"
+#include "axc/grid.h"
+#include "axc/status.h"
+
+#define AXC_BUCKET_MAX_GROUPS 4
+
+/* What one bucket holds: gradients of this dtype and device, summed over groups[0..ngroups) in
+ * this order. */
+typedef struct axc_bucket_key {
+    axc_dtype dtype;
+    int device; /* -1: CPU */
+    int ngroups;
+    axc_group_kind groups[AXC_BUCKET_MAX_GROUPS];
+} axc_bucket_key;
+
+typedef struct axc_bucket_ops {
+    /* A flat buffer of `elems` elements for `key`: its address and a handle that keeps it
+     * allocated until release(owner). */
+    axc_status (*alloc)(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
+                        void **owner);
+    void (*release)(void *ctx, void *owner);
+    void *ctx;
+} axc_bucket_ops;
+
+/* A sum to start: `count` elements at `data`, all-reduced over `group` in place. A bucket's
+ * sums come out in its group order, each to start after the previous one. */
+typedef struct axc_bucket_sum {
+    axc_group_kind group;
+    void *data;
+    size_t count;
+    axc_dtype dtype;
+    int device;
+} axc_bucket_sum;
+
+typedef struct axc_buckets axc_buckets;
+
+axc_status axc_buckets_create(axc_buckets **out, const axc_bucket_ops *ops, size_t bucket_bytes);
+/* Releases every buffer (no sum started). NULL is a no-op. */
+void axc_buckets_destroy(axc_buckets *b);
+axc_status axc_buckets_set_bytes(axc_buckets *b, size_t bucket_bytes);
+
+/* `n` elements in the open bucket of `key` (a new one, of max(n, bucket_bytes / element size)
+ * elements, when it has no room: the full one retires). Out: the bucket's number in this pass,
+ * the piece's offset in elements, and the buffer's owner handle. */
+axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, int *bucket,
+                            size_t *offset, void **owner);
+/* The bucket's pieces are all written: if it is full it retires. */
+axc_status axc_buckets_written(axc_buckets *b, int bucket);
+/* One more record accumulates into the bucket over several calls (a chunk record): it does not
+ * start its sums before axc_buckets_unhold. */
+axc_status axc_buckets_hold(axc_buckets *b, int bucket);
+axc_status axc_buckets_unhold(axc_buckets *b, int bucket);
+/* The end of a pass: every bucket not yet retired starts its sums (parked ones first, then open
+ * ones, in the order they were made: the same on every rank). */
+void axc_buckets_close_all(axc_buckets *b);
+/* The next sum to start, in order; 0 when there is none. */
+int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum);
+/* Forgets the pass's buckets and releases their buffers (after their sums completed, or for an
+ * abandoned pass, without starting the sums still due). */
+void axc_buckets_reset(axc_buckets *b);
+/* Buckets still taking gradients or waiting for holds (0: nothing open). */
+int axc_buckets_open(const axc_buckets *b);
+/* Buckets made in this pass (including retired ones whose buffers are still held). */
+int axc_buckets_count(const axc_buckets *b);
+
+#endif

@@ -1,0 +1,155 @@
+/* Gradient buckets (csrc/grads/buckets.c): which piece goes where, when sums come due, holds,
+ * the end-of-pass order and buffer ownership. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "axc/buckets.h"
+#include "ctest.h"
+
+typedef struct alloc_log {
+    int allocs, releases, fail_next;
+    size_t last_elems;
+} alloc_log;
+
+static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
+                             void **owner)
+{
+    alloc_log *log = ctx;
+    if (log->fail_next) {
+        log->fail_next = 0;
+        return axc_fail(AXC_ERR_NOMEM, "fake allocator: refused %zu elements", elems);
+    }
+    log->allocs++;
+    log->last_elems = elems;
+    *data = calloc(elems, axc_dtype_size(key->dtype));
+    *owner = *data;
+    return *data ? AXC_OK : AXC_ERR_NOMEM;
+}
+
+static void fake_release(void *ctx, void *owner)
+{
+    ((alloc_log *)ctx)->releases++;
+    free(owner);
+}
+
+static axc_bucket_key key_of(axc_dtype dt, int ngroups, axc_group_kind g0, axc_group_kind g1)
+{
+    axc_bucket_key k = {.dtype = dt, .device = -1, .ngroups = ngroups};
+    k.groups[0] = g0;
+    k.groups[1] = g1;
+    return k;
+}
+
+static int drain(axc_buckets *b, axc_bucket_sum *out, int cap)
+{
+    int n = 0;
+    axc_bucket_sum s;
+    while (axc_buckets_next_sum(b, &s))
+        if (n < cap)
+            out[n++] = s;
+    return n;
+}
+
+int main(void)
+{
+    alloc_log log = {0};
+    axc_bucket_ops ops = {fake_alloc, fake_release, &log};
+    axc_buckets *b = NULL;
+    CHECK_OK(axc_buckets_create(&b, &ops, 16 * sizeof(float))); /* 16 floats a bucket */
+    axc_bucket_key data = key_of(AXC_DT_F32, 1, AXC_GROUP_DATA, 0);
+    axc_bucket_key two = key_of(AXC_DT_F32, 2, AXC_GROUP_DEPTH, AXC_GROUP_DATA);
+    axc_bucket_sum sums[16];
+    int id, id2;
+    size_t off;
+    void *owner, *owner2;
+
+    /* a) pieces share the open bucket of their key; a full bucket's sum is due once written */
+    CHECK_OK(axc_buckets_take(b, &data, 10, &id, &off, &owner));
+    CHECK(id == 0 && off == 0 && log.allocs == 1 && log.last_elems == 16);
+    CHECK_OK(axc_buckets_written(b, id));
+    CHECK(drain(b, sums, 16) == 0); /* not full: nothing due */
+    CHECK_OK(axc_buckets_take(b, &data, 6, &id2, &off, &owner2));
+    CHECK(id2 == 0 && off == 10 && owner2 == owner);
+    CHECK(drain(b, sums, 16) == 0); /* full, but the piece is not written yet */
+    CHECK_OK(axc_buckets_written(b, id2));
+    CHECK(drain(b, sums, 16) == 1 && sums[0].count == 16 && sums[0].data == owner &&
+          sums[0].group == AXC_GROUP_DATA && sums[0].device == -1);
+    CHECK(axc_buckets_open(b) == 0);
+
+    /* b) another key gets its own bucket; a piece that does not fit retires the open one (its
+     * sums in the key's group order) and a piece larger than a bucket gets one of its size */
+    CHECK_OK(axc_buckets_take(b, &two, 4, &id, &off, &owner));
+    CHECK(id == 1 && off == 0);
+    CHECK_OK(axc_buckets_take(b, &two, 40, &id2, &off, &owner2));
+    CHECK(id2 == 2 && off == 0 && log.last_elems == 40 && owner2 != owner);
+    CHECK(drain(b, sums, 16) == 2 && sums[0].group == AXC_GROUP_DEPTH &&
+          sums[1].group == AXC_GROUP_DATA && sums[0].count == 4 && sums[1].data == owner);
+    CHECK_OK(axc_buckets_written(b, id2)); /* 40 of 40: full */
+    CHECK(drain(b, sums, 16) == 2 && sums[0].count == 40);
+
+    /* c) a held bucket parks when it retires and starts its sums at the last unhold */
+    CHECK_OK(axc_buckets_take(b, &data, 8, &id, &off, &owner));
+    CHECK(id == 3);
+    CHECK_OK(axc_buckets_hold(b, id));
+    CHECK_OK(axc_buckets_hold(b, id));
+    CHECK_OK(axc_buckets_take(b, &data, 12, &id2, &off, &owner2)); /* no room: 3 parks */
+    CHECK(id2 == 4 && drain(b, sums, 16) == 0 && axc_buckets_open(b) == 2);
+    CHECK_OK(axc_buckets_unhold(b, id));
+    CHECK(drain(b, sums, 16) == 0);
+    CHECK_OK(axc_buckets_unhold(b, id));
+    CHECK(drain(b, sums, 16) == 1 && sums[0].count == 8);
+    CHECK(axc_buckets_unhold(b, id) == AXC_ERR_STATE); /* no hold left */
+    CHECK(strstr(axc_last_error(), "no hold") != NULL);
+    /* a held bucket that fills retires at its last unhold */
+    CHECK_OK(axc_buckets_hold(b, id2));
+    CHECK_OK(axc_buckets_take(b, &data, 4, &id, &off, &owner));
+    CHECK(id == id2 && off == 12);
+    CHECK_OK(axc_buckets_written(b, id)); /* full, held: parks */
+    CHECK(drain(b, sums, 16) == 0);
+    CHECK_OK(axc_buckets_unhold(b, id));
+    CHECK(drain(b, sums, 16) == 1 && sums[0].count == 16);
+    CHECK(axc_buckets_hold(b, id) == AXC_ERR_STATE); /* retired: takes no hold */
+
+    /* d) the end of a pass: parked buckets first, then open ones in the order they were made */
+    axc_bucket_key half = key_of(AXC_DT_BF16, 1, AXC_GROUP_WORLD, 0);
+    int a, p, c;
+    CHECK_OK(axc_buckets_take(b, &half, 3, &a, &off, &owner)); /* open, bf16 */
+    CHECK_OK(axc_buckets_take(b, &data, 5, &p, &off, &owner));
+    CHECK_OK(axc_buckets_hold(b, p));
+    CHECK_OK(axc_buckets_take(b, &data, 16, &c, &off, &owner)); /* p parks; c open */
+    CHECK(drain(b, sums, 16) == 0 && axc_buckets_open(b) == 3);
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 3 && sums[0].count == 5 && sums[1].count == 3 &&
+          sums[1].dtype == AXC_DT_BF16 && sums[1].group == AXC_GROUP_WORLD &&
+          sums[2].count == 16);
+    CHECK(axc_buckets_open(b) == 0);
+
+    /* e) reset releases every buffer of the pass, and numbering starts again */
+    int made = axc_buckets_count(b);
+    CHECK(made == log.allocs && log.releases == 0);
+    axc_buckets_reset(b);
+    CHECK(log.releases == made && axc_buckets_count(b) == 0);
+    CHECK_OK(axc_buckets_take(b, &data, 1, &id, &off, &owner));
+    CHECK(id == 0 && off == 0);
+    /* an abandoned pass: reset drops what is due without handing it out */
+    axc_buckets_close_all(b);
+    axc_buckets_reset(b);
+    CHECK(drain(b, sums, 16) == 0 && log.releases == log.allocs);
+
+    /* f) bad input and a failing allocator */
+    axc_bucket_key bad = key_of(AXC_DT_F32, 0, 0, 0);
+    CHECK(axc_buckets_take(b, &bad, 1, &id, &off, &owner) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "expected 1 to 4") != NULL);
+    bad = key_of(AXC_DT_F32, 1, (axc_group_kind)99, 0);
+    CHECK(axc_buckets_take(b, &bad, 1, &id, &off, &owner) == AXC_ERR_INVALID);
+    CHECK(axc_buckets_written(b, 7) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "no gradient bucket 7") != NULL);
+    log.fail_next = 1;
+    CHECK(axc_buckets_take(b, &data, 1, &id, &off, &owner) == AXC_ERR_NOMEM);
+    CHECK(axc_buckets_count(b) == 0); /* nothing half-made */
+    CHECK(axc_buckets_set_bytes(b, 0) == AXC_ERR_INVALID);
+    axc_buckets_destroy(b);
+    CHECK(log.releases == log.allocs);
+    axc_buckets_destroy(NULL);
+    return ctest_summary("test_buckets");
+}
