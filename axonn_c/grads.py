@@ -113,21 +113,13 @@ def _groups_of(r: _Record) -> Tuple[str, ...]:
     return r.reduced if isinstance(r.reduced, tuple) else (("data",) if r.reduced else ())
 
 
-class _Bucket:
-    __slots__ = ("flat", "used", "groups", "pending")
-
-    def __init__(self, flat: Tensor, groups: Tuple[str, ...]):
-        self.flat, self.used, self.groups = flat, 0, groups
-        self.pending = 0  # chunk records (below) still accumulating into it: not closed yet
-
-
 class _ChunkRecord:
     """A weight gradient `dw` that several chunk calls of one pass accumulate into
     (axonn_c.Sequential): `left` calls to go (the forwards' count; <= 0: unknown, complete at
     finish())."""
     __slots__ = ("dw", "bucket", "left")
 
-    def __init__(self, dw: Tensor, bucket: Optional[_Bucket], left: int):
+    def __init__(self, dw: Tensor, bucket: Optional[int], left: int):
         self.dw, self.bucket, self.left = dw, bucket, left
 
 
@@ -158,8 +150,6 @@ class _State:
         # not into the .grad that a deferred dW GEMM may still read (its fold). finish() drops
         # both; an abandoned pass puts the .grad back unless the scratch was replaced meanwhile.
         self.taken: Dict[Tensor, Tuple[Optional[Tensor], Tensor]] = {}
-        self.open: Dict[Tuple[torch.dtype, torch.device, Tuple[str, ...]], _Bucket] = {}
-        self.parked: List[_Bucket] = []  # full buckets waiting for their chunk records
         # chunk calls (axonn_c.Sequential) made with grad by the forwards since the last
         # finish(), and the records those calls' backwards accumulate into, by weight parameter
         self.chunk_calls: Dict[Tensor, int] = {}
@@ -172,57 +162,46 @@ class _State:
 _st = _State()
 
 
-def _close(bucket: _Bucket) -> None:
-    """Starts the bucket's sums over its groups, one after the other, each after every
-    collective deferred so far (the reduce-scatters that wrote it, the previous group's sum)."""
-    if bucket.used:
-        f = bucket.flat
-        for group in bucket.groups:
-            _C.sched_reduce_after_deferred(group, f.data_ptr(), bucket.used, str(f.dtype)[6:],
-                                           f.device.index if f.is_cuda else -1, _stream(f))
-        bucket.used = 0
+def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)
+                 ) -> Tuple[Tensor, int]:
+    """n elements of the open bucket of like's dtype/device summed over `groups`, and that
+    bucket's number (csrc/grads/buckets.c decides which bucket and when its sums start)."""
+    return _C.grad_bucket_take(like, n, groups, session.bucket_bytes)
 
 
-def _bucket_take(n: int, like: Tensor, groups: Tuple[str, ...]) -> Tuple[_Bucket, Tensor]:
-    """n elements in the open bucket of like's dtype/device summed over `groups` (a new bucket
-    when it is full), and that bucket."""
-    key = (like.dtype, like.device, groups)
-    b = _st.open.get(key)
-    if b is not None and b.used + n > b.flat.numel():
-        _retire(b)
-        b = None
-    if b is None:
-        elems = max(n, session.bucket_bytes // like.element_size())
-        b = _st.open[key] = _Bucket(like.new_empty((elems,)), groups)
-    view = b.flat[b.used:b.used + n]
-    b.used += n
-    return b, view
+# A synchronous sum (sync_gradients, run_concurrent's reducer) packs up to this many bytes per
+# collective: it waits for all of them at once, so larger buckets only save calls.
+SYNC_BUCKET_BYTES = 32 * 1024 * 1024
 
 
-def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)) -> Tensor:
-    return _bucket_take(n, like, groups)[1]
-
-
-def _retire(b: _Bucket) -> None:
-    """A bucket that takes nothing more: its sums start, or once its chunk records complete."""
-    if b.pending:
-        _st.parked.append(b)
-    else:
-        _close(b)
-
-
-def _close_if_full(key) -> None:
-    b = _st.open.get(key)
-    if b is not None and b.used == b.flat.numel():  # full: its sum can start
-        del _st.open[key]
-        _retire(b)
+@torch.no_grad()
+def reduce_now(tensors: List[Tensor], groups: Tuple[str, ...], scale: Optional[float]) -> None:
+    """Sums the tensors in place over `groups` (in this order) and multiplies them by `scale`,
+    waiting for the result: packed into gradient buckets (the same ones as backward's, emptied
+    first by the caller's finish()) and copied back."""
+    if groups:
+        pieces = []
+        for t in tensors:
+            piece, bucket = _C.grad_bucket_take(t, t.numel(), groups, SYNC_BUCKET_BYTES)
+            piece.copy_(t.reshape(-1))
+            _C.grad_bucket_written(bucket)
+            pieces.append(piece)
+        _C.grad_buckets_finish()
+        for t, piece in zip(tensors, pieces):
+            if scale is not None:
+                piece.mul_(scale)
+            t.copy_(piece.view_as(t))
+    elif scale is not None:
+        for t in tensors:
+            t.mul_(scale)
 
 
 def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor], bool,
-                                                                 bool]:
+                                                                 Optional[int]]:
     """For a deferred weight gradient of `param` ([n] elements): the tensor the layer writes
     (dw), the accumulated gradient to fold in (or None), whether dw replaces .grad (else it is
-    added), and whether it is reduced over the data group (`overlap_data`: the layer's knob)."""
+    added), and the bucket dw is in when it is reduced over the data group (`overlap_data`: the
+    layer's knob), else None."""
     drop_if_abandoned()  # e.g. a second backward over a retained graph after one that raised
     if param in _st.params_pending:  # the layer ran twice in this backward (shared weights)
         finish()
@@ -236,16 +215,17 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     if prev is not None and not flagged:
         fold = prev if prev.is_contiguous() and prev.dtype == param.dtype else \
             prev.detach().to(param.dtype).contiguous()
-    dw = _bucket_view(n, param) if reduce else param.new_empty((n,))
-    return dw, fold, not flagged, reduce
+    dw, bucket = _bucket_view(n, param) if reduce else (param.new_empty((n,)), None)
+    return dw, fold, not flagged, bucket
 
 
-def add(param: Tensor, dw: Tensor, keep, replace: bool, reduced: bool) -> None:
-    """Records a deferred gradient; `keep`: tensors the C side reads until finish()."""
-    _st.records.append(_Record(param, dw, keep, replace, reduced))
+def add(param: Tensor, dw: Tensor, keep, replace: bool, bucket: Optional[int]) -> None:
+    """Records a deferred gradient (in `bucket` when it is reduced over data, from prepare);
+    `keep`: tensors the C side reads until finish()."""
+    _st.records.append(_Record(param, dw, keep, replace, bucket is not None))
     _st.params_pending.add(param)
-    if reduced:
-        _close_if_full((dw.dtype, dw.device, ("data",)))
+    if bucket is not None:
+        _C.grad_bucket_written(bucket)
     queue_finish()
 
 
@@ -289,13 +269,10 @@ def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Op
     c = _st.chunk_open.get(param)
     if c is not None:
         return c.dw, c.dw
-    dw, fold, replace, reduced = prepare(param, n, overlap_data)
-    bucket = None
-    if reduced:
-        key = (dw.dtype, dw.device, ("data",))
-        bucket = _st.open.get(key)  # (prepare took dw from the open bucket of this key)
-        bucket.pending += 1
-    _st.records.append(_Record(param, dw, (fold,), replace, reduced))
+    dw, fold, replace, bucket = prepare(param, n, overlap_data)
+    if bucket is not None:  # its sums wait for the pass's last chunk (chunk_done)
+        _C.grad_bucket_hold(bucket)
+    _st.records.append(_Record(param, dw, (fold,), replace, bucket is not None))
     _st.params_pending.add(param)
     _st.chunk_open[param] = _ChunkRecord(dw, bucket, _st.chunk_calls.pop(param, 0))
     queue_finish()
@@ -312,15 +289,8 @@ def chunk_done(param: Tensor) -> None:
     if c.left != 0:  # more chunks to come (or an unknown count: finish() completes it)
         return
     del _st.chunk_open[param]
-    b = c.bucket
-    if b is not None:
-        b.pending -= 1
-        if b.pending == 0:
-            if b in _st.parked:
-                _st.parked.remove(b)
-                _close(b)
-            else:
-                _close_if_full((b.flat.dtype, b.flat.device, b.groups))
+    if c.bucket is not None:
+        _C.grad_bucket_unhold(c.bucket)
 
 
 def keep_for_task(task: int, tensors: tuple) -> None:
@@ -412,7 +382,7 @@ def _on_grad(ref, g: Tensor) -> None:
 
 def idle() -> bool:
     """Nothing pending: no record, bucket, held result or taken .grad."""
-    return not (_st.records or _st.open or _st.parked or _st.result_keeps or _st.taken)
+    return not (_st.records or _st.result_keeps or _st.taken or _C.grad_buckets_open())
 
 
 def _sums_now(p: Optional[Tensor]) -> bool:
@@ -451,7 +421,7 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
         return
     prev = p.grad
     copies = _copies(p)
-    view = _bucket_view(p.numel(), p, groups)
+    view, bucket = _bucket_view(p.numel(), p, groups)
     view.copy_(g.reshape(-1))
     if prev is not None:
         view.add_(prev.reshape(-1), alpha=1.0 / copies)
@@ -461,7 +431,7 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
         _unreduce(p)
     _st.records.append(_Record(p, view, None, True, groups))
     _st.params_pending.add(p)
-    _close_if_full((p.dtype, p.device, groups))
+    _C.grad_bucket_written(bucket)
     queue_finish()
 
 
@@ -483,13 +453,13 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
         p.grad = scratch
     groups = _groups_of(r)
     if groups:
-        part = _bucket_view(p.numel(), p, groups)
+        part, bucket = _bucket_view(p.numel(), p, groups)
         part.copy_(g.reshape(-1))
     else:  # (summed with the rest by sync_gradients; a copy: autograd may keep g as .grad)
         part = g.detach().reshape(-1).clone()
     _st.records.append(_Record(p, part, None, False, r.reduced))
     if groups:
-        _close_if_full((p.dtype, p.device, groups))
+        _C.grad_bucket_written(bucket)
     return True
 
 
@@ -547,8 +517,8 @@ def finish() -> None:
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
     _st.chunk_calls.clear()
-    if not (_st.records or _st.open or _st.result_keeps or _st.taken):  # (held results no hook awaited)
-        return
+    if not (_st.records or _st.result_keeps or _st.taken or _C.grad_buckets_open()):
+        return  # (held results no hook awaited count)
     taken = dict(_st.taken)
     _st.taken.clear()
     records = list(_st.records)
@@ -556,14 +526,8 @@ def finish() -> None:
     _st.params_pending.clear()
     _st.chunk_open.clear()
     try:
-        for b in _st.parked + list(_st.open.values()):
-            _close(b)
-        _st.parked.clear()
-        _st.open.clear()
-        _C.sched_finish()
+        _C.grad_buckets_finish()  # every bucket's sums, then everything deferred completes
     except BaseException:
-        _st.parked.clear()
-        _st.open.clear()
         for r in records:  # do not leave half-reduced values where a gradient is expected
             r.param.grad = None
         raise
@@ -594,8 +558,7 @@ def drop_if_abandoned() -> None:
     without overlap.) Called by a Linear's forward, by the first gradient of a pass, and by
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
     thread, keeps its records."""
-    if (not (_st.records or _st.open or _st.parked or _st.result_keeps or _st.taken)
-            or (_st.pass_alive is not None and _st.pass_alive() is not None)):
+    if (idle() or (_st.pass_alive is not None and _st.pass_alive() is not None)):
         return
     _st.queued_task = None
     try:
@@ -604,8 +567,7 @@ def drop_if_abandoned() -> None:
     finally:
         _st.records.clear()
         _st.params_pending.clear()
-        _st.open.clear()  # not summed: a partial bucket
-        _st.parked.clear()
+        _C.grad_buckets_drop()  # not summed: partial buckets
         _st.chunk_open.clear()
         _st.chunk_calls.clear()
         for p, (prev, scratch) in _st.taken.items():  # the gradient accumulated before the pass
@@ -618,3 +580,4 @@ def drop_if_abandoned() -> None:
 def reset() -> None:
     """Forgets everything pending (at init/finalize)."""
     _st.clear()
+    _C.grad_buckets_drop()

@@ -167,7 +167,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     if chunk:  # the chunks of axonn_c.Sequential accumulate dW in the GEMM (grads.chunk_prepare)
         dw, fold = grads.chunk_prepare(param, s["shard"], bool(cfg[_OV_DATA]))
     elif param is not None:
-        dw, fold, replace, reduced = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
+        dw, fold, replace, bucket = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
     if param is not None:
         tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
     else:
@@ -194,7 +194,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
             grads.keep_for_task(task, (dy, src, dw, fold, ws_t))
         # the reduce-scatter reads the workspace and writes dw until grads.finish()
-        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, reduced)
+        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, bucket)
         return dx, None, db
     if len(cfg) > _LAYER and cfg[_SCHED]:
         grads.queue_finish()  # the end of backward ends the scheduler's step

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _C, comm, grads
-from .parallel import _model_expert_mode, _nontrivial, _reduce_bucket, _replicated_groups
+from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
 from .state import first_hook, is_initialized, microbatch_active, refuse_cuda, session
 
 
@@ -337,7 +337,7 @@ class _Reducer:
                     return
             have = [p for p in params if p.grad is not None]
             if have:
-                _reduce_bucket(have, groups, None, "grad")
+                grads.reduce_now([p.grad for p in have], groups, None)
                 for p in have:
                     grads.mark_summed(p, groups)
 

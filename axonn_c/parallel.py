@@ -31,10 +31,6 @@ from .state import configure_scheduler, grid, group_size, is_initialized, sessio
 __all__ = ["sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict",
            "auto_parallelize", "optimize_communication"]
 
-# Gradients are packed into flat buffers of at most this many bytes per collective call.
-_BUCKET_BYTES = 32 * 1024 * 1024
-
-
 # ------------------------------------------------------------------------- token layout
 
 def _axonn_layers(model: nn.Module) -> List[Linear]:
@@ -77,42 +73,6 @@ def finish_grads() -> None:
     """Waits for every gradient reduction still in flight and sets the weights' .grad (backward
     does this itself when it ends; for code that reads .grad from inside backward hooks)."""
     grads.finish()
-
-
-def _buckets(params: List[nn.Parameter], attr: str):
-    """Consecutive runs of gradients of one dtype/device, at most _BUCKET_BYTES each."""
-    bucket, nbytes, key = [], 0, None
-    for p in params:
-        g = getattr(p, attr)
-        k = (g.dtype, g.device)
-        size = g.numel() * g.element_size()
-        if bucket and (k != key or nbytes + size > _BUCKET_BYTES):
-            yield bucket
-            bucket, nbytes = [], 0
-        bucket.append(p)
-        nbytes, key = nbytes + size, k
-    if bucket:
-        yield bucket
-
-
-@torch.no_grad()
-def _reduce_bucket(params: List[nn.Parameter], groups: Tuple[str, ...], scale: Optional[float],
-                   attr: str) -> None:
-    grads = [getattr(p, attr) for p in params]
-    if len(grads) == 1 and grads[0].is_contiguous():
-        flat = grads[0]  # reduce in place, no copy
-    else:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-    for name in groups:
-        comm.all_reduce(flat, group=name, op="sum")
-    if scale is not None:
-        flat.mul_(scale)
-    if flat is not grads[0]:
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
 
 
 def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[bool] = None,
@@ -167,14 +127,12 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
             grads.mark_summed(p, ())
         by_groups.setdefault(groups, []).append(p)
     for groups, params in by_groups.items():
-        if not groups and scale is None:
-            continue
+        tensors = [getattr(p, gradient_attr_name) for p in params]
         if vectorize:
-            for bucket in _buckets(params, gradient_attr_name):
-                _reduce_bucket(bucket, groups, scale, gradient_attr_name)
+            grads.reduce_now(tensors, groups, scale)
         else:
-            for p in params:
-                _reduce_bucket([p], groups, scale, gradient_attr_name)
+            for t in tensors:
+                grads.reduce_now([t], groups, scale)
 
 
 # ------------------------------------------------------------------------- clip_grad_norm_

@@ -221,5 +221,10 @@ def scheduler_stats(reset: bool = False) -> dict:
     hits / waits / misses (the gather was complete / in flight / not issued when the layer
     started), prefetches, budget_skips, stale, relearned and off_order (the learned layer
     order), deferred collectives, alive/peak gathered-weight bytes and buffers, order_len,
-    pending. `reset` zeroes the counters (peaks restart from what is alive)."""
-    return _C.sched_stats(reset)
+    pending; and the gradient buckets': buckets (made), buckets_early (whose sums started
+    during backward), buckets_after_holds (of those, at the last chunk of a pass),
+    buckets_at_end (started when backward ended). `reset` zeroes the counters (peaks restart
+    from what is alive)."""
+    stats = _C.sched_stats(reset)
+    stats.update(_C.grad_buckets_stats(reset))
+    return stats

@@ -23,6 +23,7 @@ struct axc_buckets {
      * order; `next_group` is the group the first one hands out next */
     int *due;
     int ndue, due_head, next_group;
+    axc_bucket_stats stats;
 };
 
 static int same_key(const axc_bucket_key *a, const axc_bucket_key *b)
@@ -106,8 +107,10 @@ static bucket *get(axc_buckets *b, int i, const char *what)
     return &b->v[i];
 }
 
+enum why_retired { DURING_PASS, AFTER_HOLDS, AT_END };
+
 /* The bucket takes nothing more: its sums are due now, or once its holds are released. */
-static void retire(axc_buckets *b, int i)
+static void retire(axc_buckets *b, int i, enum why_retired why)
 {
     bucket *k = &b->v[i];
     if (k->holds) {
@@ -115,6 +118,12 @@ static void retire(axc_buckets *b, int i)
         return;
     }
     k->state = BUCKET_RETIRED;
+    if (why == AT_END) {
+        b->stats.at_end++;
+    } else {
+        b->stats.early++;
+        b->stats.after_holds += why == AFTER_HOLDS;
+    }
     if (k->used)
         b->due[b->ndue++] = i; /* (due has room for every bucket: sized with v) */
 }
@@ -130,7 +139,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
             break;
         }
     if (open >= 0 && b->v[open].used + n > b->v[open].cap) {
-        retire(b, open);
+        retire(b, open, DURING_PASS);
         open = -1;
     }
     if (open < 0) {
@@ -152,6 +161,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
         AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, &k.data, &k.owner));
         open = b->n++;
         b->v[open] = k;
+        b->stats.made++;
     }
     bucket *k = &b->v[open];
     *bucket_out = open;
@@ -167,7 +177,7 @@ axc_status axc_buckets_written(axc_buckets *b, int i)
     if (!k)
         return AXC_ERR_INVALID;
     if (k->state == BUCKET_OPEN && k->used == k->cap)
-        retire(b, i);
+        retire(b, i, DURING_PASS);
     return AXC_OK;
 }
 
@@ -191,7 +201,7 @@ axc_status axc_buckets_unhold(axc_buckets *b, int i)
     if (k->holds <= 0)
         return axc_fail(AXC_ERR_STATE, "gradient bucket %d has no hold to release", i);
     if (--k->holds == 0 && (k->state == BUCKET_PARKED || k->used == k->cap))
-        retire(b, i);
+        retire(b, i, AFTER_HOLDS);
     return AXC_OK;
 }
 
@@ -201,7 +211,7 @@ void axc_buckets_close_all(axc_buckets *b)
         for (int i = 0; i < b->n; i++)
             if (b->v[i].state == (pass ? BUCKET_OPEN : BUCKET_PARKED)) {
                 b->v[i].holds = 0;
-                retire(b, i);
+                retire(b, i, AT_END);
             }
 }
 
@@ -228,3 +238,7 @@ int axc_buckets_open(const axc_buckets *b)
 }
 
 int axc_buckets_count(const axc_buckets *b) { return b->n; }
+
+void axc_buckets_stats(const axc_buckets *b, axc_bucket_stats *out) { *out = b->stats; }
+
+void axc_buckets_zero_stats(axc_buckets *b) { b->stats = (axc_bucket_stats){0}; }

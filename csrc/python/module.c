@@ -27,7 +27,7 @@ PyObject *axc_py_raise(axc_status status)
 static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
                                     axc_py_linear_methods, axc_py_gemm_methods,
                                     axc_py_timeline_methods, axc_py_sched_methods,
-                                    axc_py_compress_methods};
+                                    axc_py_compress_methods, axc_py_grads_methods};
 
 static struct PyModuleDef axc_module = {PyModuleDef_HEAD_INIT, "axonn_c._C",
                                         "C core of axonn_c (internal; use the axonn_c package).",
@@ -60,7 +60,8 @@ PyMODINIT_FUNC PyInit__C(void)
     if (PyModule_AddObject(m, "CommError", axc_py_CommError) < 0 ||
         PyModule_AddObject(m, "CommTimeoutError", axc_py_CommTimeoutError) < 0)
         goto fail;
-    if (axc_py_comm_add_types(m) < 0 || axc_py_linear_add_types(m) < 0)
+    if (axc_py_comm_add_types(m) < 0 || axc_py_linear_add_types(m) < 0 ||
+        axc_py_grads_add_types(m) < 0)
         goto fail;
     return m;
 fail:

@@ -23,9 +23,11 @@ extern PyMethodDef axc_py_gemm_methods[];
 extern PyMethodDef axc_py_timeline_methods[];
 extern PyMethodDef axc_py_sched_methods[];
 extern PyMethodDef axc_py_compress_methods[];
+extern PyMethodDef axc_py_grads_methods[];
 
 /* Types registered on the module (each file adds its own). */
 int axc_py_comm_add_types(PyObject *module);
 int axc_py_linear_add_types(PyObject *module); /* py_linear_call.c */
+int axc_py_grads_add_types(PyObject *module);  /* py_grads.c: its interned names */
 
 #endif

@@ -124,6 +124,11 @@ int main(void)
           sums[2].count == 16);
     CHECK(axc_buckets_open(b) == 0);
 
+    axc_bucket_stats stats;
+    axc_buckets_stats(b, &stats);
+    /* made 0 to 7; retired early: 0, 1, 2, 3 and 4 (the last two after holds); at the end: 5 to 7 */
+    CHECK(stats.made == 8 && stats.early == 5 && stats.after_holds == 2 && stats.at_end == 3);
+
     /* e) reset releases every buffer of the pass, and numbering starts again */
     int made = axc_buckets_count(b);
     CHECK(made == log.allocs && log.releases == 0);
@@ -148,6 +153,9 @@ int main(void)
     CHECK(axc_buckets_take(b, &data, 1, &id, &off, &owner) == AXC_ERR_NOMEM);
     CHECK(axc_buckets_count(b) == 0); /* nothing half-made */
     CHECK(axc_buckets_set_bytes(b, 0) == AXC_ERR_INVALID);
+    axc_buckets_zero_stats(b);
+    axc_buckets_stats(b, &stats);
+    CHECK(stats.made == 0 && stats.early == 0 && stats.at_end == 0);
     axc_buckets_destroy(b);
     CHECK(log.releases == log.allocs);
     axc_buckets_destroy(NULL);

@@ -49,6 +49,14 @@ typedef struct axc_bucket_sum {
 
 typedef struct axc_buckets axc_buckets;
 
+/* Counters since creation or the last axc_buckets_zero_stats. */
+typedef struct axc_bucket_stats {
+    long long made;         /* buckets made */
+    long long early;        /* retired during the pass: full, or no room for the next piece */
+    long long after_holds;  /* of those, retired at the last release of their holds */
+    long long at_end;       /* retired by axc_buckets_close_all */
+} axc_bucket_stats;
+
 axc_status axc_buckets_create(axc_buckets **out, const axc_bucket_ops *ops, size_t bucket_bytes);
 /* Releases every buffer (no sum started). NULL is a no-op. */
 void axc_buckets_destroy(axc_buckets *b);
@@ -77,5 +85,7 @@ void axc_buckets_reset(axc_buckets *b);
 int axc_buckets_open(const axc_buckets *b);
 /* Buckets made in this pass (including retired ones whose buffers are still held). */
 int axc_buckets_count(const axc_buckets *b);
+void axc_buckets_stats(const axc_buckets *b, axc_bucket_stats *out);
+void axc_buckets_zero_stats(axc_buckets *b);
 
 #endif

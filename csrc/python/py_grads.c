@@ -1,0 +1,308 @@
+/* Bindings of the gradient buckets (csrc/grads/buckets.c). The buffers come from torch
+ * (like.new_empty, so CUDA ones from torch's caching allocator on the current stream) and are
+ * owned here until the pass's sums complete; the sums the engine hands out are started on the
+ * scheduler (after everything deferred so far) with the GIL released, as py_sched.c does. */
+#include <stdint.h>
+#include <string.h>
+
+#include "axc/buckets.h"
+#include "axc/sched.h"
+#include "axc/torch_shim.h"
+#include "py_common.h"
+
+axc_sched *axc_py_sched(void); /* py_sched.c */
+
+static axc_buckets *g_buckets = NULL;
+/* the tensor a new bucket is made like (set for the duration of one take) */
+static PyObject *g_like = NULL;
+/* a thread is starting due sums: others leave them to it, so that every rank starts them in
+ * the engine's order */
+static int g_starting = 0;
+static PyObject *s_new_empty, *s_data_ptr, *s_narrow, *s_get_device, *s_dtype;
+
+static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
+                             void **owner)
+{
+    (void)ctx;
+    (void)key;
+    PyObject *shape = Py_BuildValue("(n)", (Py_ssize_t)elems);
+    PyObject *flat = shape ? PyObject_CallMethodOneArg(g_like, s_new_empty, shape) : NULL;
+    Py_XDECREF(shape);
+    PyObject *ptr = flat ? PyObject_CallMethodNoArgs(flat, s_data_ptr) : NULL;
+    void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_XDECREF(ptr);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(flat);
+        return axc_fail(AXC_ERR_NOMEM, "a gradient bucket of %zu elements could not be made "
+                                       "(the Python error is set)", elems);
+    }
+    *data = p;
+    *owner = flat;
+    return AXC_OK;
+}
+
+static void release_owner(void *ctx, void *owner)
+{
+    (void)ctx;
+    Py_XDECREF((PyObject *)owner);
+}
+
+static axc_buckets *buckets(void)
+{
+    if (!g_buckets) {
+        axc_bucket_ops ops = {alloc_like, release_owner, NULL};
+        axc_status st = axc_buckets_create(&g_buckets, &ops, 4u << 20);
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            return NULL;
+        }
+    }
+    return g_buckets;
+}
+
+/* Starts every sum that came due, in the engine's order; -1 with the exception set. */
+static int start_due(void)
+{
+    if (g_starting || !g_buckets)
+        return 0;
+    axc_sched *s = axc_py_sched();
+    g_starting = 1;
+    axc_bucket_sum sum;
+    axc_status st = AXC_OK;
+    while (st == AXC_OK && axc_buckets_next_sum(g_buckets, &sum)) {
+        if (!s) {
+            g_starting = 0;
+            PyErr_SetString(PyExc_RuntimeError,
+                            "axonn_c is not initialised: call axonn_c.init(...) first");
+            return -1;
+        }
+        axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = sum.data, .recv = sum.data,
+                      .count = sum.count, .dtype = sum.dtype, .op = AXC_RED_SUM,
+                      .device = sum.device};
+        if (sum.device >= 0)
+            st = axc_torch_cuda_current_stream(sum.device, &c.stream);
+        if (st == AXC_OK) {
+            Py_BEGIN_ALLOW_THREADS st = axc_sched_start_after_deferred(s, sum.group, &c);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    g_starting = 0;
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
+{
+    PyObject *dt = PyObject_GetAttr(like, s_dtype);
+    PyObject *dts = dt ? PyObject_Str(dt) : NULL;
+    Py_XDECREF(dt);
+    const char *name = dts ? PyUnicode_AsUTF8(dts) : NULL;
+    if (!name) {
+        Py_XDECREF(dts);
+        return -1;
+    }
+    axc_status st = axc_dtype_from_name(strncmp(name, "torch.", 6) ? name : name + 6, &key->dtype);
+    Py_DECREF(dts);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    PyObject *dev = PyObject_CallMethodNoArgs(like, s_get_device);
+    key->device = dev ? (int)PyLong_AsLong(dev) : -1;
+    Py_XDECREF(dev);
+    if (PyErr_Occurred())
+        return -1;
+    if (!PyTuple_Check(groups) || PyTuple_GET_SIZE(groups) < 1 ||
+        PyTuple_GET_SIZE(groups) > AXC_BUCKET_MAX_GROUPS) {
+        PyErr_Format(PyExc_ValueError, "groups must be a tuple of 1 to %d group names, got %R",
+                     AXC_BUCKET_MAX_GROUPS, groups);
+        return -1;
+    }
+    key->ngroups = (int)PyTuple_GET_SIZE(groups);
+    for (int i = 0; i < key->ngroups; i++) {
+        const char *g = PyUnicode_AsUTF8(PyTuple_GET_ITEM(groups, i));
+        if (!g)
+            return -1;
+        st = axc_group_from_name(g, &key->groups[i]);
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* grad_bucket_take(like, n, groups, bucket_bytes) -> (piece, bucket): n elements of the open
+ * bucket of like's dtype and device summed over `groups` (a tuple of names, in order) */
+static PyObject *py_take(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *like, *groups;
+    Py_ssize_t n, bytes;
+    if (!PyArg_ParseTuple(args, "OnOn", &like, &n, &groups, &bytes))
+        return NULL;
+    axc_bucket_key key;
+    if (n < 0 || bytes <= 0) {
+        PyErr_Format(PyExc_ValueError, "grad_bucket_take: n=%zd and bucket_bytes=%zd, expected "
+                                       "n >= 0 and bucket_bytes > 0", n, bytes);
+        return NULL;
+    }
+    axc_buckets *b = buckets();
+    if (!b || parse_key(like, groups, &key) < 0)
+        return NULL;
+    (void)axc_buckets_set_bytes(b, (size_t)bytes);
+    int id;
+    size_t off;
+    void *owner;
+    g_like = like;
+    axc_status st = axc_buckets_take(b, &key, (size_t)n, &id, &off, &owner);
+    g_like = NULL;
+    if (st != AXC_OK)
+        return PyErr_Occurred() ? NULL : axc_py_raise(st);
+    if (start_due() < 0) /* (a bucket without room retired) */
+        return NULL;
+    PyObject *piece = PyObject_CallMethod((PyObject *)owner, "narrow", "inn", 0, (Py_ssize_t)off,
+                                          n);
+    if (!piece)
+        return NULL;
+    return Py_BuildValue("(Ni)", piece, id);
+}
+
+typedef axc_status (*bucket_fn)(axc_buckets *, int);
+
+static PyObject *on_bucket(PyObject *arg, bucket_fn fn)
+{
+    int id = (int)PyLong_AsLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    axc_buckets *b = buckets();
+    if (!b)
+        return NULL;
+    axc_status st = fn(b, id);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    if (start_due() < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* grad_bucket_written(bucket): its pieces are written (a full bucket starts its sums) */
+static PyObject *py_written(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return on_bucket(arg, axc_buckets_written);
+}
+
+/* grad_bucket_hold(bucket) / grad_bucket_unhold(bucket): a chunk record accumulating into it */
+static PyObject *py_hold(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return on_bucket(arg, axc_buckets_hold);
+}
+
+static PyObject *py_unhold(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    return on_bucket(arg, axc_buckets_unhold);
+}
+
+/* grad_buckets_finish(): every bucket starts its sums, everything deferred completes
+ * (sched_finish), and the buffers are let go (the pieces handed out keep theirs alive). On an
+ * error the work already started still completes before the buffers go. */
+static PyObject *py_finish(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_sched *s = axc_py_sched();
+    if (!s) {
+        axc_buckets_reset(g_buckets);
+        PyErr_SetString(PyExc_RuntimeError,
+                        "axonn_c is not initialised: call axonn_c.init(...) first");
+        return NULL;
+    }
+    int failed = 0;
+    if (g_buckets) {
+        axc_buckets_close_all(g_buckets);
+        failed = start_due() < 0;
+    }
+    axc_status st;
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_finish(s);
+    Py_END_ALLOW_THREADS
+    axc_buckets_reset(g_buckets);
+    if (failed)
+        return NULL; /* (the first error: the start's) */
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* grad_buckets_drop(): forgets the pass's buckets without starting their sums (an abandoned
+ * pass, after sched_finish; or init/finalize) */
+static PyObject *py_drop(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_buckets_reset(g_buckets);
+    Py_RETURN_NONE;
+}
+
+/* grad_buckets_open() -> buckets still taking gradients or waiting for holds */
+static PyObject *py_open(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(g_buckets ? axc_buckets_open(g_buckets) : 0);
+}
+
+/* grad_buckets_stats(reset) -> {"buckets", "buckets_early", "buckets_after_holds",
+ * "buckets_at_end"} */
+static PyObject *py_stats(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p", &reset))
+        return NULL;
+    axc_bucket_stats st = {0};
+    if (g_buckets) {
+        axc_buckets_stats(g_buckets, &st);
+        if (reset)
+            axc_buckets_zero_stats(g_buckets);
+    }
+    return Py_BuildValue("{sLsLsLsL}", "buckets", st.made, "buckets_early", st.early,
+                         "buckets_after_holds", st.after_holds, "buckets_at_end", st.at_end);
+}
+
+static int intern_names(void)
+{
+    if (s_new_empty)
+        return 0;
+    return (s_new_empty = PyUnicode_InternFromString("new_empty")) &&
+                   (s_data_ptr = PyUnicode_InternFromString("data_ptr")) &&
+                   (s_narrow = PyUnicode_InternFromString("narrow")) &&
+                   (s_get_device = PyUnicode_InternFromString("get_device")) &&
+                   (s_dtype = PyUnicode_InternFromString("dtype"))
+               ? 0
+               : -1;
+}
+
+int axc_py_grads_add_types(PyObject *module)
+{
+    (void)module;
+    return intern_names();
+}
+
+PyMethodDef axc_py_grads_methods[] = {
+    {"grad_bucket_take", py_take, METH_VARARGS,
+     "grad_bucket_take(like, n, groups, bucket_bytes) -> (piece, bucket)"},
+    {"grad_bucket_written", py_written, METH_O, "grad_bucket_written(bucket)"},
+    {"grad_bucket_hold", py_hold, METH_O, "grad_bucket_hold(bucket)"},
+    {"grad_bucket_unhold", py_unhold, METH_O, "grad_bucket_unhold(bucket)"},
+    {"grad_buckets_finish", py_finish, METH_NOARGS,
+     "grad_buckets_finish(): start every bucket's sums, wait for all deferred work"},
+    {"grad_buckets_drop", py_drop, METH_NOARGS, "grad_buckets_drop(): forget the pass's buckets"},
+    {"grad_buckets_open", py_open, METH_NOARGS, "grad_buckets_open() -> int"},
+    {"grad_buckets_stats", py_stats, METH_VARARGS, "grad_buckets_stats(reset=False) -> dict"},
+    {NULL, NULL, 0, NULL}};
