@@ -8,6 +8,7 @@ from . import _C, comm
 from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .chunking import Sequential, forward_backward
+from .compression import compression_state, load_compression_state
 from .linear import Linear
 from .microbatches import run_concurrent
 from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
@@ -20,5 +21,6 @@ __all__ = [
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
     "optimize_communication", "timeline", "scheduler_stats", "run_concurrent", "Sequential", "forward_backward",
+    "compression_state", "load_compression_state",
 ]
 __version__ = "0.1.0"

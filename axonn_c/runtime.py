@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, grads, microbatches, validate
+from . import compression as compression_policy
 from .bootstrap import InitStore, env_store
 from .state import Grid, configure_scheduler, grid, is_initialized, session
 
@@ -53,7 +54,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
          plan: str | None = None, model=None, overlap: bool = False,
          fwd_chunks: int | None = None, prefetch: int = 1, prefetch_budget: int | None = None,
          cache_weights: bool = False, bucket_size: int = 4 * 2**20,
-         concurrent_microbatches: int = 1, **plan_kwargs) -> Grid:
+         concurrent_microbatches: int = 1, compression=None, **plan_kwargs) -> Grid:
     """Creates the 4D grid and its communicators on every rank (call on all ranks).
 
     Ranks come from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);
@@ -82,6 +83,12 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     axonn_c.run_concurrent() can run n micro-batches at once in threads, one micro-batch's
     GEMMs hiding the others' collectives, while the caller sums finished gradients
     (axonn_c/microbatches.py). Host tensors only: the extra channels open no NCCL communicators.
+
+    `compression` compresses gradient sums per grid dimension (docs/compression.md): None,
+    a codec ("bf16", "fp8", "int8", "int4") for the data-parallel gradient sums, or a dict
+    {"data": ..., "depth": ..., "row": ..., "col": ...} whose values are None, a codec name or
+    {"codec": ..., "block": ..., "error_feedback": ...} (error feedback is on by default for
+    int8 and int4). Only "data" is implemented; the others take None.
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")
@@ -94,6 +101,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         raise ValueError(f"prefetch_budget must be None or a positive number of bytes, got "
                          f"{prefetch_budget!r}")
     validate.check_int("bucket_size (bytes)", bucket_size, 1, 2**40)
+    policy = compression_policy.parse_policy(compression)
     timeout = validate.timeout_from_env(DEFAULT_TIMEOUT_S) if timeout is None else \
         validate.check_timeout(timeout)  # before any rank touches the store (issue 28 item 1)
     if not isinstance(cache_weights, bool):
@@ -136,6 +144,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                 channels=_channels(concurrent_microbatches))  # same: no-op; different: raises
         configure_scheduler(*sched_cfg)
         _set_placement()
+        compression_policy.apply(policy)
         return grid()
     # check the sizes before touching the store, so a wrong grid fails fast on every rank
     product = G_data * G_intra_r * G_intra_c * G_intra_d * G_inter
@@ -174,6 +183,8 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     session.microbatches = concurrent_microbatches
     _set_placement()
     grads.reset()
+    compression_policy.apply(policy)
+    _C.grad_buckets_clear_residuals()  # (a new grid: the buckets' layout may differ)
     configure_scheduler(*sched_cfg)
     return grid()
 
@@ -195,6 +206,8 @@ def finalize() -> None:
         except Exception:  # (a dead peer: the collectives end with an error; finalize goes on)
             pass
     grads.reset()
+    compression_policy.apply({})
+    _C.grad_buckets_clear_residuals()
     _C.finalize()
 
 

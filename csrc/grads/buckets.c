@@ -24,6 +24,14 @@ struct axc_buckets {
     int *due;
     int ndue, due_head, next_group;
     axc_bucket_stats stats;
+    axc_bucket_codec codec[AXC_GROUP_COUNT];
+    /* error-feedback residuals by bucket number (kept across passes) */
+    struct residual {
+        void *data, *owner;
+        int device;
+        size_t elems;
+    } *res;
+    int nres;
 };
 
 static int same_key(const axc_bucket_key *a, const axc_bucket_key *b)
@@ -87,11 +95,24 @@ void axc_buckets_reset(axc_buckets *b)
     b->ndue = b->due_head = b->next_group = 0;
 }
 
+void axc_buckets_clear_residuals(axc_buckets *b)
+{
+    if (!b)
+        return;
+    for (int i = 0; i < b->nres; i++)
+        if (b->res[i].owner)
+            b->ops.release(b->ops.ctx, b->res[i].owner);
+    free(b->res);
+    b->res = NULL;
+    b->nres = 0;
+}
+
 void axc_buckets_destroy(axc_buckets *b)
 {
     if (!b)
         return;
     axc_buckets_reset(b);
+    axc_buckets_clear_residuals(b);
     free(b->v);
     free(b->due);
     free(b);
@@ -215,13 +236,92 @@ void axc_buckets_close_all(axc_buckets *b)
             }
 }
 
+static struct residual *residual_slot(axc_buckets *b, int i)
+{
+    if (i >= b->nres) {
+        struct residual *r = realloc(b->res, (size_t)(i + 1) * sizeof *r);
+        if (!r) {
+            axc_fail(AXC_ERR_NOMEM, "gradient buckets: out of memory for residual %d", i);
+            return NULL;
+        }
+        memset(r + b->nres, 0, (size_t)(i + 1 - b->nres) * sizeof *r);
+        b->res = r;
+        b->nres = i + 1;
+    }
+    return &b->res[i];
+}
+
+axc_status axc_buckets_set_codec(axc_buckets *b, axc_group_kind group, const axc_bucket_codec *c)
+{
+    if ((unsigned)group >= AXC_GROUP_COUNT)
+        return axc_fail(AXC_ERR_INVALID, "gradient bucket codec: unknown group %d", (int)group);
+    int block = 0;
+    AXC_TRY(axc_codec_check(c->codec, c->block, &block));
+    b->codec[group] = *c;
+    b->codec[group].block = c->codec == AXC_CODEC_NONE ? 0 : block;
+    return AXC_OK;
+}
+
+int axc_buckets_residual_count(const axc_buckets *b) { return b->nres; }
+
+void axc_buckets_residual(const axc_buckets *b, int i, void **owner, size_t *elems)
+{
+    int have = i >= 0 && i < b->nres;
+    *owner = have ? b->res[i].owner : NULL;
+    *elems = have ? b->res[i].elems : 0;
+}
+
+axc_status axc_buckets_set_residual(axc_buckets *b, int i, void *data, void *owner, int device,
+                                    size_t elems)
+{
+    struct residual *r = i >= 0 ? residual_slot(b, i) : NULL;
+    if (!r) {
+        b->ops.release(b->ops.ctx, owner);
+        return i < 0 ? axc_fail(AXC_ERR_INVALID, "residual slot %d: expected >= 0", i)
+                     : AXC_ERR_NOMEM;
+    }
+    if (r->owner)
+        b->ops.release(b->ops.ctx, r->owner);
+    *r = (struct residual){data, owner, device, elems};
+    return AXC_OK;
+}
+
+/* Bucket i's residual of `elems` floats on `device`: kept when it matches, else new zeros. */
+static float *residual_for(axc_buckets *b, int i, const bucket *k)
+{
+    struct residual *r = residual_slot(b, i);
+    if (!r)
+        return NULL;
+    if (!r->owner || r->elems != k->used || r->device != k->key.device) {
+        void *data, *owner;
+        if (b->ops.alloc_residual(b->ops.ctx, k->owner, k->key.device, k->used, &data, &owner) !=
+            AXC_OK)
+            return NULL;
+        if (r->owner)
+            b->ops.release(b->ops.ctx, r->owner);
+        *r = (struct residual){data, owner, k->key.device, k->used};
+    }
+    return r->data;
+}
+
 int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum)
 {
     if (b->due_head == b->ndue)
         return 0;
-    const bucket *k = &b->v[b->due[b->due_head]];
-    *sum = (axc_bucket_sum){.group = k->key.groups[b->next_group], .data = k->data,
-                            .count = k->used, .dtype = k->key.dtype, .device = k->key.device};
+    int i = b->due[b->due_head];
+    const bucket *k = &b->v[i];
+    axc_group_kind group = k->key.groups[b->next_group];
+    *sum = (axc_bucket_sum){.group = group, .data = k->data, .count = k->used,
+                            .dtype = k->key.dtype, .device = k->key.device};
+    const axc_bucket_codec *c = &b->codec[group];
+    if (c->codec != AXC_CODEC_NONE && k->key.dtype == AXC_DT_F32) {
+        sum->codec = c->codec;
+        sum->block = c->block;
+        /* (a residual per bucket number and group position) */
+        if (c->error_feedback && b->ops.alloc_residual &&
+            !(sum->residual = residual_for(b, i * AXC_BUCKET_MAX_GROUPS + b->next_group, k)))
+            return -1;
+    }
     if (++b->next_group == k->key.ngroups) {
         b->next_group = 0;
         b->due_head++;

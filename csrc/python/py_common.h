@@ -6,6 +6,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "axc/comm.h"
 #include "axc/status.h"
 
 /* Exception types created in module.c. */
@@ -14,6 +15,10 @@ extern PyObject *axc_py_CommTimeoutError; /* CommError and TimeoutError: a peer 
 
 /* Raises the exception matching `status` with the core's thread-local message; returns NULL. */
 PyObject *axc_py_raise(axc_status status);
+
+/* py_comm.c: reads a dense contiguous torch.Tensor (exact type) or raises naming `argname`. */
+int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *numel,
+                       axc_dtype *dtype, int *device);
 
 /* Method tables, each NULL-terminated, one per binding file. */
 extern PyMethodDef axc_py_comm_methods[];

@@ -9,8 +9,6 @@
 
 /* py_comm.c */
 axc_comm *axc_py_comm(void);
-int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *numel,
-                       axc_dtype *dtype, int *device);
 PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject *keep,
                                   int async_op, unsigned char *stage, size_t stage_out_off,
                                   size_t stage_out_bytes);

@@ -41,6 +41,27 @@ static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems,
     return AXC_OK;
 }
 
+/* float32 zeros like the bucket (only float32 buckets are compressed) */
+static axc_status alloc_residual(void *ctx, void *bucket_owner, int device, size_t elems,
+                                 void **data, void **owner)
+{
+    (void)ctx;
+    (void)device;
+    PyObject *r = PyObject_CallMethod((PyObject *)bucket_owner, "new_zeros", "((n))",
+                                      (Py_ssize_t)elems);
+    PyObject *ptr = r ? PyObject_CallMethodNoArgs(r, s_data_ptr) : NULL;
+    void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_XDECREF(ptr);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(r);
+        return axc_fail(AXC_ERR_NOMEM, "an error-feedback residual of %zu elements could not be "
+                                       "made (the Python error is set)", elems);
+    }
+    *data = p;
+    *owner = r;
+    return AXC_OK;
+}
+
 static void release_owner(void *ctx, void *owner)
 {
     (void)ctx;
@@ -50,7 +71,7 @@ static void release_owner(void *ctx, void *owner)
 static axc_buckets *buckets(void)
 {
     if (!g_buckets) {
-        axc_bucket_ops ops = {alloc_like, release_owner, NULL};
+        axc_bucket_ops ops = {alloc_like, release_owner, alloc_residual, NULL};
         axc_status st = axc_buckets_create(&g_buckets, &ops, 4u << 20);
         if (st != AXC_OK) {
             axc_py_raise(st);
@@ -69,7 +90,12 @@ static int start_due(void)
     g_starting = 1;
     axc_bucket_sum sum;
     axc_status st = AXC_OK;
-    while (st == AXC_OK && axc_buckets_next_sum(g_buckets, &sum)) {
+    int more;
+    while (st == AXC_OK && (more = axc_buckets_next_sum(g_buckets, &sum)) != 0) {
+        if (more < 0) {
+            st = AXC_ERR_NOMEM;
+            break;
+        }
         if (!s) {
             g_starting = 0;
             PyErr_SetString(PyExc_RuntimeError,
@@ -78,7 +104,8 @@ static int start_due(void)
         }
         axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = sum.data, .recv = sum.data,
                       .count = sum.count, .dtype = sum.dtype, .op = AXC_RED_SUM,
-                      .device = sum.device};
+                      .device = sum.device, .codec = sum.codec, .block = sum.block,
+                      .residual = sum.residual};
         if (sum.device >= 0)
             st = axc_torch_cuda_current_stream(sum.device, &c.stream);
         if (st == AXC_OK) {
@@ -88,7 +115,8 @@ static int start_due(void)
     }
     g_starting = 0;
     if (st != AXC_OK) {
-        axc_py_raise(st);
+        if (!PyErr_Occurred())
+            axc_py_raise(st);
         return -1;
     }
     return 0;
@@ -275,6 +303,88 @@ static PyObject *py_stats(PyObject *self, PyObject *args)
                          "buckets_after_holds", st.after_holds, "buckets_at_end", st.at_end);
 }
 
+/* grad_buckets_set_codec(group, codec, block, error_feedback): how later sums over `group`
+ * are compressed ("none": exact) */
+static PyObject *py_set_codec(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *group, *codec;
+    int block, ef;
+    if (!PyArg_ParseTuple(args, "ssip", &group, &codec, &block, &ef))
+        return NULL;
+    axc_group_kind kind;
+    axc_bucket_codec c = {.block = block, .error_feedback = ef};
+    axc_buckets *b = buckets();
+    if (!b)
+        return NULL;
+    axc_status st = axc_group_from_name(group, &kind);
+    if (st == AXC_OK)
+        st = axc_codec_from_name(codec, &c.codec);
+    if (st == AXC_OK)
+        st = axc_buckets_set_codec(b, kind, &c);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* grad_buckets_residuals() -> {slot: tensor}: the error-feedback residuals (live buffers) */
+static PyObject *py_residuals(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    PyObject *d = PyDict_New();
+    int n = g_buckets ? axc_buckets_residual_count(g_buckets) : 0;
+    for (int i = 0; d && i < n; i++) {
+        void *owner;
+        size_t elems;
+        axc_buckets_residual(g_buckets, i, &owner, &elems);
+        if (!owner)
+            continue;
+        PyObject *k = PyLong_FromLong(i);
+        if (!k || PyDict_SetItem(d, k, (PyObject *)owner) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+    }
+    return d;
+}
+
+/* grad_buckets_set_residual(slot, tensor): adopts a contiguous float32 tensor as slot's
+ * residual (the engine keeps a reference and updates it in place) */
+static PyObject *py_set_residual(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int slot;
+    PyObject *t;
+    if (!PyArg_ParseTuple(args, "iO", &slot, &t))
+        return NULL;
+    void *ptr;
+    size_t numel;
+    axc_dtype dt;
+    int device;
+    axc_buckets *b = buckets();
+    if (!b || axc_py_read_tensor(t, "residual", &ptr, &numel, &dt, &device) < 0)
+        return NULL;
+    if (dt != AXC_DT_F32) {
+        PyErr_Format(PyExc_TypeError, "residual %d has dtype %s, expected float32", slot,
+                     axc_dtype_name(dt));
+        return NULL;
+    }
+    Py_INCREF(t);
+    axc_status st = axc_buckets_set_residual(b, slot, ptr, t, device, numel);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* grad_buckets_clear_residuals() */
+static PyObject *py_clear_residuals(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_buckets_clear_residuals(g_buckets);
+    Py_RETURN_NONE;
+}
+
 static int intern_names(void)
 {
     if (s_new_empty)
@@ -305,4 +415,11 @@ PyMethodDef axc_py_grads_methods[] = {
     {"grad_buckets_drop", py_drop, METH_NOARGS, "grad_buckets_drop(): forget the pass's buckets"},
     {"grad_buckets_open", py_open, METH_NOARGS, "grad_buckets_open() -> int"},
     {"grad_buckets_stats", py_stats, METH_VARARGS, "grad_buckets_stats(reset=False) -> dict"},
+    {"grad_buckets_set_codec", py_set_codec, METH_VARARGS,
+     "grad_buckets_set_codec(group, codec, block, error_feedback)"},
+    {"grad_buckets_residuals", py_residuals, METH_NOARGS, "grad_buckets_residuals() -> dict"},
+    {"grad_buckets_set_residual", py_set_residual, METH_VARARGS,
+     "grad_buckets_set_residual(slot, tensor)"},
+    {"grad_buckets_clear_residuals", py_clear_residuals, METH_NOARGS,
+     "grad_buckets_clear_residuals()"},
     {NULL, NULL, 0, NULL}};

@@ -26,6 +26,17 @@ static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems,
     return *data ? AXC_OK : AXC_ERR_NOMEM;
 }
 
+static axc_status fake_residual(void *ctx, void *bucket_owner, int device, size_t elems,
+                                void **data, void **owner)
+{
+    (void)bucket_owner;
+    (void)device;
+    ((alloc_log *)ctx)->allocs++;
+    *data = calloc(elems, sizeof(float));
+    *owner = *data;
+    return *data ? AXC_OK : AXC_ERR_NOMEM;
+}
+
 static void fake_release(void *ctx, void *owner)
 {
     ((alloc_log *)ctx)->releases++;
@@ -53,7 +64,7 @@ static int drain(axc_buckets *b, axc_bucket_sum *out, int cap)
 int main(void)
 {
     alloc_log log = {0};
-    axc_bucket_ops ops = {fake_alloc, fake_release, &log};
+    axc_bucket_ops ops = {fake_alloc, fake_release, fake_residual, &log};
     axc_buckets *b = NULL;
     CHECK_OK(axc_buckets_create(&b, &ops, 16 * sizeof(float))); /* 16 floats a bucket */
     axc_bucket_key data = key_of(AXC_DT_F32, 1, AXC_GROUP_DATA, 0);
@@ -153,6 +164,50 @@ int main(void)
     CHECK(axc_buckets_take(b, &data, 1, &id, &off, &owner) == AXC_ERR_NOMEM);
     CHECK(axc_buckets_count(b) == 0); /* nothing half-made */
     CHECK(axc_buckets_set_bytes(b, 0) == AXC_ERR_INVALID);
+    /* g) compression: float32 sums over a compressed group carry the codec and, with error
+     * feedback, a residual per bucket number kept across passes (new zeros when the size
+     * changes); other dtypes and groups stay exact */
+    axc_bucket_codec int8 = {AXC_CODEC_INT8, 0, 1};
+    CHECK_OK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &int8));
+    axc_bucket_codec bad_block = {AXC_CODEC_INT8, 3, 0};
+    CHECK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &bad_block) == AXC_ERR_INVALID);
+    float *first_residual = NULL;
+    for (int pass = 0; pass < 3; pass++) {
+        size_t n = pass < 2 ? 6 : 5;
+        CHECK_OK(axc_buckets_take(b, &two, n, &id, &off, &owner));    /* depth, data */
+        CHECK_OK(axc_buckets_take(b, &half, n, &id2, &off, &owner2)); /* bf16 over world */
+        axc_buckets_close_all(b);
+        CHECK(drain(b, sums, 16) == 3);
+        CHECK(sums[0].group == AXC_GROUP_DEPTH && sums[0].codec == AXC_CODEC_NONE &&
+              !sums[0].residual);
+        CHECK(sums[1].group == AXC_GROUP_DATA && sums[1].codec == AXC_CODEC_INT8 &&
+              sums[1].block == AXC_CODEC_DEFAULT_BLOCK && sums[1].residual != NULL);
+        CHECK(sums[2].codec == AXC_CODEC_NONE && !sums[2].residual); /* bf16: exact */
+        if (pass == 0)
+            first_residual = sums[1].residual;
+        else if (pass == 1)
+            CHECK(sums[1].residual == first_residual); /* kept */
+        axc_buckets_reset(b);
+    }
+    void *res_owner;
+    size_t res_elems;
+    CHECK(axc_buckets_residual_count(b) == 2); /* bucket 0, group position 1 */
+    axc_buckets_residual(b, 1, &res_owner, &res_elems);
+    CHECK(res_owner != NULL && res_elems == 5);
+    axc_buckets_residual(b, 0, &res_owner, &res_elems);
+    CHECK(res_owner == NULL && res_elems == 0);
+    float *mine = calloc(5, sizeof(float));
+    log.allocs++; /* (released by the engine from now on) */
+    CHECK_OK(axc_buckets_set_residual(b, 1, mine, mine, -1, 5));
+    CHECK_OK(axc_buckets_take(b, &two, 5, &id, &off, &owner));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual == mine); /* adopted */
+    axc_buckets_reset(b);
+    axc_bucket_codec none = {AXC_CODEC_NONE, 0, 0};
+    CHECK_OK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &none));
+    axc_buckets_clear_residuals(b);
+    CHECK(axc_buckets_residual_count(b) == 0);
+
     axc_buckets_zero_stats(b);
     axc_buckets_stats(b, &stats);
     CHECK(stats.made == 0 && stats.early == 0 && stats.at_end == 0);

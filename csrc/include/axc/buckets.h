@@ -34,17 +34,36 @@ typedef struct axc_bucket_ops {
     axc_status (*alloc)(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
                         void **owner);
     void (*release)(void *ctx, void *owner);
+    /* An error-feedback residual: `elems` float32 zeros on `device`, made like the bucket whose
+     * buffer `bucket_owner` holds. Released with release(). */
+    axc_status (*alloc_residual)(void *ctx, void *bucket_owner, int device, size_t elems,
+                                 void **data, void **owner);
     void *ctx;
 } axc_bucket_ops;
 
-/* A sum to start: `count` elements at `data`, all-reduced over `group` in place. A bucket's
- * sums come out in its group order, each to start after the previous one. */
+/* How a bucket's sums over one group are compressed (codec AXC_CODEC_NONE: exact). Only
+ * float32 buckets are compressed; others are summed exactly. With error_feedback, each bucket
+ * number of a pass keeps a float32 residual across passes (what encoding lost, added to the
+ * next pass's contribution); a bucket whose size or device differs from the residual's starts
+ * from zeros. */
+typedef struct axc_bucket_codec {
+    axc_codec codec;
+    int block; /* 0: the codec's default */
+    int error_feedback;
+} axc_bucket_codec;
+
+/* A sum to start: `count` elements at `data`, all-reduced over `group` in place, compressed
+ * with `codec` (and `residual`, NULL: no error feedback) unless it is AXC_CODEC_NONE. A
+ * bucket's sums come out in its group order, each to start after the previous one. */
 typedef struct axc_bucket_sum {
     axc_group_kind group;
     void *data;
     size_t count;
     axc_dtype dtype;
     int device;
+    axc_codec codec;
+    int block;
+    float *residual;
 } axc_bucket_sum;
 
 typedef struct axc_buckets axc_buckets;
@@ -61,6 +80,17 @@ axc_status axc_buckets_create(axc_buckets **out, const axc_bucket_ops *ops, size
 /* Releases every buffer (no sum started). NULL is a no-op. */
 void axc_buckets_destroy(axc_buckets *b);
 axc_status axc_buckets_set_bytes(axc_buckets *b, size_t bucket_bytes);
+/* The compression of every later sum over `group`. */
+axc_status axc_buckets_set_codec(axc_buckets *b, axc_group_kind group, const axc_bucket_codec *c);
+/* Error-feedback residuals: how many slots, and slot i's buffer (owner NULL: none). Slot
+ * i = bucket number * AXC_BUCKET_MAX_GROUPS + the group's position in the bucket's key. Setting
+ * one adopts `owner` (released by the engine) for later passes. */
+int axc_buckets_residual_count(const axc_buckets *b);
+void axc_buckets_residual(const axc_buckets *b, int i, void **owner, size_t *elems);
+axc_status axc_buckets_set_residual(axc_buckets *b, int i, void *data, void *owner, int device,
+                                    size_t elems);
+/* Releases every residual (init/finalize, or a policy change). */
+void axc_buckets_clear_residuals(axc_buckets *b);
 
 /* `n` elements in the open bucket of `key` (a new one, of max(n, bucket_bytes / element size)
  * elements, when it has no room: the full one retires). Out: the bucket's number in this pass,
@@ -76,7 +106,8 @@ axc_status axc_buckets_unhold(axc_buckets *b, int bucket);
 /* The end of a pass: every bucket not yet retired starts its sums (parked ones first, then open
  * ones, in the order they were made: the same on every rank). */
 void axc_buckets_close_all(axc_buckets *b);
-/* The next sum to start, in order; 0 when there is none. */
+/* The next sum to start, in order: 1, or 0 when there is none, or -1 when its residual could
+ * not be made (the message set; the sum is still due). */
 int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum);
 /* Forgets the pass's buckets and releases their buffers (after their sums completed, or for an
  * abandoned pass, without starting the sums still due). */

@@ -1,0 +1,107 @@
+"""Compressed gradient reductions (docs/compression.md): the policy init(compression=...) sets
+per grid dimension, and the error-feedback state it keeps.
+
+The gradient buckets (csrc/grads/buckets.c) apply the policy to every float32 bucket they sum:
+backward's overlapped sums, sync_gradients and run_concurrent's reducer alike. "data" covers
+the sums over the data group (the weights' and biases' data-parallel reduction); a replicated
+parameter summed over "world" or ("depth", "data") stays exact on the groups other than data.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from . import _C
+from .comm import CODECS
+
+DIMENSIONS = ("data", "depth", "row", "col")
+# the dimensions whose traffic can be compressed today (the others accept only None)
+IMPLEMENTED = ("data",)
+_SPEC_KEYS = ("codec", "block", "error_feedback")
+
+# (codec, block (0: the codec's default), error feedback) per dimension
+Policy = Dict[str, Tuple[str, int, bool]]
+
+
+def _spec(dim: str, value) -> Optional[Tuple[str, int, bool]]:
+    spec = {"codec": value} if value is None or isinstance(value, str) else value
+    if not isinstance(spec, dict):
+        raise TypeError(f"compression[{dim!r}] must be None, a codec name or a dict with keys "
+                        f"{list(_SPEC_KEYS)}, got {type(value).__name__}")
+    unknown = sorted(set(spec) - set(_SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"compression[{dim!r}]: unknown keys {unknown}, expected some of "
+                         f"{list(_SPEC_KEYS)}")
+    codec = spec.get("codec")
+    codec = "none" if codec is None else codec
+    if codec not in CODECS:
+        raise ValueError(f"compression[{dim!r}]: unknown codec {codec!r}, expected None or one "
+                         f"of {list(CODECS)}")
+    block = spec.get("block") or 0
+    if not isinstance(block, int) or isinstance(block, bool):
+        raise TypeError(f"compression[{dim!r}]: block must be an int, got {block!r}")
+    # error feedback by default where quantisation loses most: int8 and int4 gradients
+    ef = spec.get("error_feedback", codec in ("int8", "int4"))
+    if not isinstance(ef, bool):
+        raise TypeError(f"compression[{dim!r}]: error_feedback must be a bool, got {ef!r}")
+    if codec == "none":
+        return None
+    _C.codec_encoded_bytes(codec, 1, block)  # raises for a block size the codec cannot take
+    if dim not in IMPLEMENTED:
+        raise NotImplementedError(
+            f"compression[{dim!r}]={codec!r}: compressing the {dim} dimension's traffic is not "
+            f"implemented yet; only {list(IMPLEMENTED)} (data-parallel gradient sums) can be "
+            "compressed, the others take None")
+    return codec, block, ef
+
+
+def parse_policy(compression) -> Policy:
+    """init(compression=...) as {dimension: (codec, block, error_feedback)}: None (nothing
+    compressed), a codec name or spec dict (the data dimension), or a dict by dimension."""
+    if compression is None:
+        return {}
+    if isinstance(compression, str) or (isinstance(compression, dict) and "codec" in compression):
+        compression = {"data": compression}
+    if not isinstance(compression, dict):
+        raise TypeError("compression must be None, a codec name, a dict {'codec': ...} or a dict "
+                        f"by dimension {list(DIMENSIONS)}, got {type(compression).__name__}")
+    unknown = sorted(set(compression) - set(DIMENSIONS))
+    if unknown:
+        raise ValueError(f"compression: unknown dimensions {unknown}, expected some of "
+                         f"{list(DIMENSIONS)}")
+    policy = {}
+    for dim, value in compression.items():
+        spec = _spec(dim, value)
+        if spec is not None:
+            policy[dim] = spec
+    return policy
+
+
+def apply(policy: Policy) -> None:
+    """Hands the policy to the gradient buckets (the residuals stay: init clears them when the
+    grid is new)."""
+    for dim in IMPLEMENTED:
+        codec, block, ef = policy.get(dim, ("none", 0, False))
+        _C.grad_buckets_set_codec(dim, codec, block, ef)
+
+
+def compression_state() -> dict:
+    """The error-feedback residuals of the compressed gradient sums on this rank ({slot:
+    float32 tensor}, copies), for a checkpoint: load them with load_compression_state on the
+    same grid and model. Slot = bucket number in a backward pass x 4 + the group's position;
+    a residual whose bucket changes size starts again from zeros."""
+    return {"residuals": {k: v.detach().clone() for k, v in _C.grad_buckets_residuals().items()}}
+
+
+def load_compression_state(state: dict) -> None:
+    """Restores what compression_state() returned (the residuals are copied)."""
+    if not isinstance(state, dict) or not isinstance(state.get("residuals"), dict):
+        raise TypeError("load_compression_state: expected the dict compression_state() "
+                        "returned, with a 'residuals' dict")
+    _C.grad_buckets_clear_residuals()
+    for slot, t in state["residuals"].items():
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise TypeError(f"load_compression_state: residual {slot!r} must be a float32 "
+                            f"tensor, got {type(t).__name__} {getattr(t, 'dtype', '')}")
+        _C.grad_buckets_set_residual(int(slot), t.detach().clone().contiguous())
