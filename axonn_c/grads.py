@@ -134,15 +134,6 @@ class _State:
 
     def clear(self):
         self.records: List[_Record] = []
-        # (task number, tensors) for deferred dW GEMMs (defer_wgrad): alive until the task ran
-        self.task_keeps: List[Tuple[int, tuple]] = []
-        # (result number, dx) for held backward all-reduces (axonn_c.Sequential): alive until
-        # awaited
-        self.result_keeps: List[Tuple[int, Tensor]] = []
-        # (result number, y) for held forward all-reduces: alive until awaited. Apart from the
-        # backward state above: the container awaits them within its forward, so they never
-        # mean that a backward pass was abandoned (drop_if_abandoned) or left work to finish()
-        self.output_keeps: List[Tuple[int, Tensor]] = []
         self.params_pending: set = set()
         # param -> (its .grad or None, the scratch tensor put in its place) for a parameter
         # whose pending record replaces .grad and that gets another gradient through autograd
@@ -293,45 +284,33 @@ def chunk_done(param: Tensor) -> None:
         _C.grad_bucket_unhold(c.bucket)
 
 
+# What in-flight work reads or writes is kept alive in C (csrc/grads/keeps.c), each until its
+# scheduler number is done: "task" (a deferred dW GEMM has run), "result" (a held backward dX
+# all-reduce was awaited: by the consumer's gradient hook, axonn_c/chunking.py, or at the end
+# of backward), "output" (a held forward all-reduce was awaited by axonn_c.Sequential within
+# its forward, so these never mean that a backward pass was abandoned or left work to
+# finish()). Whoever drops such a tensor first, e.g. an exception unwinding autograd's
+# Function.apply, must not free memory the progress thread still writes.
+
 def keep_for_task(task: int, tensors: tuple) -> None:
-    """Keeps what a deferred dW GEMM (scheduler task `task`) reads until it has run; releases
-    the tensors of the tasks run since the last call."""
-    release_done()
-    _st.task_keeps.append((task, tensors))
+    """Keeps what a deferred dW GEMM (scheduler task `task`) reads until it has run."""
+    _C.keep_alive("task", task, tensors)
 
 
 def keep_output(number: int, y: Tensor) -> None:
     """Keeps a forward's output y, which a held all-reduce (result `number`) writes, alive until
-    axonn_c.Sequential awaits it: whoever drops y first (an exception unwinding autograd's
-    Function.apply, e.g. the early stop of checkpoint's recomputation) must not free memory the
-    progress thread writes."""
-    release_done()
-    _st.output_keeps.append((number, y))
+    axonn_c.Sequential awaits it."""
+    _C.keep_alive("output", number, y)
 
 
 def keep_for_result(number: int, dx: Tensor) -> None:
     """Keeps dx, which a held dX all-reduce of backward (result `number`) writes, alive until it
-    is awaited: by the consumer's gradient hook (axonn_c/pipeline.py), or at the end of
-    backward."""
-    release_done()
-    _st.result_keeps.append((number, dx))
+    is awaited."""
+    _C.keep_alive("result", number, dx)
     queue_finish()  # the end of backward awaits what no hook did
 
 
-def _release(keeps: list, done: int) -> None:
-    i = 0
-    while i < len(keeps) and keeps[i][0] <= done:
-        i += 1
-    del keeps[:i]
-
-
-def release_done() -> None:
-    """Releases what tasks that have run, and results that have been awaited, kept alive."""
-    if (_st.task_keeps or _st.result_keeps or _st.output_keeps) and is_initialized():
-        tasks_run, _, results_done = _C.sched_counters()
-        _release(_st.task_keeps, tasks_run)
-        _release(_st.result_keeps, results_done)
-        _release(_st.output_keeps, results_done)
+release_done = _C.keeps_release_done  # releases what tasks run and results awaited kept
 
 
 def accumulates(param: Tensor) -> bool:
@@ -382,7 +361,8 @@ def _on_grad(ref, g: Tensor) -> None:
 
 def idle() -> bool:
     """Nothing pending: no record, bucket, held result or taken .grad."""
-    return not (_st.records or _st.result_keeps or _st.taken or _C.grad_buckets_open())
+    return not (_st.records or _st.taken or _C.keeps_count("result")
+                or _C.grad_buckets_open())
 
 
 def _sums_now(p: Optional[Tensor]) -> bool:
@@ -517,8 +497,8 @@ def finish() -> None:
     backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
     _st.chunk_calls.clear()
-    if not (_st.records or _st.result_keeps or _st.taken or _C.grad_buckets_open()):
-        return  # (held results no hook awaited count)
+    if idle():  # (held results no hook awaited count)
+        return
     taken = dict(_st.taken)
     _st.taken.clear()
     records = list(_st.records)
@@ -578,6 +558,7 @@ def drop_if_abandoned() -> None:
 
 
 def reset() -> None:
-    """Forgets everything pending (at init/finalize)."""
+    """Forgets everything pending (at init/finalize: nothing is in flight)."""
     _st.clear()
     _C.grad_buckets_drop()
+    _C.keeps_clear()

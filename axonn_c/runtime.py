@@ -236,8 +236,11 @@ def scheduler_stats(reset: bool = False) -> dict:
     order), deferred collectives, alive/peak gathered-weight bytes and buffers, order_len,
     pending; and the gradient buckets': buckets (made), buckets_early (whose sums started
     during backward), buckets_after_holds (of those, at the last chunk of a pass),
-    buckets_at_end (started when backward ended). `reset` zeroes the counters (peaks restart
-    from what is alive)."""
+    buckets_at_end (started when backward ended); and what is kept alive for work in flight:
+    kept_tasks, kept_results, kept_outputs. `reset` zeroes the counters (peaks restart from
+    what is alive)."""
     stats = _C.sched_stats(reset)
     stats.update(_C.grad_buckets_stats(reset))
+    for kind in ("task", "result", "output"):
+        stats[f"kept_{kind}s"] = _C.keeps_count(kind)
     return stats

@@ -1,4 +1,5 @@
-/* Bindings of the gradient buckets (csrc/grads/buckets.c). The buffers come from torch
+/* Bindings of the gradient buckets (csrc/grads/buckets.c) and keep-alive lists
+ * (csrc/grads/keeps.c). The buffers come from torch
  * (like.new_empty, so CUDA ones from torch's caching allocator on the current stream) and are
  * owned here until the pass's sums complete; the sums the engine hands out are started on the
  * scheduler (after everything deferred so far) with the GIL released, as py_sched.c does. */
@@ -6,6 +7,7 @@
 #include <string.h>
 
 #include "axc/buckets.h"
+#include "axc/keeps.h"
 #include "axc/sched.h"
 #include "axc/torch_shim.h"
 #include "py_common.h"
@@ -13,6 +15,7 @@
 axc_sched *axc_py_sched(void); /* py_sched.c */
 
 static axc_buckets *g_buckets = NULL;
+static axc_keeps *g_keeps = NULL;
 /* the tensor a new bucket is made like (set for the duration of one take) */
 static PyObject *g_like = NULL;
 /* a thread is starting due sums: others leave them to it, so that every rank starts them in
@@ -385,6 +388,99 @@ static PyObject *py_clear_residuals(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- keep-alives */
+
+static axc_keeps *keeps(void)
+{
+    if (!g_keeps) {
+        axc_status st = axc_keeps_create(&g_keeps, release_owner, NULL);
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            return NULL;
+        }
+    }
+    return g_keeps;
+}
+
+/* Releases what finished work kept (the scheduler's counters, read with the GIL released:
+ * its lock may be held by a thread waiting for the GIL). */
+static void release_done(void)
+{
+    axc_sched *s = axc_py_sched();
+    if (!g_keeps || !s)
+        return;
+    if (!axc_keeps_count(g_keeps, AXC_KEEP_TASK) && !axc_keeps_count(g_keeps, AXC_KEEP_RESULT) &&
+        !axc_keeps_count(g_keeps, AXC_KEEP_OUTPUT))
+        return;
+    axc_sched_stats t;
+    Py_BEGIN_ALLOW_THREADS axc_sched_stats_get(s, &t);
+    Py_END_ALLOW_THREADS
+    axc_keeps_release_done(g_keeps, t.tasks_run, t.results_done);
+}
+
+static int parse_kind(PyObject *name, axc_keep_kind *kind)
+{
+    const char *n = PyUnicode_AsUTF8(name);
+    if (!n)
+        return -1;
+    axc_status st = axc_keep_kind_from_name(n, kind);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* keep_alive(kind, number, obj): keeps obj until `number` of `kind` ("task": a deferred dW GEMM
+ * task has run; "result" / "output": a held result was awaited) is done; first releases what
+ * is done already */
+static PyObject *py_keep_alive(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *name, *obj;
+    unsigned long long number;
+    axc_keep_kind kind;
+    if (!PyArg_ParseTuple(args, "UKO", &name, &number, &obj) || parse_kind(name, &kind) < 0)
+        return NULL;
+    axc_keeps *k = keeps();
+    if (!k)
+        return NULL;
+    release_done();
+    Py_INCREF(obj);
+    axc_status st = axc_keeps_add(k, kind, number, obj);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* keeps_release_done(): releases what the tasks that ran and the results awaited kept */
+static PyObject *py_keeps_release_done(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    release_done();
+    Py_RETURN_NONE;
+}
+
+/* keeps_count(kind) -> how many objects of that kind are kept */
+static PyObject *py_keeps_count(PyObject *self, PyObject *name)
+{
+    (void)self;
+    axc_keep_kind kind;
+    if (parse_kind(name, &kind) < 0)
+        return NULL;
+    return PyLong_FromSize_t(g_keeps ? axc_keeps_count(g_keeps, kind) : 0);
+}
+
+/* keeps_clear(): releases everything kept (init, finalize: nothing is in flight) */
+static PyObject *py_keeps_clear(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_keeps_clear(g_keeps);
+    Py_RETURN_NONE;
+}
+
 static int intern_names(void)
 {
     if (s_new_empty)
@@ -422,4 +518,8 @@ PyMethodDef axc_py_grads_methods[] = {
      "grad_buckets_set_residual(slot, tensor)"},
     {"grad_buckets_clear_residuals", py_clear_residuals, METH_NOARGS,
      "grad_buckets_clear_residuals()"},
+    {"keep_alive", py_keep_alive, METH_VARARGS, "keep_alive(kind, number, obj)"},
+    {"keeps_release_done", py_keeps_release_done, METH_NOARGS, "keeps_release_done()"},
+    {"keeps_count", py_keeps_count, METH_O, "keeps_count(kind) -> int"},
+    {"keeps_clear", py_keeps_clear, METH_NOARGS, "keeps_clear()"},
     {NULL, NULL, 0, NULL}};

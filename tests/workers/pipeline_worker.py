@@ -119,8 +119,8 @@ def check(g, chunks):
         st = axonn_c.scheduler_stats()
         assert st["results_held"] - h1 == want_bwd, \
             f"{what}: backward held {st['results_held'] - h1}, expected {want_bwd}"
-        assert (st["results_done"] == st["results_held"] and not axonn_c.grads._st.result_keeps
-                and not axonn_c.grads._st.output_keeps), \
+        assert (st["results_done"] == st["results_held"] and not st["kept_results"]
+                and not st["kept_outputs"]), \
             f"{what}: not every held result awaited: {st}"
         axonn_c.sync_gradients(model)
         Xr = X.clone().requires_grad_()
@@ -177,8 +177,8 @@ def check(g, chunks):
     Xr = X.clone().requires_grad_()
     ref(Xr).backward(dY)
     st = axonn_c.scheduler_stats()
-    assert (st["results_done"] == st["results_held"] and not axonn_c.grads._st.result_keeps
-            and not axonn_c.grads._st.output_keeps), f"{what}: after the raised backward: {st}"
+    assert (st["results_done"] == st["results_held"] and not st["kept_results"]
+            and not st["kept_outputs"]), f"{what}: after the raised backward: {st}"
     for m, r in zip(linears(model), [ref[0], ref[2], ref[3][0], ref[3][2], ref[4], ref[6]]):
         close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} after raise dW")
 
@@ -339,7 +339,7 @@ def check_checkpoint(g):
         for m, r in zip(model, ref):
             assert m.weight.grad is not None, f"{what}: no dW"
             close(m.weight.grad, shard_of(r.weight.grad, m), f"{what} early_stop={early_stop} dW")
-    assert not axonn_c.grads._st.output_keeps, f"{what}: outputs still kept"
+    assert not axonn_c.scheduler_stats()["kept_outputs"], f"{what}: outputs still kept"
 
 
 def check_uses(g):
