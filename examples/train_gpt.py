@@ -85,12 +85,16 @@ def main(argv=None):
     p.add_argument("--concurrent", type=int, default=1,
                    help="split each rank's batch into this many micro-batches run at once "
                         "(axonn_c.run_concurrent, CPU; hides row/column all-reduces)")
+    p.add_argument("--compression", default=None,
+                   help="compress the data-parallel gradient sums: bf16, fp8, int8 or int4 "
+                        "(docs/compression.md#compressed-gradient-sums)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     G_data, G_r, G_c, G_d = default_grid(world, args)
     g = axonn_c.init(G_data=G_data, G_intra_r=G_r, G_intra_c=G_c, G_intra_d=G_d,
-                     overlap=args.overlap, concurrent_microbatches=args.concurrent)
+                     overlap=args.overlap, concurrent_microbatches=args.concurrent,
+                     compression=args.compression)
     rank, main_rank = g.rank, g.rank == 0
     if args.device == "cuda":
         if not torch.cuda.is_available():
