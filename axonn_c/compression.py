@@ -1,10 +1,14 @@
-"""Compressed gradient reductions (docs/compression.md): the policy init(compression=...) sets
-per grid dimension, and the error-feedback state it keeps.
+"""Compressed collectives per grid dimension (docs/compression.md): the policy
+init(compression=...) sets, and the error-feedback state it keeps.
 
-The gradient buckets (csrc/grads/buckets.c) apply the policy to every float32 bucket they sum:
-backward's overlapped sums, sync_gradients and run_concurrent's reducer alike. "data" covers
-the sums over the data group (the weights' and biases' data-parallel reduction); a replicated
-parameter summed over "world" or ("depth", "data") stays exact on the groups other than data.
+- "data": the gradient buckets (csrc/grads/buckets.c) compress every float32 sum over the data
+  group (backward's overlapped sums, sync_gradients, run_concurrent's reducer), with error
+  feedback by default for int8/int4; a replicated parameter summed over "world" or
+  ("depth", "data") stays exact on the groups other than data.
+- "depth", "row", "col": the layers' own float32 collectives over that group (csrc/comm:
+  axc_comm_apply_layer_codec): depth = the weights' all-gathers and dW's reduce-scatters,
+  row/col = the activation all-reduces, all-gathers and reduce-scatters (all-to-alls stay
+  exact), without error feedback.
 """
 from __future__ import annotations
 
@@ -16,8 +20,7 @@ from . import _C
 from .comm import CODECS
 
 DIMENSIONS = ("data", "depth", "row", "col")
-# the dimensions whose traffic can be compressed today (the others accept only None)
-IMPLEMENTED = ("data",)
+LAYER_DIMENSIONS = ("depth", "row", "col")  # the layers' own collectives, no error feedback
 _SPEC_KEYS = ("codec", "block", "error_feedback")
 
 # (codec, block (0: the codec's default), error feedback) per dimension
@@ -42,17 +45,16 @@ def _spec(dim: str, value) -> Optional[Tuple[str, int, bool]]:
     if not isinstance(block, int) or isinstance(block, bool):
         raise TypeError(f"compression[{dim!r}]: block must be an int, got {block!r}")
     # error feedback by default where quantisation loses most: int8 and int4 gradients
-    ef = spec.get("error_feedback", codec in ("int8", "int4"))
+    ef = spec.get("error_feedback", codec in ("int8", "int4") and dim == "data")
     if not isinstance(ef, bool):
         raise TypeError(f"compression[{dim!r}]: error_feedback must be a bool, got {ef!r}")
     if codec == "none":
         return None
     _C.codec_encoded_bytes(codec, 1, block)  # raises for a block size the codec cannot take
-    if dim not in IMPLEMENTED:
+    if ef and dim != "data":
         raise NotImplementedError(
-            f"compression[{dim!r}]={codec!r}: compressing the {dim} dimension's traffic is not "
-            f"implemented yet; only {list(IMPLEMENTED)} (data-parallel gradient sums) can be "
-            "compressed, the others take None")
+            f"compression[{dim!r}]: error feedback is implemented for the data-parallel "
+            f"gradient sums only; pass error_feedback=False for {dim!r}")
     return codec, block, ef
 
 
@@ -81,9 +83,12 @@ def parse_policy(compression) -> Policy:
 def apply(policy: Policy) -> None:
     """Hands the policy to the gradient buckets (the residuals stay: init clears them when the
     grid is new)."""
-    for dim in IMPLEMENTED:
-        codec, block, ef = policy.get(dim, ("none", 0, False))
-        _C.grad_buckets_set_codec(dim, codec, block, ef)
+    codec, block, ef = policy.get("data", ("none", 0, False))
+    _C.grad_buckets_set_codec("data", codec, block, ef)
+    if _C.is_initialized():  # (the layers' policy lives in the communicator: gone at finalize)
+        for dim in LAYER_DIMENSIONS:
+            codec, block, _ = policy.get(dim, ("none", 0, False))
+            _C.set_layer_codec(dim, codec, block)
 
 
 def compression_state() -> dict:

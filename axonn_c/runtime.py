@@ -84,11 +84,12 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     GEMMs hiding the others' collectives, while the caller sums finished gradients
     (axonn_c/microbatches.py). Host tensors only: the extra channels open no NCCL communicators.
 
-    `compression` compresses gradient sums per grid dimension (docs/compression.md): None,
+    `compression` compresses collectives per grid dimension (docs/compression.md): None,
     a codec ("bf16", "fp8", "int8", "int4") for the data-parallel gradient sums, or a dict
     {"data": ..., "depth": ..., "row": ..., "col": ...} whose values are None, a codec name or
     {"codec": ..., "block": ..., "error_feedback": ...} (error feedback is on by default for
-    int8 and int4). Only "data" is implemented; the others take None.
+    int8 and int4 on "data"). "data": the gradient sums; "depth", "row", "col": the layers' own
+    float32 collectives over that group (no error feedback).
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")

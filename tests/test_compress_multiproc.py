@@ -61,10 +61,11 @@ def test_compression_argument_errors(world_of_one):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("grid,overlap", [("4,1,1,1", 1), ("2,2,1,1", 0)])
+@pytest.mark.parametrize("grid,overlap", [("4,1,1,1", 1), ("2,2,1,1", 0), ("1,1,2,2", 1)])
 def test_compressed_data_parallel_gradients(grid, overlap):
     # backward's overlapped bucket sums (overlap 1) and sync_gradients' (overlap 0), each
-    # setting trained 150 steps: replicas identical, losses and wire bytes within bounds
+    # setting trained 150 steps: replicas identical, losses and wire bytes within bounds; on
+    # grids with tensor parallelism also the layers' own collectives (row, col, depth)
     out = torchrun(4, "grad_compress_worker.py", "--grid", grid, "--overlap", overlap)
     assert f"grid {grid} overlap {overlap}: compressed gradients ok" in out
     assert "int4: final loss" in out
@@ -75,8 +76,10 @@ def test_compression_policy_errors(world_of_one):
         axonn_c.init(compression="int3")
     with pytest.raises(ValueError, match=r"unknown dimensions \['dp'\].*'data', 'depth'"):
         axonn_c.init(compression={"dp": "int8"})
-    with pytest.raises(NotImplementedError, match=r"compression\['depth'\]='int8'.*only \['data'\]"):
-        axonn_c.init(compression={"data": "int8", "depth": "int8"})
+    with pytest.raises(NotImplementedError, match=r"compression\['row'\]: error feedback is .*"
+                                                  r"error_feedback=False for 'row'"):
+        axonn_c.init(compression={"data": "int8", "row": {"codec": "int8",
+                                                          "error_feedback": True}})
     with pytest.raises(TypeError, match="error_feedback must be a bool"):
         axonn_c.init(compression={"codec": "int8", "error_feedback": 1})
     with pytest.raises(ValueError, match="power of two"):

@@ -29,6 +29,9 @@ struct axc_comm {
     int channels;
     group_slot *groups; /* [channels][AXC_GROUP_COUNT] */
     char backends[32];
+    /* the compression of the layers' own collectives per group (axc_comm_set_layer_codec) */
+    axc_codec layer_codec[AXC_GROUP_COUNT];
+    int layer_block[AXC_GROUP_COUNT];
 };
 
 /* the channel this thread's collectives use (axc_comm_set_thread_channel) */
@@ -293,6 +296,34 @@ void axc_comm_destroy(axc_comm *comm)
 const axc_grid *axc_comm_grid(const axc_comm *comm) { return &comm->grid; }
 int axc_comm_rank(const axc_comm *comm) { return comm->rank; }
 double axc_comm_timeout(const axc_comm *comm) { return comm->timeout_s; }
+
+axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_codec codec, int block)
+{
+    if (!comm || (unsigned)kind >= AXC_GROUP_COUNT)
+        return axc_fail(AXC_ERR_INVALID, "layer codec: no communicator or unknown group %d",
+                        (int)kind);
+    int b = 0;
+    AXC_TRY(axc_codec_check(codec, block, &b));
+    comm->layer_codec[kind] = codec;
+    comm->layer_block[kind] = codec == AXC_CODEC_NONE ? 0 : b;
+    return AXC_OK;
+}
+
+void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_coll *c)
+{
+    if ((unsigned)kind >= AXC_GROUP_COUNT || comm->layer_codec[kind] == AXC_CODEC_NONE ||
+        c->dtype != AXC_DT_F32 || c->op == AXC_RED_MAX)
+        return;
+    if (c->kind != AXC_COLL_ALL_REDUCE && c->kind != AXC_COLL_REDUCE_SCATTER &&
+        c->kind != AXC_COLL_ALL_GATHER)
+        return;
+    /* (only where a transport compresses: host buffers on shm, CUDA buffers on nccl with the
+     * codec kernels built; CUDA buffers staged through shm stay exact) */
+    if (c->device >= 0 ? !(comm->nccl_preferred && axc_codec_cuda_compiled()) : !comm->shm)
+        return;
+    c->codec = comm->layer_codec[kind];
+    c->block = comm->layer_block[kind];
+}
 const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
 int axc_comm_host_collectives(const axc_comm *comm) { return comm->shm != NULL; }
 int axc_comm_channels(const axc_comm *comm) { return comm->channels; }

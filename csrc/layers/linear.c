@@ -167,6 +167,7 @@ static axc_status coll_start(ctx *c, axc_group_kind g, axc_coll_kind kind, const
     a.op = AXC_RED_SUM;
     a.device = c->io->device;
     a.stream = c->io->stream;
+    axc_comm_apply_layer_codec(c->comm, g, &a);
     return axc_comm_start(c->comm, g, &a, w);
 }
 

@@ -249,6 +249,7 @@ static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
     c.dtype = L->dtype;
     c.device = L->device;
     c.stream = stream;
+    axc_comm_apply_layer_codec(s->comm, AXC_GROUP_DEPTH, &c);
     axc_status st = axc_comm_start(s->comm, AXC_GROUP_DEPTH, &c, &L->gather);
     if (st != AXC_OK) { /* refused arguments never reached the transport */
         L->gather = NULL;

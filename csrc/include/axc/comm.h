@@ -123,6 +123,15 @@ void axc_comm_destroy(axc_comm *comm);
 const axc_grid *axc_comm_grid(const axc_comm *comm);
 int axc_comm_rank(const axc_comm *comm);
 double axc_comm_timeout(const axc_comm *comm);
+
+/* The compression of the layers' own collectives over `kind` (init(compression={"row": ...})):
+ * the linear layer's and the scheduler's float32 all_reduce, reduce_scatter and all_gather
+ * over that group use `codec` (no error feedback) where the transport can compress them (host
+ * buffers on shm, CUDA buffers on nccl); AXC_CODEC_NONE: exact (the default). */
+axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_codec codec,
+                                    int block);
+/* Sets c's codec and block from that policy when it applies to c; leaves c exact otherwise. */
+void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_coll *c);
 /* Names of the backends in use ("shm", "nccl", "shm+nccl"). */
 const char *axc_comm_backends(const axc_comm *comm);
 /* 1 when collectives on host (CPU) memory work: a shm backend is there (not when the job is
