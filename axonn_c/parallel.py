@@ -25,7 +25,9 @@ from torch import Tensor, nn
 
 from . import comm, grads, replicate, validate
 from .grads import no_grad_sync
+from .embedding import Embedding
 from .linear import Linear
+from .norm import LayerNorm, RMSNorm
 from .state import configure_scheduler, grid, group_size, is_initialized, session
 
 __all__ = ["sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict",
@@ -272,7 +274,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
 @torch.no_grad()
 def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Tensor]":
     """The model's state dict with every axonn_c.Linear's weight and bias gathered to their full
-    serial shapes ([out, in] and [out]) on every rank: exactly the state dict of the serial model
+    serial shapes ([out, in] and [out]), every axonn_c.Embedding's table to [V, H] and every
+    split norm's weight and bias to [H], on every rank: exactly the state dict of the serial model
     in which nn.Linear stands for axonn_c.Linear, loadable by it (or by this model, through
     load_state_dict). Collective: call on every rank."""
     sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
@@ -284,6 +287,9 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
         gathered[key + "weight"] = m.full_weight()
         if m.bias is not None:
             gathered[key + "bias"] = m.full_bias()
+    for name, m in model.named_modules():
+        if isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
+            gathered.update(m.full_tensors(prefix + (name + "." if name else "")))
     for k, v in sd.items():
         full[k] = gathered.get(k, v)
     return full
