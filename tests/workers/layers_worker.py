@@ -23,13 +23,6 @@ def close(got, want, what, tol=1e-5):
         raise AssertionError(f"{what}: max |diff| {(got - want).abs().max().item():.3e}")
 
 
-def sum_over(p):
-    """What sync_gradients does for this parameter (the groups its layer left)."""
-    for group in getattr(p, "_axonn_grad_groups", ("world",)):
-        axonn_c.comm.all_reduce(p.grad, group=group)
-    return p.grad
-
-
 def table_shard(full, emb):
     """This rank's flat depth piece of a full [V, H] tensor, as Embedding.load_full cuts it."""
     g = axonn_c.grid()
@@ -79,7 +72,8 @@ def check_embedding(g, V, H, expert, transpose, padding_idx, seed):
     y = emb(ids[me].view(1, -1))  # a 2-D input
     close(y[0], hidden_block(want[me], g, expert, transpose), what + " output")
     y[0].backward(hidden_block(dys[me], g, expert, transpose))
-    close(sum_over(emb.weight), table_shard(ref.weight.grad, emb), what + " weight grad")
+    axonn_c.sync_gradients(emb, expert_mode=expert)
+    close(emb.weight.grad, table_shard(ref.weight.grad, emb), what + " weight grad")
     # full_state_dict gives the serial table; load_state_dict takes it back
     sd = axonn_c.full_state_dict(torch.nn.ModuleDict({"e": emb}))
     close(sd["e.weight"], ref.weight, what + " full_state_dict", 0)
@@ -114,8 +108,11 @@ def check_loss(g, V, H, expert, seed):
         close(loss, losses[me], f"{what} {reduction} loss")
         loss.sum().backward()
         close(h.grad, hidden_block(hs[me].grad, g, expert, False), f"{what} {reduction} dh")
-        close(sum_over(emb.weight), table_shard(ref.weight.grad, emb),
+        axonn_c.sync_gradients(emb, expert_mode=expert)  # (the data group's sum)
+        close(emb.weight.grad, table_shard(ref.weight.grad, emb),
               f"{what} {reduction} weight grad")
+        close(axonn_c.clip_grad_norm_(emb.parameters(), 1e9), ref.weight.grad.norm(),
+              f"{what} {reduction} clip_grad_norm_")
         for t in hs:
             t.grad = None
     if expert:  # the function itself on the layer's logits shard
@@ -153,9 +150,12 @@ def check_norm(g, kind, H, expert, transpose, seed):
     close(y, hidden_block(ref(xs[me]), g, expert, transpose), what + " output")
     y.backward(hidden_block(dys[me], g, expert, transpose))
     close(x.grad, hidden_block(xs[me].grad, g, expert, transpose), what + " dX")
+    axonn_c.sync_gradients(norm, expert_mode=expert)
     for name, p in norm.named_parameters():
-        close(sum_over(p), hidden_block(getattr(ref, name).grad, g, expert, transpose),
+        close(p.grad, hidden_block(getattr(ref, name).grad, g, expert, transpose),
               f"{what} d{name}")
+    want = torch.cat([p.grad.reshape(-1) for p in ref.parameters()]).norm()
+    close(axonn_c.clip_grad_norm_(norm.parameters(), 1e9), want, what + " clip_grad_norm_")
     sd = axonn_c.full_state_dict(norm)
     for k, v in ref.state_dict().items():
         close(sd[k], v, f"{what} full_state_dict {k}", 0)
@@ -164,6 +164,8 @@ def check_norm(g, kind, H, expert, transpose, seed):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grids", default="all", help="all, or G_data x r x c x d items: 1x2x2x2,...")
+    p.add_argument("--overlap", action="store_true", help="init(overlap=True): the data-parallel "
+                   "sums run during backward (the gradient hooks)")
     a = p.parse_args()
     world = int(os.environ["WORLD_SIZE"])
     todo = list(grids(world)) if a.grids == "all" else [
@@ -171,7 +173,7 @@ def main():
     n = 0
     for sizes in todo:
         g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2],
-                         G_intra_d=sizes[3])
+                         G_intra_d=sizes[3], overlap=a.overlap)
         for expert in (False, True):
             for V, padding_idx, transpose in ((37, None, False), (3, 1, expert), (64, -2, False)):
                 check_embedding(g, V, 8, expert, transpose, padding_idx, seed=100 + n)
@@ -185,7 +187,8 @@ def main():
                     n += 1
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
-        print(f"world {world}: {len(todo)} grids, {n} layer cases match torch")
+        print(f"world {world}: {len(todo)} grids, {n} layer cases match torch"
+              f"{' with overlap on' if a.overlap else ''}")
     return 0
 
 
