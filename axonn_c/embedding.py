@@ -94,6 +94,8 @@ class Embedding(nn.Module):
         w = self.weight
         w._axonn_grad_groups = ("data",)
         w._axonn_norm_groups = ("intra",)
+        # whose table it is: auto_parallelize ties an output Linear assigned this weight to it
+        w._axonn_table = self
         grads.hook(w, w._axonn_grad_groups)
 
     def __setstate__(self, state):
@@ -243,6 +245,22 @@ class Embedding(nn.Module):
         if valid < self.vocab_local:  # padding words: never a class
             out = out.masked_fill(torch.arange(self.vocab_local, device=out.device) >= valid, float("-inf"))
         return out, t_max
+
+    def full_logits(self, hidden: Tensor) -> Tensor:
+        """Easy layout: the full logits `[..., V]` of this rank's own tokens, as
+        `hidden @ full_weight.T` (what a tied nn.Linear output layer returns, for code that
+        computes its own loss). It gathers every vocabulary shard of the plane's pooled rows
+        (P times the rank's own logits, for a moment): prefer `cross_entropy`."""
+        if self.expert_mode:
+            raise ValueError("Embedding.full_logits is for the easy layout; in the expert layout "
+                             "use logits() with axonn_c.parallel_cross_entropy, or cross_entropy")
+        shard, t_max = self._logits(hidden, False)
+        rows = hidden.numel() // hidden.shape[-1]
+        if groups_size(PLANE) > 1:  # [P vocab shards, P * t_max pooled rows, Vp] -> own rows
+            i = group_index(PLANE)
+            every = GatherRows.apply(shard, PLANE).view(-1, shard.shape[0], self.vocab_local)
+            shard = every[:, i * t_max:i * t_max + rows].transpose(0, 1).reshape(rows, -1)
+        return shard[:, :self.num_embeddings].reshape(*hidden.shape[:-1], self.num_embeddings)
 
     def cross_entropy(self, hidden: Tensor, target: Tensor, ignore_index: int = -100,
                       reduction: str = "mean") -> Tensor:

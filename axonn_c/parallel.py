@@ -280,7 +280,8 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
     load_state_dict). Collective: call on every rank."""
     sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
     full = OrderedDict()
-    layers = {prefix + name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    layers = {prefix + name: m for name, m in model.named_modules()
+              if isinstance(m, Linear) and "_axonn_tied" not in m.__dict__}
     gathered: Dict[str, Tensor] = {}
     for name, m in layers.items():  # named_modules order: the same on every rank
         key = name + "." if name else ""
@@ -288,8 +289,13 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
         if m.bias is not None:
             gathered[key + "bias"] = m.full_bias()
     for name, m in model.named_modules():
+        key = prefix + (name + "." if name else "")
         if isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
-            gathered.update(m.full_tensors(prefix + (name + "." if name else "")))
+            gathered.update(m.full_tensors(key))
+        elif "_axonn_tied" in m.__dict__:  # an output layer tied to an Embedding
+            gathered[key + "weight"] = m._axonn_tied[0].full_weight()
+            if isinstance(m, Linear) and m.bias is not None:
+                gathered[key + "bias"] = m.full_bias()
     for k, v in sd.items():
         full[k] = gathered.get(k, v)
     return full
@@ -343,6 +349,101 @@ class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
         return _TorchLinear(in_features, out_features, bias, device=device, dtype=dtype)
 
 
+_TorchEmbedding = nn.Embedding
+
+
+class _EmbeddingMeta(type(_TorchEmbedding)):
+    """isinstance(x, nn.Embedding) inside auto_parallelize() holds for both kinds of table."""
+
+    def __instancecheck__(cls, obj):
+        if cls is _AutoEmbedding:
+            return isinstance(obj, (_TorchEmbedding, Embedding))
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub):
+        if cls is _AutoEmbedding:
+            return issubclass(sub, (_TorchEmbedding, Embedding))
+        return super().__subclasscheck__(sub)
+
+
+class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
+    """Stands for torch.nn.Embedding inside auto_parallelize(): builds an axonn_c.Embedding (easy
+    layout; any vocabulary, padded inside), or torch's layer for what it does not support
+    (max_norm, scale_grad_by_freq, sparse), reported with the reason."""
+
+    def __new__(cls, num_embeddings=None, embedding_dim=None, *args, **kwargs):
+        if cls is not _AutoEmbedding:  # a user subclass defined inside the context
+            return super().__new__(cls)
+        ctx = getattr(session.thread, "auto", None)
+        if ctx is not None:
+            try:
+                return Embedding(num_embeddings, embedding_dim, *args, **kwargs)
+            except (ValueError, TypeError) as err:
+                ctx["left"].setdefault(("Embedding", num_embeddings, embedding_dim), str(err))
+        return _TorchEmbedding(num_embeddings, embedding_dim, *args, **kwargs)
+
+
+class _TiedLinear(Linear):
+    """An axonn_c.Linear output layer whose weight was assigned an axonn_c.Embedding's (a tied
+    language-model head): the Embedding's full logits, plus this layer's bias."""
+
+    def forward(self, x):
+        y = self._axonn_tied[0].full_logits(x)
+        return y if self.bias is None else y + self._full_bias_for_output(self.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        state_dict = _tied_state(self, state_dict, prefix)
+        b = state_dict.get(prefix + "bias")
+        if self.bias is not None and b is not None and b.shape[0] == self.out_features:
+            with torch.no_grad():
+                self.bias.copy_(b[self._block_slices()[0]])
+            state_dict[prefix + "bias"] = self.bias
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class _TiedTorchLinear(_TorchLinear):
+    """The same for a torch nn.Linear output layer (kept because its shapes do not fit)."""
+
+    def forward(self, x):
+        y = self._axonn_tied[0].full_logits(x)
+        return y if self.bias is None else y + self.bias
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(_tied_state(self, state_dict, prefix), prefix, *args,
+                                      **kwargs)
+
+
+def _tied_state(layer, state_dict, prefix: str) -> dict:
+    """A serial [V, H] weight goes into the tied Embedding; the layer's entry becomes the shard."""
+    emb = layer._axonn_tied[0]
+    state_dict = dict(state_dict)
+    w = state_dict.get(prefix + "weight")
+    if w is not None and w.dim() == 2:
+        emb.load_full(w)
+        state_dict[prefix + "weight"] = emb.weight
+    return state_dict
+
+
+def _tie_on_registration(module, name, param):
+    """(auto_parallelize's parameter-registration hook) `head.weight = emb.weight` with an
+    axonn_c.Embedding's weight, as transformers' tie_weights does: the head becomes the
+    Embedding's output layer, sharing its one sharded weight."""
+    emb = getattr(param, "_axonn_table", None) if param is not None else None
+    if emb is None or module is emb or name != "weight":
+        return None
+    kind = {Linear: _TiedLinear, _TorchLinear: _TiedTorchLinear}.get(type(module))
+    if kind is None or emb.expert_mode or module.in_features != emb.embedding_dim:
+        raise ValueError(
+            f"auto_parallelize: cannot tie {type(module).__name__}.weight to an "
+            f"axonn_c.Embedding({emb.num_embeddings}, {emb.embedding_dim}"
+            f"{', expert_mode=True' if emb.expert_mode else ''}): only an nn.Linear output layer "
+            f"with in_features {emb.embedding_dim} (easy layout) can share its weight")
+    module.__dict__["_axonn_tied"] = (emb,)
+    module.__class__ = kind
+    module.out_features = emb.num_embeddings
+    return None
+
+
 @contextlib.contextmanager
 def auto_parallelize():
     """Inside this context, `torch.nn.Linear(in, out, bias)` builds an axonn_c.Linear (easy
@@ -360,16 +461,22 @@ def auto_parallelize():
     grid()  # raises before init()
     import torch.nn.modules.linear as linear_mod
 
+    import torch.nn.modules.sparse as sparse_mod
+
     outer = getattr(session.thread, "auto", None)
     ctx = {"left": OrderedDict()}
     session.thread.auto = ctx
-    saved = (nn.Linear, linear_mod.Linear)
-    nn.Linear = _AutoLinear
-    linear_mod.Linear = _AutoLinear
+    saved = (nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding)
+    nn.Linear = linear_mod.Linear = _AutoLinear
+    nn.Embedding = sparse_mod.Embedding = _AutoEmbedding
+    tie_hook = (torch.nn.modules.module.register_module_parameter_registration_hook(
+        _tie_on_registration) if outer is None else None)
     try:
         yield
     finally:
-        nn.Linear, linear_mod.Linear = saved
+        nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding = saved
+        if tie_hook is not None:
+            tie_hook.remove()
         session.thread.auto = outer
         if outer is not None:
             for k, v in ctx["left"].items():
@@ -378,11 +485,17 @@ def auto_parallelize():
             g = grid()
             why_not = (f"in_features must divide by G_intra_c={g.G_intra_c} and out_features "
                        f"by G_intra_r={g.G_intra_r}")
-            shapes = "; ".join(f"{i}->{o} ({why or why_not})"
-                               for (i, o), why in ctx["left"].items())
-            warnings.warn(
-                f"auto_parallelize: kept torch nn.Linear (not sharded) for in->out {shapes}",
-                UserWarning, stacklevel=3)
+            left = [(k, why) for k, why in ctx["left"].items() if k[0] != "Embedding"]
+            if left:
+                shapes = "; ".join(f"{i}->{o} ({why or why_not})" for (i, o), why in left)
+                warnings.warn(
+                    f"auto_parallelize: kept torch nn.Linear (not sharded) for in->out {shapes}",
+                    UserWarning, stacklevel=3)
+            tables = "; ".join(f"{k[1]}x{k[2]} ({why})" for k, why in ctx["left"].items()
+                               if k[0] == "Embedding")
+            if tables:
+                warnings.warn(f"auto_parallelize: kept torch nn.Embedding (not sharded) for "
+                              f"{tables}", UserWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------- optimize_communication

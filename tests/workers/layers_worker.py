@@ -161,6 +161,58 @@ def check_norm(g, kind, H, expert, transpose, seed):
         close(sd[k], v, f"{what} full_state_dict {k}", 0)
 
 
+class TinyLM(torch.nn.Module):
+    """Embedding, a norm, an MLP and an output layer tied to the embedding (as transformers'
+    tie_weights does it: the head's weight attribute is assigned the embedding's)."""
+
+    def __init__(self, V, H):
+        super().__init__()
+        self.wte = torch.nn.Embedding(V, H)
+        self.ln = torch.nn.LayerNorm(H)
+        self.fc = torch.nn.Linear(H, 2 * H)
+        self.proj = torch.nn.Linear(2 * H, H)
+        self.head = torch.nn.Linear(H, V, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        x = x + self.proj(torch.relu(self.fc(self.ln(x))))
+        return self.head(x)
+
+
+def check_auto_parallelize_tied(g, V, H, seed):
+    """auto_parallelize swaps nn.Embedding and keeps the tie; AdamW steps equal serial
+    training's (every rank its own tokens, global mean loss)."""
+    what = (f"auto_parallelize TinyLM({V}, {H}) grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x"
+            f"{g.G_intra_d} rank {g.rank}")
+    torch.manual_seed(seed)
+    ref = TinyLM(V, H)
+    torch.manual_seed(seed)
+    with axonn_c.auto_parallelize():
+        par = TinyLM(V, H)
+    assert isinstance(par.wte, axonn_c.Embedding), what + ": nn.Embedding not swapped"
+    assert par.head.weight is par.wte.weight, what + ": tie lost"
+    assert len(list(par.parameters())) == len(list(ref.parameters())), what + ": parameters"
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt_p = torch.optim.AdamW(par.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(3):
+        ids = [torch.randint(0, V, (2, 3), generator=gen) for _ in range(g.world_size)]
+        tgt = [torch.randint(0, V, (2, 3), generator=gen) for _ in range(g.world_size)]
+        losses = [F.cross_entropy(ref(i).view(-1, V), t.view(-1)) for i, t in zip(ids, tgt)]
+        (sum(losses) / g.world_size).backward()
+        loss = F.cross_entropy(par(ids[g.rank]).view(-1, V), tgt[g.rank].view(-1))
+        close(loss, losses[g.rank], f"{what} step {step} loss", 1e-4)
+        loss.backward()
+        axonn_c.sync_gradients(par, mean=True)
+        opt_r.step(), opt_p.step(), opt_r.zero_grad(), opt_p.zero_grad()
+    full = axonn_c.full_state_dict(par)
+    for k, v in ref.state_dict().items():
+        close(full[k], v, f"{what} full_state_dict {k}", 1e-4)
+    par.load_state_dict(ref.state_dict())  # serial tensors, the tied entry twice
+    close(par.wte.full_weight(), ref.wte.weight, what + " load_state_dict", 0)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grids", default="all", help="all, or G_data x r x c x d items: 1x2x2x2,...")
@@ -185,6 +237,8 @@ def main():
                 for transpose in (False, True):
                     check_norm(g, kind, 8, expert, transpose, seed=300 + n)
                     n += 1
+        check_auto_parallelize_tied(g, 37, 8, seed=400 + n)
+        n += 1
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {world}: {len(todo)} grids, {n} layer cases match torch"
