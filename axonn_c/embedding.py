@@ -13,7 +13,7 @@ from . import grads, replicate, validate
 from .autograd_comm import (PLANE, GatherDepth, GatherHidden, GatherRows, OwnRows, ScatterHidden,
                             ScatterRows, all_reduce_, gather_rows, group_index, groups_size)
 from .loss import _VocabParallelCE, reduce_loss
-from .state import grid, group_size, session
+from .state import grid, group_size, microbatch_active, session
 
 
 class Embedding(nn.Module):
@@ -108,6 +108,9 @@ class Embedding(nn.Module):
         return out
 
     def _check_placement(self) -> None:
+        if microbatch_active():  # (its collectives would share the groups with the other thread)
+            raise RuntimeError("axonn_c.Embedding does not run on run_concurrent's micro-batch "
+                               "threads yet: call it before run_concurrent, or use nn.Embedding")
         if session.placement != self._placed_on:
             raise RuntimeError(
                 f"axonn_c.Embedding({self.num_embeddings}, {self.embedding_dim}) was built on "

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from . import grads, validate
 from .autograd_comm import AllReduceSum, gather_rows
-from .state import grid, group_size, session
+from .state import grid, group_size, microbatch_active, session
 
 
 class _SplitNorm(nn.Module):
@@ -77,6 +77,9 @@ class _SplitNorm(nn.Module):
             raise RuntimeError(f"axonn_c.{type(self).__name__} was built on another grid or "
                                "rank place: build it after init(), or move its weights with "
                                "axonn_c.full_state_dict() and load_state_dict()")
+        if self._split() and microbatch_active():
+            raise RuntimeError(f"axonn_c.{type(self).__name__}(expert_mode=True) does not run on "
+                               "run_concurrent's micro-batch threads yet")
         validate.check_tensor(f"{type(self).__name__}: input", x, 1)
         if x.shape[-1] != self.local:
             what = (f"expert layout: {self.hidden}/{group_size(self.group)} over the "

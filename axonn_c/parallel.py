@@ -375,7 +375,7 @@ class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
         if cls is not _AutoEmbedding:  # a user subclass defined inside the context
             return super().__new__(cls)
         ctx = getattr(session.thread, "auto", None)
-        if ctx is not None:
+        if ctx is not None and ctx["embeddings"]:
             try:
                 return Embedding(num_embeddings, embedding_dim, *args, **kwargs)
             except (ValueError, TypeError) as err:
@@ -445,13 +445,20 @@ def _tie_on_registration(module, name, param):
 
 
 @contextlib.contextmanager
-def auto_parallelize():
+def auto_parallelize(embeddings: bool = False):
     """Inside this context, `torch.nn.Linear(in, out, bias)` builds an axonn_c.Linear (easy
     layout) when `in` divides by the input-feature group (column) and `out` by the
     output-feature group (row); other shapes stay torch nn.Linear, listed in one warning on rank
     0 when the context exits. Requires axonn_c.init() first. Because axonn_c.Linear initialises
     its full weight exactly like nn.Linear, a model built after torch.manual_seed(s) holds the
     same full weights as the serial model built after the same seed.
+
+    `embeddings=True` also makes `nn.Embedding` build an axonn_c.Embedding (easy layout), and
+    an output layer whose weight is assigned such an Embedding's weight inside the context
+    (`head.weight = emb.weight`, a tied language-model head) shares it (docs/training.md).
+    Off by default: a model that re-initialises its embedding in place (`nn.init.normal_(
+    emb.weight, std=0.02)`, as GPT-2 does) would draw on each rank's shard, and the layer does
+    not run on run_concurrent's micro-batch threads yet.
 
     Inside the context, isinstance(m, nn.Linear) is true for both kinds of layer; afterwards
     torch.nn.Linear is torch's class again and an axonn_c.Linear is not an instance of it
@@ -460,17 +467,20 @@ def auto_parallelize():
     """
     grid()  # raises before init()
     import torch.nn.modules.linear as linear_mod
-
     import torch.nn.modules.sparse as sparse_mod
 
     outer = getattr(session.thread, "auto", None)
-    ctx = {"left": OrderedDict()}
+    outer_emb = outer is not None and outer["embeddings"]
+    ctx = {"left": OrderedDict(), "embeddings": bool(embeddings) or outer_emb}
     session.thread.auto = ctx
     saved = (nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding)
     nn.Linear = linear_mod.Linear = _AutoLinear
-    nn.Embedding = sparse_mod.Embedding = _AutoEmbedding
-    tie_hook = (torch.nn.modules.module.register_module_parameter_registration_hook(
-        _tie_on_registration) if outer is None else None)
+    tie_hook = None
+    if ctx["embeddings"]:
+        nn.Embedding = sparse_mod.Embedding = _AutoEmbedding
+        if not outer_emb:
+            tie_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+                _tie_on_registration)
     try:
         yield
     finally:

@@ -119,3 +119,35 @@ def test_layers_need_init():
     for build in (lambda: axonn_c.Embedding(4, 2), lambda: axonn_c.LayerNorm(4)):
         with pytest.raises(RuntimeError):
             build()
+
+
+def test_auto_parallelize_swaps_embeddings_only_when_asked_and_keeps_ties():
+    with axonn_c.auto_parallelize():
+        plain = torch.nn.Embedding(5, 4)
+    assert type(plain) is torch.nn.Embedding
+    torch.manual_seed(3)
+    ref = torch.nn.Embedding(5, 4)
+    torch.manual_seed(3)
+    with pytest.warns(UserWarning, match=r"kept torch nn.Embedding.*5x4 \(.*max_norm"):
+        with axonn_c.auto_parallelize(embeddings=True):
+            with axonn_c.auto_parallelize():  # (nested: inherits embeddings=True)
+                emb = torch.nn.Embedding(5, 4)
+            head = torch.nn.Linear(4, 5, bias=False)
+            head.weight = emb.weight  # a tie, as transformers makes it
+            kept = torch.nn.Embedding(5, 4, max_norm=1.0)
+    assert isinstance(emb, axonn_c.Embedding) and type(kept) is torch.nn.Embedding
+    assert torch.equal(emb.full_weight(), ref.weight)
+    assert head.weight is emb.weight and isinstance(head, axonn_c.Linear)
+    h = torch.randn(3, 4)
+    torch.testing.assert_close(head(h), h @ ref.weight.t())
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    assert len(list(model.parameters())) == 1
+    sd = axonn_c.full_state_dict(model)
+    assert torch.equal(sd["emb.weight"], ref.weight) and torch.equal(sd["head.weight"], ref.weight)
+    twin = copy.deepcopy(model)
+    assert twin["head"].weight is twin["emb"].weight
+    torch.testing.assert_close(twin["head"](h), h @ ref.weight.t())
+    # outside the context a tie is not seen (documented)
+    other = torch.nn.Linear(4, 5, bias=False)
+    other.weight = emb.weight
+    assert type(other) is torch.nn.Linear

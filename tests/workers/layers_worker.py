@@ -188,7 +188,7 @@ def check_auto_parallelize_tied(g, V, H, seed):
     torch.manual_seed(seed)
     ref = TinyLM(V, H)
     torch.manual_seed(seed)
-    with axonn_c.auto_parallelize():
+    with axonn_c.auto_parallelize(embeddings=True):
         par = TinyLM(V, H)
     assert isinstance(par.wte, axonn_c.Embedding), what + ": nn.Embedding not swapped"
     assert par.head.weight is par.wte.weight, what + ": tie lost"
