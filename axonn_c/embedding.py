@@ -186,9 +186,9 @@ class Embedding(nn.Module):
         """Rows of the local block for the ids it holds, zero for the others."""
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.vocab_local)
-        pad = None
-        if self.padding_idx is not None and 0 <= self.padding_idx - self.vocab_start < self.vocab_local:
-            pad = self.padding_idx - self.vocab_start
+        pad = None if self.padding_idx is None else self.padding_idx - self.vocab_start
+        if pad is not None and not 0 <= pad < self.vocab_local:
+            pad = None  # (another rank's word)
         out = F.embedding(torch.where(mine, local, torch.full_like(local, pad or 0)), table,
                           padding_idx=pad)
         return out * mine.unsqueeze(1).to(out.dtype)
@@ -246,7 +246,8 @@ class Embedding(nn.Module):
         out = h @ table.t()
         valid = self.num_embeddings - self.vocab_start
         if valid < self.vocab_local:  # padding words: never a class
-            out = out.masked_fill(torch.arange(self.vocab_local, device=out.device) >= valid, float("-inf"))
+            words = torch.arange(self.vocab_local, device=out.device)
+            out = out.masked_fill(words >= valid, float("-inf"))
         return out, t_max
 
     def full_logits(self, hidden: Tensor) -> Tensor:

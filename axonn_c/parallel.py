@@ -431,6 +431,11 @@ def _tie_on_registration(module, name, param):
     emb = getattr(param, "_axonn_table", None) if param is not None else None
     if emb is None or module is emb or name != "weight":
         return None
+    if isinstance(module, Embedding) and (module.num_embeddings, module.embedding_dim,
+                                          module.expert_mode) == (emb.num_embeddings,
+                                                                  emb.embedding_dim,
+                                                                  emb.expert_mode):
+        return None  # two tables sharing one weight: the same shards, nothing to change
     kind = {Linear: _TiedLinear, _TorchLinear: _TiedTorchLinear}.get(type(module))
     if kind is None or emb.expert_mode or module.in_features != emb.embedding_dim:
         raise ValueError(
