@@ -151,3 +151,24 @@ def test_auto_parallelize_swaps_embeddings_only_when_asked_and_keeps_ties():
     other = torch.nn.Linear(4, 5, bias=False)
     other.weight = emb.weight
     assert type(other) is torch.nn.Linear
+
+
+def test_bfloat16_table_and_loss_follow_torch():
+    ours, ref = pair(v=13, h=8, dtype=torch.bfloat16)
+    ref = ref.to(torch.bfloat16)
+    ours.load_state_dict({"weight": ref.weight.detach()})
+    ids = torch.tensor([0, 5, 12])
+    assert ours(ids).dtype == torch.bfloat16 and torch.equal(ours(ids), ref(ids))
+    h = torch.randn(3, 8, dtype=torch.bfloat16)
+    loss = ours.cross_entropy(h, torch.tensor([1, 2, 3]))
+    want = F.cross_entropy((h @ ref.weight.t()).float(), torch.tensor([1, 2, 3]))
+    assert loss.dtype == torch.bfloat16
+    torch.testing.assert_close(loss.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_refused_on_micro_batch_threads():
+    axonn_c.finalize()
+    axonn_c.init(concurrent_microbatches=2)
+    emb = axonn_c.Embedding(7, 4)
+    with pytest.raises(RuntimeError, match="micro-batch threads"):
+        axonn_c.run_concurrent(lambda ids: emb(ids), torch.tensor([1, 2, 3, 4]))
