@@ -9,15 +9,19 @@ from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .chunking import Sequential, forward_backward
 from .compression import compression_state, load_compression_state
+from .embedding import Embedding
 from .linear import Linear
+from .loss import parallel_cross_entropy
 from .microbatches import run_concurrent
+from .norm import LayerNorm, RMSNorm
 from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
                        no_grad_sync, no_sync, optimize_communication, sync_gradients)
 from .runtime import scheduler_stats
 from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_initialized, reset_comm_stats
 
 __all__ = [
-    "Linear", "init", "finalize", "grid", "is_initialized", "Grid", "comm", "comm_stats",
+    "Linear", "Embedding", "LayerNorm", "RMSNorm", "parallel_cross_entropy", "init", "finalize",
+    "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
     "optimize_communication", "timeline", "scheduler_stats", "run_concurrent", "Sequential", "forward_backward",

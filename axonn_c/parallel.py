@@ -25,7 +25,9 @@ from torch import Tensor, nn
 
 from . import comm, grads, replicate, validate
 from .grads import no_grad_sync
+from .embedding import Embedding
 from .linear import Linear
+from .norm import LayerNorm, RMSNorm
 from .state import configure_scheduler, grid, group_size, is_initialized, session
 
 __all__ = ["sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict",
@@ -230,18 +232,28 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
 @torch.no_grad()
 def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Tensor]":
     """The model's state dict with every axonn_c.Linear's weight and bias gathered to their full
-    serial shapes ([out, in] and [out]) on every rank: exactly the state dict of the serial model
+    serial shapes ([out, in] and [out]), every axonn_c.Embedding's table to [V, H] and every
+    split norm's weight and bias to [H], on every rank: exactly the state dict of the serial model
     in which nn.Linear stands for axonn_c.Linear, loadable by it (or by this model, through
     load_state_dict). Collective: call on every rank."""
     sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
     full = OrderedDict()
-    layers = {prefix + name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    layers = {prefix + name: m for name, m in model.named_modules()
+              if isinstance(m, Linear) and "_axonn_tied" not in m.__dict__}
     gathered: Dict[str, Tensor] = {}
     for name, m in layers.items():  # named_modules order: the same on every rank
         key = name + "." if name else ""
         gathered[key + "weight"] = m.full_weight()
         if m.bias is not None:
             gathered[key + "bias"] = m.full_bias()
+    for name, m in model.named_modules():
+        key = prefix + (name + "." if name else "")
+        if isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
+            gathered.update(m.full_tensors(key))
+        elif "_axonn_tied" in m.__dict__:  # an output layer tied to an Embedding
+            gathered[key + "weight"] = m._axonn_tied[0].full_weight()
+            if isinstance(m, Linear) and m.bias is not None:
+                gathered[key + "bias"] = m.full_bias()
     for k, v in sd.items():
         full[k] = gathered.get(k, v)
     return full
@@ -295,14 +307,121 @@ class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
         return _TorchLinear(in_features, out_features, bias, device=device, dtype=dtype)
 
 
+_TorchEmbedding = nn.Embedding
+
+
+class _EmbeddingMeta(type(_TorchEmbedding)):
+    """isinstance(x, nn.Embedding) inside auto_parallelize() holds for both kinds of table."""
+
+    def __instancecheck__(cls, obj):
+        if cls is _AutoEmbedding:
+            return isinstance(obj, (_TorchEmbedding, Embedding))
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub):
+        if cls is _AutoEmbedding:
+            return issubclass(sub, (_TorchEmbedding, Embedding))
+        return super().__subclasscheck__(sub)
+
+
+class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
+    """Stands for torch.nn.Embedding inside auto_parallelize(): builds an axonn_c.Embedding (easy
+    layout; any vocabulary, padded inside), or torch's layer for what it does not support
+    (max_norm, scale_grad_by_freq, sparse), reported with the reason."""
+
+    def __new__(cls, num_embeddings=None, embedding_dim=None, *args, **kwargs):
+        if cls is not _AutoEmbedding:  # a user subclass defined inside the context
+            return super().__new__(cls)
+        ctx = getattr(session.thread, "auto", None)
+        if ctx is not None and ctx["embeddings"]:
+            try:
+                return Embedding(num_embeddings, embedding_dim, *args, **kwargs)
+            except (ValueError, TypeError) as err:
+                ctx["left"].setdefault(("Embedding", num_embeddings, embedding_dim), str(err))
+        return _TorchEmbedding(num_embeddings, embedding_dim, *args, **kwargs)
+
+
+class _TiedLinear(Linear):
+    """An axonn_c.Linear output layer whose weight was assigned an axonn_c.Embedding's (a tied
+    language-model head): the Embedding's full logits, plus this layer's bias."""
+
+    def forward(self, x):
+        y = self._axonn_tied[0].full_logits(x)
+        return y if self.bias is None else y + self._full_bias_for_output(self.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        state_dict = _tied_state(self, state_dict, prefix)
+        b = state_dict.get(prefix + "bias")
+        if self.bias is not None and b is not None and b.shape[0] == self.out_features:
+            with torch.no_grad():
+                self.bias.copy_(b[self._block_slices()[0]])
+            state_dict[prefix + "bias"] = self.bias
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class _TiedTorchLinear(_TorchLinear):
+    """The same for a torch nn.Linear output layer (kept because its shapes do not fit)."""
+
+    def forward(self, x):
+        y = self._axonn_tied[0].full_logits(x)
+        return y if self.bias is None else y + self.bias
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(_tied_state(self, state_dict, prefix), prefix, *args,
+                                      **kwargs)
+
+
+def _tied_state(layer, state_dict, prefix: str) -> dict:
+    """A serial [V, H] weight goes into the tied Embedding; the layer's entry becomes the shard."""
+    emb = layer._axonn_tied[0]
+    state_dict = dict(state_dict)
+    w = state_dict.get(prefix + "weight")
+    if w is not None and w.dim() == 2:
+        emb.load_full(w)
+        state_dict[prefix + "weight"] = emb.weight
+    return state_dict
+
+
+def _tie_on_registration(module, name, param):
+    """(auto_parallelize's parameter-registration hook) `head.weight = emb.weight` with an
+    axonn_c.Embedding's weight, as transformers' tie_weights does: the head becomes the
+    Embedding's output layer, sharing its one sharded weight."""
+    emb = getattr(param, "_axonn_table", None) if param is not None else None
+    if emb is None or module is emb or name != "weight":
+        return None
+    if isinstance(module, Embedding) and (module.num_embeddings, module.embedding_dim,
+                                          module.expert_mode) == (emb.num_embeddings,
+                                                                  emb.embedding_dim,
+                                                                  emb.expert_mode):
+        return None  # two tables sharing one weight: the same shards, nothing to change
+    kind = {Linear: _TiedLinear, _TorchLinear: _TiedTorchLinear}.get(type(module))
+    if kind is None or emb.expert_mode or module.in_features != emb.embedding_dim:
+        raise ValueError(
+            f"auto_parallelize: cannot tie {type(module).__name__}.weight to an "
+            f"axonn_c.Embedding({emb.num_embeddings}, {emb.embedding_dim}"
+            f"{', expert_mode=True' if emb.expert_mode else ''}): only an nn.Linear output layer "
+            f"with in_features {emb.embedding_dim} (easy layout) can share its weight")
+    module.__dict__["_axonn_tied"] = (emb,)
+    module.__class__ = kind
+    module.out_features = emb.num_embeddings
+    return None
+
+
 @contextlib.contextmanager
-def auto_parallelize():
+def auto_parallelize(embeddings: bool = False):
     """Inside this context, `torch.nn.Linear(in, out, bias)` builds an axonn_c.Linear (easy
     layout) when `in` divides by the input-feature group (column) and `out` by the
     output-feature group (row); other shapes stay torch nn.Linear, listed in one warning on rank
     0 when the context exits. Requires axonn_c.init() first. Because axonn_c.Linear initialises
     its full weight exactly like nn.Linear, a model built after torch.manual_seed(s) holds the
     same full weights as the serial model built after the same seed.
+
+    `embeddings=True` also makes `nn.Embedding` build an axonn_c.Embedding (easy layout), and
+    an output layer whose weight is assigned such an Embedding's weight inside the context
+    (`head.weight = emb.weight`, a tied language-model head) shares it (docs/training.md).
+    Off by default: a model that re-initialises its embedding in place (`nn.init.normal_(
+    emb.weight, std=0.02)`, as GPT-2 does) would draw on each rank's shard, and the layer does
+    not run on run_concurrent's micro-batch threads yet.
 
     Inside the context, isinstance(m, nn.Linear) is true for both kinds of layer; afterwards
     torch.nn.Linear is torch's class again and an axonn_c.Linear is not an instance of it
@@ -311,17 +430,26 @@ def auto_parallelize():
     """
     grid()  # raises before init()
     import torch.nn.modules.linear as linear_mod
+    import torch.nn.modules.sparse as sparse_mod
 
     outer = getattr(session.thread, "auto", None)
-    ctx = {"left": OrderedDict()}
+    outer_emb = outer is not None and outer["embeddings"]
+    ctx = {"left": OrderedDict(), "embeddings": bool(embeddings) or outer_emb}
     session.thread.auto = ctx
-    saved = (nn.Linear, linear_mod.Linear)
-    nn.Linear = _AutoLinear
-    linear_mod.Linear = _AutoLinear
+    saved = (nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding)
+    nn.Linear = linear_mod.Linear = _AutoLinear
+    tie_hook = None
+    if ctx["embeddings"]:
+        nn.Embedding = sparse_mod.Embedding = _AutoEmbedding
+        if not outer_emb:
+            tie_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+                _tie_on_registration)
     try:
         yield
     finally:
-        nn.Linear, linear_mod.Linear = saved
+        nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding = saved
+        if tie_hook is not None:
+            tie_hook.remove()
         session.thread.auto = outer
         if outer is not None:
             for k, v in ctx["left"].items():
@@ -330,11 +458,17 @@ def auto_parallelize():
             g = grid()
             why_not = (f"in_features must divide by G_intra_c={g.G_intra_c} and out_features "
                        f"by G_intra_r={g.G_intra_r}")
-            shapes = "; ".join(f"{i}->{o} ({why or why_not})"
-                               for (i, o), why in ctx["left"].items())
-            warnings.warn(
-                f"auto_parallelize: kept torch nn.Linear (not sharded) for in->out {shapes}",
-                UserWarning, stacklevel=3)
+            left = [(k, why) for k, why in ctx["left"].items() if k[0] != "Embedding"]
+            if left:
+                shapes = "; ".join(f"{i}->{o} ({why or why_not})" for (i, o), why in left)
+                warnings.warn(
+                    f"auto_parallelize: kept torch nn.Linear (not sharded) for in->out {shapes}",
+                    UserWarning, stacklevel=3)
+            tables = "; ".join(f"{k[1]}x{k[2]} ({why})" for k, why in ctx["left"].items()
+                               if k[0] == "Embedding")
+            if tables:
+                warnings.warn(f"auto_parallelize: kept torch nn.Embedding (not sharded) for "
+                              f"{tables}", UserWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------- optimize_communication
