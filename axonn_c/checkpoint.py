@@ -386,22 +386,24 @@ def _optimizer_targets(model, optimizer, metadata, g):
     """Tensors to read the optimizer's saved state into, per parameter: {param: {state name:
     tensor}}, plus the boxes to read and the object keys."""
     linear = _linear_params(model)
+    saved: Dict[str, List[Tuple[str, Any]]] = {}  # parameter name -> [(state name, metadata)]
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith(OPTIM_STATE):  # optim.state.<parameter name>.<state name>
+            name, k = key[len(OPTIM_STATE):].rsplit(".", 1)
+            saved.setdefault(name, []).append((k, md))
     dest: Dict[int, Dict[str, Any]] = {}
     targets, object_keys = {}, [OPTIM_GROUPS]
     for params in _optimizer_params(model, optimizer):
         for p, name in params:
-            prefix = f"{OPTIM_STATE}{name}."
             st = dest.setdefault(id(p), {})
-            for key, md in metadata.state_dict_metadata.items():
-                if not key.startswith(prefix) or "." in key[len(prefix):]:
-                    continue
-                k = key[len(prefix):]
+            owner = linear.get(id(p))
+            full = _piece(p.detach(), owner, g).full
+            for k, md in saved.get(name, []):
+                key = f"{OPTIM_STATE}{name}.{k}"
                 if isinstance(md, BytesStorageMetadata):
                     object_keys.append(key)
                     st[k] = key  # filled in from the objects read
                     continue
-                owner = linear.get(id(p))
-                full = _piece(p.detach(), owner, g).full
                 if owner is not None and tuple(md.size) == full:
                     # the padding of the last depth shard is not saved: zeros, as in training
                     t = torch.zeros(p.shape, dtype=md.properties.dtype)
