@@ -143,3 +143,17 @@ def test_world_of_one_sgd_momentum_extra_and_async(world_of_one, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["c"]
     with pytest.raises(ckpt.CheckpointError, match="holds no optimizer state"):
         ckpt.load(tmp_path / "c", model2, opt2)
+
+
+@pytest.mark.multiproc
+def test_train_gpt_example_saves_and_resumes_on_another_grid(tmp_path):
+    small = ["--n-layer", "1", "--n-embd", "16", "--block-size", "8", "--sample-chars", "0",
+             "--log-every", "1", "--batch-size", "4"]
+    d = tmp_path / "gpt"
+    out = torchrun(2, ROOT / "examples" / "train_gpt.py", "--steps", "4", "--save-every", "2",
+                   "--save", d, *small)
+    assert f"saved {d} at step 4" in out and "done: 4 steps" in out, out
+    out = torchrun(2, ROOT / "examples" / "train_gpt.py", "--steps", "6", "--resume", d,
+                   "--G-intra-d", "2", *small)
+    assert f"resumed from {d} at step 4" in out and "done: 2 steps" in out, out
+    assert re.search(r"step +5 +loss [0-9.]+", out), out
