@@ -157,3 +157,11 @@ def test_train_gpt_example_saves_and_resumes_on_another_grid(tmp_path):
                    "--G-intra-d", "2", *small)
     assert f"resumed from {d} at step 4" in out and "done: 2 steps" in out, out
     assert re.search(r"step +5 +loss [0-9.]+", out), out
+
+
+@pytest.mark.multiproc
+def test_bench_checkpoint_runs():
+    out = torchrun(2, ROOT / "benchmarks" / "bench_checkpoint.py", "--grid", "1,1,1,2",
+                   "--mb", "0.2", "--width", "128", "--repeats", "1", "--optimizer")
+    for row in ("axonn_c save", "axonn_c load", "naive save", "naive load"):
+        assert re.search(rf"{row} +[0-9.]+ ms +[0-9.]+ GB/s", out), out
