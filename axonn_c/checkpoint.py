@@ -528,7 +528,7 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     save or load waits for it. Otherwise returns the path once the checkpoint is published."""
     _join_pending()
     g = grid()  # raises before init()
-    path = os.fspath(path)
+    path = os.path.normpath(os.fspath(path))  # ("ckpt/": PATH.partial beside it, not in it)
     tmp = path + _PARTIAL
     if not isinstance(model, nn.Module):
         raise TypeError(f"checkpoint.save: model must be an nn.Module, got {type(model).__name__}")
@@ -621,7 +621,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     model may then be partly loaded."""
     _join_pending()
     g = grid()  # raises before init()
-    path = os.fspath(path)
+    path = os.path.normpath(os.fspath(path))
     if not isinstance(model, nn.Module):
         raise TypeError(f"checkpoint.load: model must be an nn.Module, got {type(model).__name__}")
     reader, metadata, _ = _agree(f"load of {path}", lambda: _read_metadata(path))
@@ -656,7 +656,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
 def read_info(path) -> dict:
     """What `info` prints, as a dict (no init() needed): axonn_c's record (grid, world size,
     model keys) and {key: (shape, dtype, number of boxes)} of the tensors."""
-    path = os.fspath(path)
+    path = os.path.normpath(os.fspath(path))
     _, metadata, info = _read_metadata(path)
     tensors = {k: (tuple(md.size), md.properties.dtype, len(md.chunks))
                for k, md in metadata.state_dict_metadata.items()
@@ -670,7 +670,7 @@ def export(path, out=None) -> "OrderedDict[str, Tensor]":
     """The serial model's state dict from the checkpoint at `path` (no init() needed): full
     tensors under the serial names, loadable by the plain model's load_state_dict. Written with
     torch.save to `out` when given."""
-    path = os.fspath(path)
+    path = os.path.normpath(os.fspath(path))
     reader, metadata, info = _read_metadata(path)
     full = OrderedDict()
     for key in info["model_keys"]:

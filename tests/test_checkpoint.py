@@ -137,10 +137,11 @@ def test_world_of_one_sgd_momentum_extra_and_async(world_of_one, tmp_path):
         assert torch.equal(opt2.state[p]["momentum_buffer"], m)
     assert opt2.param_groups[0]["lr"] == 0.1  # the saved hyperparameters
     assert ckpt.read_info(tmp_path / "c")["optimizer"] == "SGD"
-    # saving again over it replaces it (and no temporary directory is left)
-    ckpt.save(tmp_path / "c", model2, extra={"step": 8})
+    # saving again over it replaces it (and no temporary directory is left, beside or inside)
+    ckpt.save(str(tmp_path / "c") + os.sep, model2, extra={"step": 8})
     assert ckpt.load(tmp_path / "c", model2)["step"] == 8
     assert sorted(os.listdir(tmp_path)) == ["c"]
+    assert sorted(os.listdir(tmp_path / "c")) == [".metadata", "__0_0.distcp"]
     with pytest.raises(ckpt.CheckpointError, match="holds no optimizer state"):
         ckpt.load(tmp_path / "c", model2, opt2)
 
