@@ -166,3 +166,10 @@ def test_bench_checkpoint_runs():
                    "--mb", "0.2", "--width", "128", "--repeats", "1", "--optimizer")
     for row in ("axonn_c save", "axonn_c load", "naive save", "naive load"):
         assert re.search(rf"{row} +[0-9.]+ ms +[0-9.]+ GB/s", out), out
+
+
+@pytest.mark.multiproc
+def test_transformers_llama_export_gives_the_serial_logits(tmp_path):
+    pytest.importorskip("transformers")
+    out = torchrun(4, "checkpoint_llama_worker.py", tmp_path / "llama")
+    assert "LLAMA LOGITS MATCH" in out, out
