@@ -113,6 +113,7 @@ def test_world_of_one_sgd_momentum_extra_and_async(world_of_one, tmp_path):
     import axonn_c
     import axonn_c.checkpoint as ckpt
 
+    assert axonn_c.checkpoint is ckpt  # (the package attribute, imported on first use)
     axonn_c.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(axonn_c.Linear(6, 4), torch.nn.LayerNorm(4))
