@@ -80,11 +80,11 @@ def _linear_params(model: nn.Module) -> Dict[int, Tuple[Linear, str]]:
     return out
 
 
-def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g) -> _Piece:
+def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g, writer: int = 0) -> _Piece:
     """How `t` (a parameter, or optimizer state shaped like it, when `owner` is its Linear)
-    maps to the serial tensor. Replicated tensors are written by world rank 0 only."""
+    maps to the serial tensor. A replicated tensor is written by world rank `writer` only."""
     if owner is None:
-        return _Piece(t.shape, [((0,) * t.dim(), tuple(t.shape), t)], g.rank == 0)
+        return _Piece(t.shape, [((0,) * t.dim(), tuple(t.shape), t)], g.rank == writer)
     layer, kind = owner
     flat = t.reshape(-1)
     if kind == "weight":
@@ -103,11 +103,12 @@ def _model_pieces(model: nn.Module, g) -> "OrderedDict[str, _Piece]":
             for kind in ("weight", "bias"):
                 linear[f"{name}.{kind}" if name else kind] = (m, kind)
     out = OrderedDict()
-    for key, t in model.state_dict().items():
+    for i, (key, t) in enumerate(model.state_dict().items()):
         if not isinstance(t, Tensor):
             raise TypeError(f"checkpoint: the model's state dict entry {key!r} is a "
                             f"{type(t).__name__}, not a tensor")
-        out[MODEL + key] = _piece(t, linear.get(key), g)
+        # replicated tensors (embeddings, norms) are written by the ranks in turn
+        out[MODEL + key] = _piece(t, linear.get(key), g, writer=i % g.world_size)
     return out
 
 
@@ -144,10 +145,11 @@ def _optimizer_items(model, optimizer, g):
         for p, name in params:
             for k, v in optimizer.state.get(p, {}).items():
                 key = f"{OPTIM_STATE}{name}.{k}"
+                writer = len(pieces) % g.world_size  # (replicated state: the ranks in turn)
                 if isinstance(v, Tensor) and v.shape == p.shape:
-                    pieces[key] = _piece(v.detach(), linear.get(id(p)), g)
+                    pieces[key] = _piece(v.detach(), linear.get(id(p)), g, writer)
                 elif isinstance(v, Tensor):
-                    pieces[key] = _piece(v.detach(), None, g)
+                    pieces[key] = _piece(v.detach(), None, g, writer)
                 else:
                     objects[key] = v
     objects[OPTIM_GROUPS] = groups
