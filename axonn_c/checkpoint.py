@@ -25,6 +25,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -494,16 +495,28 @@ class SaveHandle:
 
     def __init__(self, path: str, finish: Callable[[], None], thread: threading.Thread):
         self.path, self._finish, self._thread, self._done = path, finish, thread, False
+        self._epoch = session.epoch  # its collectives need this init()'s communicator
 
     def done(self) -> bool:
         """True once wait() returned (the checkpoint is published)."""
         return self._done
 
+    def stale(self) -> bool:
+        """True when finalize() (or another init()) ran before wait(): it can no longer be
+        published."""
+        return not self._done and self._epoch != session.epoch
+
     def wait(self) -> str:
         """Collective: joins the writes, publishes; returns the checkpoint's path."""
         if not self._done:
             self._thread.join()
+            stale = self.stale()
             try:
+                if stale:
+                    raise CheckpointError(
+                        f"the asynchronous save to {self.path} was not published: finalize() or "
+                        f"init() ran before its wait() ({self.path}{_PARTIAL} is left "
+                        "unfinished)")
                 self._finish()
             finally:
                 self._done = True
@@ -514,7 +527,12 @@ class SaveHandle:
 
 def _join_pending() -> None:
     h = session.checkpoint_pending
-    if h is not None:
+    if h is not None and h.stale():  # (from before a finalize(): dropped, with a warning)
+        try:
+            h.wait()
+        except CheckpointError as e:
+            warnings.warn(str(e), RuntimeWarning, stacklevel=3)
+    elif h is not None:
         h.wait()
 
 

@@ -174,3 +174,24 @@ def test_transformers_llama_export_gives_the_serial_logits(tmp_path):
     pytest.importorskip("transformers")
     out = torchrun(4, "checkpoint_llama_worker.py", tmp_path / "llama")
     assert "LLAMA LOGITS MATCH" in out, out
+
+
+def test_world_of_one_async_save_not_waited_before_finalize(world_of_one, tmp_path):
+    import axonn_c
+    import axonn_c.checkpoint as ckpt
+
+    axonn_c.init()
+    model = torch.nn.Sequential(axonn_c.Linear(4, 4))
+    handle = ckpt.save(tmp_path / "a", model, async_save=True)
+    axonn_c.finalize()
+    axonn_c.init()
+    with pytest.warns(RuntimeWarning, match="was not published: finalize"):
+        ckpt.save(tmp_path / "b", model)  # drops the stale save, saves this one
+    assert handle.done() and not (tmp_path / "a").exists()
+    assert ckpt.load(tmp_path / "b", model) is None
+    handle2 = ckpt.save(tmp_path / "c", model, async_save=True)
+    axonn_c.finalize()
+    axonn_c.init()
+    with pytest.raises(ckpt.CheckpointError, match="was not published"):
+        handle2.wait()
+    assert not (tmp_path / "c").exists()
