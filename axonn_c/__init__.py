@@ -28,3 +28,12 @@ __all__ = [
     "compression_state", "load_compression_state",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # axonn_c.checkpoint on first use: importing torch.distributed.checkpoint at every
+    # `import axonn_c` would cost its import time (and `python -m axonn_c.checkpoint` would warn)
+    if name == "checkpoint":
+        import importlib
+        return importlib.import_module(".checkpoint", __name__)
+    raise AttributeError(f"module 'axonn_c' has no attribute {name!r}")

@@ -536,6 +536,36 @@ class Linear(nn.Module):
         cols = slice(s["gin_rank"] * s["k_local"], (s["gin_rank"] + 1) * s["k_local"])
         return rows, cols
 
+    def weight_boxes(self) -> List[Tuple[Tuple[int, int], Tuple[int, int], int, int]]:
+        """Where this rank's depth shard lies in the full [out, in] weight, without the padding:
+        a list of (offsets, sizes, start, stop), one per box, where `shard[start:stop]` viewed
+        as `sizes` is the full weight's box at `offsets`. One box when the shard covers whole
+        rows of the block; else up to three (partial first row, whole rows, partial last row);
+        none when the shard is all padding. (axonn_c/checkpoint.py saves and loads through
+        these.)"""
+        s = self._shapes
+        k, block = s["k_local"], s["block"]
+        lo = grid().depth_rank * s["shard"]
+        hi = min(lo + s["shard"], block)
+        row0, col0 = s["gout_rank"] * s["n_local"], s["gin_rank"] * k
+        boxes = []
+        pos = lo
+        while pos < hi and k > 0:
+            r, c = divmod(pos, k)
+            if c or hi - pos < k:  # a partial row: to the row's end or the shard's
+                n = min(k - c, hi - pos)
+                boxes.append(((row0 + r, col0 + c), (1, n), pos - lo, pos - lo + n))
+            else:  # whole rows
+                n = (hi - pos) // k * k
+                boxes.append(((row0 + r, col0), (n // k, k), pos - lo, pos - lo + n))
+            pos += n
+        return boxes
+
+    def bias_box(self) -> Tuple[int, int]:
+        """(offset, size) of this rank's bias block in the full [out] bias."""
+        s = self._shapes
+        return s["gout_rank"] * s["n_local"], s["n_local"]
+
     @torch.no_grad()
     def load_full(self, weight: Tensor, bias: Optional[Tensor] = None) -> None:
         """Loads this rank's shard from the full serial weight [out, in] (and bias [out])."""

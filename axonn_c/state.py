@@ -57,6 +57,9 @@ class Session:
     env_stores: dict = field(default_factory=dict)
     # the run_concurrent call running now (microbatches.py), or None: its shared depth traffic
     concurrent_call: object = None
+    # the asynchronous checkpoint save in flight (axonn_c/checkpoint.py SaveHandle), or None:
+    # the next save or load joins it
+    checkpoint_pending: object = None
     # per thread: `microbatch` (index) and `uses` on a run_concurrent thread; `hold_target`,
     # `hold_depth` and `pass_` while axonn_c.Sequential pipelines chunks (chunking.py); `auto`
     # inside auto_parallelize()

@@ -10,6 +10,15 @@ backward. Every rank trains on its own micro-batch (the easy layout), so the glo
 world_size x --batch-size sequences and the printed loss is its mean. `--concurrent 2` runs
 each rank's batch as two micro-batches at once (axonn_c.run_concurrent, CPU), one hiding the
 other's tensor-parallel all-reduces.
+
+`--save DIR` writes a checkpoint (axonn_c.checkpoint: model, AdamW state, the next step) at the
+end, and every `--save-every` steps in the background; `--resume DIR` continues from one, on any
+grid and number of ranks (keep the global batch, world_size x --batch-size, to continue the same
+run):
+
+    torchrun --standalone --nproc_per_node 4 examples/train_gpt.py --steps 100 --save ckpt
+    torchrun --standalone --nproc_per_node 2 examples/train_gpt.py --steps 200 --batch-size 16 \
+        --resume ckpt --save ckpt
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import axonn_c  # noqa: E402
+import axonn_c.checkpoint  # noqa: E402
 from gpt import GPT, CharData, GPTConfig, make_corpus  # noqa: E402
 
 
@@ -88,6 +98,11 @@ def main(argv=None):
     p.add_argument("--compression", default=None,
                    help="compress the data-parallel gradient sums: bf16, fp8, int8 or int4 "
                         "(docs/compression.md#compressed-gradient-sums)")
+    p.add_argument("--save", default=None, help="checkpoint directory written at the end")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="also save every N steps, in the background (0: only at the end)")
+    p.add_argument("--resume", default=None,
+                   help="checkpoint directory to continue from (any grid, any world size)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -121,11 +136,17 @@ def main(argv=None):
               f"{n_sharded}/{n_linear} linear layers sharded; "
               f"global batch {world}x{args.batch_size}x{args.block_size} tokens", flush=True)
 
+    start = 0
+    if args.resume:
+        start = axonn_c.checkpoint.load(args.resume, model, opt)["step"]
+        if main_rank:
+            print(f"resumed from {args.resume} at step {start}", flush=True)
+
     losses = []
     t0 = time.perf_counter()
     # a progress bar only on a terminal: in a log file its redraws would flood it (the loss
     # lines below are printed either way)
-    bar = tqdm(range(args.steps), disable=not (main_rank and sys.stderr.isatty()), desc="train",
+    bar = tqdm(range(start, args.steps), disable=not (main_rank and sys.stderr.isatty()), desc="train",
                dynamic_ncols=True)
     for step in bar:
         xg, yg = data.batch(step, args.batch_size * world)  # the same global batch on every rank
@@ -143,13 +164,22 @@ def main(argv=None):
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if main_rank and (step % args.log_every == 0 or step == args.steps - 1):
             tqdm.write(f"step {step:5d}  loss {losses[-1]:.4f}")
+        if args.save and args.save_every and (step + 1) % args.save_every == 0:
+            # written while training goes on; the next save (or the final one) joins it
+            axonn_c.checkpoint.save(args.save, model, opt, extra={"step": step + 1},
+                                    async_save=True)
     elapsed = time.perf_counter() - t0
     bar.close()
+    if args.save:
+        axonn_c.checkpoint.save(args.save, model, opt, extra={"step": args.steps})
+        if main_rank:
+            print(f"saved {args.save} at step {args.steps}", flush=True)
 
-    tokens = args.steps * world * args.batch_size * args.block_size
-    if main_rank:
-        print(f"done: {args.steps} steps in {elapsed:.1f} s ({tokens / elapsed:,.0f} tokens/s), "
-              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+    tokens = (args.steps - start) * world * args.batch_size * args.block_size
+    if main_rank and losses:
+        print(f"done: {args.steps - start} steps in {elapsed:.1f} s "
+              f"({tokens / elapsed:,.0f} tokens/s), loss {losses[0]:.4f} -> {losses[-1]:.4f}",
+              flush=True)
 
     if args.sample_chars > 0:  # every rank runs the layers (they are collective); rank 0 prints
         model.eval()
