@@ -41,7 +41,9 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, ReadIt
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from . import comm
+from .embedding import Embedding
 from .linear import Linear
+from .norm import LayerNorm, RMSNorm
 from .state import grid, session
 
 __all__ = ["save", "load", "SaveHandle", "CheckpointError", "read_info", "export"]
@@ -70,14 +72,21 @@ class _Piece:
         self.full, self.boxes, self.writes = tuple(full), boxes, writes
 
 
-def _linear_params(model: nn.Module) -> Dict[int, Tuple[Linear, str]]:
-    """id(parameter) -> (layer, "weight" | "bias") for the model's axonn_c.Linear layers."""
+def _sharded(m: nn.Module) -> bool:
+    """Whether m's parameters are shards of the serial ones (an axonn_c.Linear, Embedding, or
+    a norm split over its hidden group)."""
+    return isinstance(m, (Linear, Embedding)) or (isinstance(m, (LayerNorm, RMSNorm))
+                                                  and m._split())
+
+
+def _linear_params(model: nn.Module) -> Dict[int, Tuple[nn.Module, str]]:
+    """id(parameter) -> (layer, "weight" | "bias") for the model's sharded layers."""
     out = {}
     for m in model.modules():
-        if isinstance(m, Linear):
-            out[id(m.weight)] = (m, "weight")
-            if m.bias is not None:
-                out[id(m.bias)] = (m, "bias")
+        if _sharded(m):
+            for kind in ("weight", "bias"):
+                if getattr(m, kind, None) is not None:
+                    out[id(getattr(m, kind))] = (m, kind)
     return out
 
 
@@ -88,6 +97,15 @@ def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g, writer: int = 0) -
         return _Piece(t.shape, [((0,) * t.dim(), tuple(t.shape), t)], g.rank == writer)
     layer, kind = owner
     flat = t.reshape(-1)
+    if isinstance(layer, Embedding):  # (only a weight: depth-sharded like a Linear's)
+        boxes = [(off, size, flat[a:b].view(size)) for off, size, a, b in layer.weight_boxes()]
+        return _Piece((layer.num_embeddings, layer.embedding_dim), boxes, g.data_rank == 0)
+    if isinstance(layer, (LayerNorm, RMSNorm)):  # a block of [hidden] over the hidden group,
+        # replicated over depth, data and the plane's other group
+        other = g.row_rank if layer.group == "col" else g.col_rank
+        start = layer._slice().start
+        return _Piece((layer.hidden,), [((start,), (layer.local,), flat)],
+                      g.data_rank == 0 and g.depth_rank == 0 and other == 0)
     if kind == "weight":
         boxes = [(off, size, flat[a:b].view(size)) for off, size, a, b in layer.weight_boxes()]
         return _Piece((layer.out_features, layer.in_features), boxes, g.data_rank == 0)
@@ -100,7 +118,7 @@ def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g, writer: int = 0) -
 def _model_pieces(model: nn.Module, g) -> "OrderedDict[str, _Piece]":
     linear = {}  # state dict key -> (layer, "weight" | "bias")
     for name, m in model.named_modules(remove_duplicate=False):
-        if isinstance(m, Linear):
+        if _sharded(m):
             for kind in ("weight", "bias"):
                 linear[f"{name}.{kind}" if name else kind] = (m, kind)
     out = OrderedDict()

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from . import grads, replicate, validate
 from .autograd_comm import (PLANE, GatherDepth, GatherHidden, GatherRows, OwnRows, ScatterHidden,
                             ScatterRows, all_reduce_, gather_rows, group_index, groups_size)
+from .linear import flat_block_boxes
 from .loss import _VocabParallelCE, reduce_loss
 from .state import grid, group_size, microbatch_active, session
 
@@ -141,6 +142,15 @@ class Embedding(nn.Module):
         block = gather_rows(self.weight.detach().contiguous(), ("depth",))[:self._block]
         return gather_rows(block.view(self.vocab_local, self.embedding_dim),
                            PLANE)[:self.num_embeddings]
+
+    def weight_boxes(self):
+        """Where this rank's depth shard lies in the full [V, H] table, without the padding
+        (rows past the vocabulary, the depth padding): (offsets, sizes, start, stop) per box,
+        as Linear.weight_boxes (axonn_c/checkpoint.py saves and loads through these)."""
+        k = self.embedding_dim
+        real = max(min(self.vocab_local, self.num_embeddings - self.vocab_start), 0) * k
+        lo = grid().depth_rank * self._shard
+        return flat_block_boxes(lo, min(lo + self._shard, real), k, self.vocab_start, 0)
 
     def full_tensors(self, prefix: str = "") -> dict:
         """{name: full serial tensor} for full_state_dict (collective)."""

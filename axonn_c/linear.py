@@ -422,6 +422,25 @@ def _knob(name: str) -> property:
     return property(get, set)
 
 
+def flat_block_boxes(lo: int, hi: int, k: int, row0: int, col0: int) -> list:
+    """Elements [lo, hi) of a row-major block of rows of `k` elements, whose element 0 is at
+    (row0, col0) of a full matrix, as boxes of that matrix: (offsets, sizes, start, stop) per
+    box, where elements [start, stop) counted from lo, viewed as `sizes`, are the box at
+    `offsets`: one box of whole rows, or up to three (partial first row, whole rows, partial
+    last row); none when lo >= hi."""
+    boxes, pos = [], lo
+    while pos < hi and k > 0:
+        r, c = divmod(pos, k)
+        if c or hi - pos < k:  # a partial row: to the row's end or the range's
+            n = min(k - c, hi - pos)
+            boxes.append(((row0 + r, col0 + c), (1, n), pos - lo, pos - lo + n))
+        else:  # whole rows
+            n = (hi - pos) // k * k
+            boxes.append(((row0 + r, col0), (n // k, k), pos - lo, pos - lo + n))
+        pos += n
+    return boxes
+
+
 class Linear(nn.Module):
     """Drop-in for nn.Linear, sharded over the grid of axonn_c.init().
 
@@ -544,22 +563,9 @@ class Linear(nn.Module):
         none when the shard is all padding. (axonn_c/checkpoint.py saves and loads through
         these.)"""
         s = self._shapes
-        k, block = s["k_local"], s["block"]
         lo = grid().depth_rank * s["shard"]
-        hi = min(lo + s["shard"], block)
-        row0, col0 = s["gout_rank"] * s["n_local"], s["gin_rank"] * k
-        boxes = []
-        pos = lo
-        while pos < hi and k > 0:
-            r, c = divmod(pos, k)
-            if c or hi - pos < k:  # a partial row: to the row's end or the shard's
-                n = min(k - c, hi - pos)
-                boxes.append(((row0 + r, col0 + c), (1, n), pos - lo, pos - lo + n))
-            else:  # whole rows
-                n = (hi - pos) // k * k
-                boxes.append(((row0 + r, col0), (n // k, k), pos - lo, pos - lo + n))
-            pos += n
-        return boxes
+        return flat_block_boxes(lo, min(lo + s["shard"], s["block"]), s["k_local"],
+                                s["gout_rank"] * s["n_local"], s["gin_rank"] * s["k_local"])
 
     def bias_box(self) -> Tuple[int, int]:
         """(offset, size) of this rank's bias block in the full [out] bias."""

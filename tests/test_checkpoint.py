@@ -195,3 +195,15 @@ def test_world_of_one_async_save_not_waited_before_finalize(world_of_one, tmp_pa
     with pytest.raises(ckpt.CheckpointError, match="was not published"):
         handle2.wait()
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.multiproc
+def test_embedding_and_split_norms_reshard(tmp_path):
+    # saved on col x depth (the tables' depth shards cut rows), loaded on row x col and on
+    # another world size: the full tensors and the optimizer state come back bitwise
+    torchrun(4, "checkpoint_layers_worker.py", "--mode", "save", "--grid", "1,1,2,2",
+             "--dir", tmp_path)
+    for world, grid in ((4, "1,2,2,1"), (2, "1,2,1,1"), (8, "2,1,2,2")):
+        out = torchrun(world, "checkpoint_layers_worker.py", "--mode", "load", "--grid", grid,
+                       "--dir", tmp_path)
+        assert f"layers load on {grid} ok" in out
