@@ -25,6 +25,7 @@
 
 #include "axc/comm.h"
 #include "axc/cuda_rt.h"
+#include "axc/env.h"
 #include "axc/futex.h"
 #include "axc/reduce.h"
 #include "axc/timeline.h"
@@ -808,16 +809,6 @@ static void shm_destroy(axc_backend *be)
 
 /* ------------------------------------------------------------------ creation */
 
-static double env_double(const char *name, double dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return dflt;
-    char *end;
-    double d = strtod(v, &end);
-    return end != v ? d : dflt;
-}
-
 /* Removes /dev/shm/axonn_c.<pid>.* segments of this user whose creator (the pid in the name) no
  * longer exists: a rank 0 killed while it waited in init for the others to attach left its
  * segment there (issue 28 item 12). Names are unlinked once every rank attached, so a live
@@ -862,7 +853,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
 {
     /* a slot per rank for every lane (channel, kind) whose groups have more than one rank: the
      * lanes run at once */
-    size_t slot_kb = (size_t)env_double("AXONN_C_SHM_SLOT_KB", 2048);
+    size_t slot_kb = (size_t)axc_env_double("AXONN_C_SHM_SLOT_KB", 2048);
     if (slot_kb < 64)
         slot_kb = 64;
     size_t slot = align_up(slot_kb * 1024, 4096);
@@ -880,7 +871,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     snprintf(key, sizeof key, "%s/shm/name", cfg->job_id);
     /* an optional job tag ends the name, so a leak check (tests, CI) can tell its own segments
      * from those of other jobs on the machine */
-    const char *tag = getenv("AXONN_C_SHM_TAG");
+    const char *tag = axc_env_str("AXONN_C_SHM_TAG");
     if (tag && *tag) {
         size_t n = strlen(tag);
         if (n > 64 || strspn(tag, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -1009,8 +1000,8 @@ axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
     b->rank = cfg->rank;
     b->world = cfg->grid.world_size;
     b->timeout_s = cfg->timeout_s;
-    b->sim_gbps = env_double("AXONN_C_SIM_GBPS", 0);
-    b->sim_us = env_double("AXONN_C_SIM_US", 0);
+    b->sim_gbps = axc_env_double("AXONN_C_SIM_GBPS", 0);
+    b->sim_us = axc_env_double("AXONN_C_SIM_US", 0);
     b->channels = cfg->channels > 0 ? cfg->channels : 1;
     if (b->channels > AXC_MAX_CHANNELS) {
         free(b);

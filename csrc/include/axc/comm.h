@@ -175,7 +175,7 @@ typedef struct axc_counters {
 void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *out);
 void axc_comm_reset_counters(axc_comm *comm);
 
-/* ---- backend interface (implemented in comm/shm.c and comm/nccl.c) ---- */
+/* ---- backend interface (implemented in comm/shm.c and comm/nccl_*.c) ---- */
 
 /* What a backend knows of one group. */
 typedef struct axc_group_info {
