@@ -223,6 +223,7 @@ struct axc_work {
     axc_backend *backend;
     void *backend_group;
     void *backend_data;      /* owned by the backend (e.g. CUDA events) */
+    uint64_t backend_seq;    /* the backend's number for it (shm: its call number on the lane) */
     _Atomic uint32_t state;  /* axc_work_state; futex word for host waiters */
     axc_status status;
     int waited;              /* axc_work_wait ran; its result is `status` */
