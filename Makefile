@@ -16,7 +16,7 @@ endif
 CC ?= gcc
 CORE_SRC := $(filter-out csrc/python/% csrc/tests/%,$(wildcard csrc/*/*.c))
 TEST_SRC := $(wildcard csrc/tests/test_*.c)
-HEADERS := $(wildcard csrc/include/axc/*.h)
+HEADERS := $(wildcard csrc/include/axc/*.h csrc/*/*.h)
 TEST_HEADERS := $(wildcard csrc/tests/*.h csrc/tests/mock/*.h)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-missing-field-initializers -Icsrc/include -g
 LIBS := -ldl -lpthread -lrt -lm

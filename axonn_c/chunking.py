@@ -313,9 +313,14 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     forward alone cannot hide (a forward has half the GEMMs of a backward), run under the
     backward's GEMMs. Other models run the pieces one after the other.
 
-    `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets))."""
-    # (bounded: 2**31 pieces never returned; more pieces than rows stay allowed, ranks with
-    # uneven batches must take the same path)
+    `inputs`: a tensor or a tuple of tensors with the same dim 0 (e.g. (tokens, targets)).
+
+    More pieces than rows (an epoch's short last batch; data-parallel ranks with uneven
+    batches) leave some pieces empty. Every piece still runs its forward and backward, because
+    the other ranks' pieces take part in the same collectives, but an empty piece has no loss:
+    it adds nothing to the sum returned (a mean-reduced loss of nothing is NaN), nor to .grad.
+    A batch of no rows returns a loss of 0."""
+    # (bounded: 2**31 pieces never returned; not by the rows, see above)
     micro_batches = validate.check_int("forward_backward: micro_batches", micro_batches, 1, 2**16)
     inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     if not inputs or not all(isinstance(t, Tensor) and t.dim() >= 1 for t in inputs):
@@ -370,7 +375,8 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
         finally:
             if ahead is not None:
                 passes[i].ahead = None
-        total = loss.detach() if total is None else total + loss.detach()
+        if pieces[i][0].shape[0]:  # (an empty piece has no loss: see the docstring)
+            total = loss.detach() if total is None else total + loss.detach()
         if not last:
             if ahead is not None:
                 out = ahead.result()
@@ -378,7 +384,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
                 with _forward_of(passes[i + 1]):
                     out = model(pieces[i + 1][0])
             loss = loss_of(out, pieces[i + 1])
-    return total
+    return torch.zeros_like(loss.detach()) if total is None else total
 
 
 def _refuse_backward_hooks(m: nn.Module) -> None:

@@ -13,6 +13,10 @@ stalled during training, and a long soak.
   the --timeout; reported: the time from the stall to each raise.
 - soak: --soak-steps training steps at 2 ranks; reported: RSS (MiB), open fds and threads,
   sampled every 50 steps, and segments left in /dev/shm.
+- exit (issue 28 item 14): --exits jobs of --exit-world ranks (8) that train 3 steps, call
+  finalize and end normally, with no torch process group, a gloo one destroyed first
+  (--exit-pg destroy) or one left to the interpreter's teardown (--exit-pg leave); reported:
+  the ranks that did not exit with status 0 or printed "terminate called".
 Prints one JSON object per experiment and a summary; exits 1 when an expectation fails."""
 import argparse
 import json
@@ -60,10 +64,19 @@ def worker(mode, timeout, steps):
     world = int(os.environ["WORLD_SIZE"])
     import torch._dynamo  # noqa: F401  (the first step's lazy import: seconds on a busy machine)
 
+    if mode in ("exit_destroy", "exit_leave"):
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
     axonn_c.init(G_intra_c=world, timeout=timeout)
     if mode == "train":  # the first steps import torch's lazy modules (seconds, not training)
         _train_forever(3)
     print("READY", flush=True)
+    if mode.startswith("exit"):
+        _train_forever(3)
+        axonn_c.finalize()
+        if mode == "exit_destroy":  # the order that leaves torch no thread to tear down
+            torch.distributed.destroy_process_group()
+        return 0
     if mode == "soak":
         samples = []
         _train_forever(steps, lambda s: samples.append((s, *_proc_stats())))
@@ -148,12 +161,30 @@ def soak(steps, timeout):
     return samples
 
 
+def exit_trial(world, timeout, pg):
+    """One job that ends normally: the ranks that aborted (status, or "terminate called")."""
+    procs = launch(world, "exit" if pg == "none" else f"exit_{pg}", timeout)
+    bad = []
+    for r, p in enumerate(procs):
+        try:
+            out = p.communicate(timeout=timeout + 120)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, p.returncode = p.communicate()[0], "HANG"
+        if p.returncode != 0 or "terminate called" in out:
+            bad.append({"rank": r, "status": p.returncode, "tail": out[-200:]})
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--stalls", type=int, default=2)
     ap.add_argument("--soak-steps", type=int, default=300)
     ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--exits", type=int, default=0)
+    ap.add_argument("--exit-world", type=int, default=8)
+    ap.add_argument("--exit-pg", choices=("none", "destroy", "leave"), default="none")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -174,7 +205,17 @@ def main():
         print(json.dumps({"stall": i, "victim": victim, "survivors": raised}), flush=True)
         ok &= all(k == "CommTimeoutError" for k, _, _ in raised)
         stall_lat += [t for k, t, _ in raised if t is not None]
+    aborted = []
+    for i in range(a.exits):
+        bad = exit_trial(a.exit_world, a.timeout, a.exit_pg)
+        print(json.dumps({"exit": i, "aborted": bad}), flush=True)
+        aborted.append(len(bad))
+        ok &= not bad
     summary = {"world": a.world, "timeout_s": a.timeout}
+    if a.exits:
+        summary["exit"] = {"jobs": a.exits, "world": a.exit_world, "process_group": a.exit_pg,
+                           "jobs_with_an_abort": sum(1 for n in aborted if n),
+                           "ranks_aborted": sum(aborted)}
     if kill_lat:
         summary["kill"] = {"trials": a.kills, "survivors_raised": len(kill_lat),
                            "ms_min": round(min(kill_lat) * 1e3, 1),

@@ -74,3 +74,18 @@ def test_ranks_out_of_step_raise_at_once():
         assert m and m.group(1) == "CommError", out
         assert "out of step on the col group" in m.group(2), out
         assert re.search(r"all_reduce of \d+ float32", m.group(2)), out
+
+
+def test_same_ranks_other_group_raise_at_once():
+    """Issue 28 item 11: a collective over the col group on one rank and over the world group
+    (the same two ranks) on the other raises CommError on both, naming both calls and groups,
+    long before the timeout."""
+    procs = launch(2, "other_group", 300.0)
+    for p in procs:
+        out, _ = p.communicate(timeout=120)  # (the timeout would take 300 s)
+        assert p.returncode == 0, out
+        m = re.search(r"RAISED (\w+): (.*)", out)
+        assert m and m.group(1) == "CommError", out
+        assert "which have the same ranks" in m.group(2), out
+        assert "all_reduce of 16 float32 (sum) as its collective 1 on the col group" in m.group(2), out
+        assert "all_reduce of 16 float32 (sum) as its collective 2 on the world group" in m.group(2), out

@@ -1,8 +1,9 @@
 """The docs cannot rot: every Python block of the README runs as written (alone or under
 torchrun, as the HTML comment before it says), every link and file reference in the README and
 docs/ points to something in the repository (anchors included), docs/ARCHITECTURE.md's table
-names every AXONN_C_* setting the code reads, and the package's torch requirement keeps an
-installed torch."""
+names every AXONN_C_* setting the code reads and equals the C table of them (csrc/core/env.c),
+and the package's torch requirement keeps an installed torch."""
+import ast
 import re
 import subprocess
 import sys
@@ -163,6 +164,59 @@ def test_architecture_lists_every_environment_setting():
     table = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     missing = sorted(v for v in used if f"`{v}`" not in table)
     assert not missing, f"docs/ARCHITECTURE.md's settings table lacks {missing}"
+
+
+def c_settings_table():
+    """The rows (name, read by, default, meaning) of csrc/core/env.c's `settings[]`, each cell
+    the concatenation of its C string literals."""
+    text = (ROOT / "csrc" / "core" / "env.c").read_text(encoding="utf-8")
+    start = text.index("settings[] = {")
+    block = text[start:text.index("\n};", start)]
+    rows = []
+    for entry in re.findall(r"\{((?:\s*\"(?:[^\"\\]|\\.)*\"\s*,?)+)\s*\}", block):
+        cells, cur = [], ""
+        for lit, comma in re.findall(r"\"((?:[^\"\\]|\\.)*)\"(\s*,)?", entry):
+            cur += ast.literal_eval(f'"{lit}"')
+            if comma:
+                cells.append(cur)
+                cur = ""
+        rows.append(tuple(cells + [cur]))
+    return rows
+
+
+def docs_settings_table():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    lines = text[text.index("| variable | read by | default | effect |"):].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        name, read_by, dflt, meaning = (c.strip() for c in line.strip("|").split(" | "))
+        rows.append((name.strip("`"), read_by, dflt, meaning))
+    return rows
+
+
+def test_architecture_settings_table_is_the_c_table():
+    c_rows = c_settings_table()
+    assert len(c_rows) >= 15 and all(len(r) == 4 for r in c_rows), c_rows
+    assert docs_settings_table() == c_rows, (
+        "docs/ARCHITECTURE.md's settings table differs from csrc/core/env.c's (keep them equal)")
+
+
+def test_core_reads_settings_only_through_the_table():
+    """No getenv of an AXONN_C_* setting in the core outside env.c, and every setting the core
+    reads through axc_env_* is in the table."""
+    names = {r[0] for r in c_settings_table()}
+    bad, read = [], set()
+    for p in (ROOT / "csrc").rglob("*.c"):
+        if "tests" in p.parts or p.name == "env.c":
+            continue
+        text = p.read_text(encoding="utf-8")
+        bad += [f"{p.relative_to(ROOT)}: {m}" for m in re.findall(r"getenv\(\"AXONN_C_\w+", text)]
+        read |= set(re.findall(r"axc_env_\w+\(\"(AXONN_C_\w+)\"", text))
+        read |= set(re.findall(r"\"(AXONN_C_\w+)\", \d+,", text))  # dynlib specs' path settings
+    assert not bad, f"getenv of a setting outside csrc/core/env.c: {bad}"
+    assert read and read <= names, f"read but not in csrc/core/env.c's table: {read - names}"
 
 
 def test_torch_requirement_keeps_an_installed_torch():

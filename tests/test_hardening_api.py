@@ -69,6 +69,27 @@ def test_item2_micro_batches_checked(mb):
     assert math.isfinite(float(loss))
 
 
+@pytest.mark.parametrize("rows", [4, 3, 1, 0])
+def test_item2_more_micro_batches_than_rows(rows):
+    """5 pieces of fewer rows (an epoch's short last batch): the empty pieces run (other ranks'
+    pieces share their collectives) but have no loss, so the mean-reduced loss is the sum over
+    the rows' pieces, not NaN, and the gradients are those of one piece per row."""
+    axonn_c.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(rows, 3), torch.randn(rows, 2)
+    mse = torch.nn.functional.mse_loss
+    loss = axonn_c.forward_backward(model, (x, y), mse, micro_batches=5)
+    got = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    model.zero_grad()
+    want = sum((mse(model(x[i:i + 1]), y[i:i + 1]) for i in range(rows)), torch.zeros(()))
+    if rows:
+        want.backward()
+    assert math.isfinite(float(loss)) and torch.allclose(loss, want.detach()), (loss, want)
+    for g, p in zip(got, model.parameters()):
+        assert torch.allclose(g, p.grad if p.grad is not None else torch.zeros_like(p))
+
+
 @pytest.mark.parametrize("args", [("4", 4), (3.7, 4), (4, None), (-1, 4), (4, 2**40)])
 def test_item7_linear_features_checked(args):
     axonn_c.init()

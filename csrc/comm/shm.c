@@ -25,6 +25,7 @@
 
 #include "axc/comm.h"
 #include "axc/cuda_rt.h"
+#include "axc/env.h"
 #include "axc/futex.h"
 #include "axc/reduce.h"
 #include "axc/timeline.h"
@@ -100,6 +101,11 @@ struct shm_backend {
     _Atomic int32_t *pids;
     shm_barrier *barriers; /* [lane][world], indexed by group colour */
     shm_call *calls;       /* [lane][rank][2] */
+    _Atomic uint64_t *issued;  /* [lane][rank]: collectives each rank started on each lane (its
+                                * groups of more than one rank), counted at shm_start */
+    _Atomic uint64_t *waiting; /* [lane][rank]: the call number a rank's thread waits for in
+                                * shm_wait on that lane, 0 when none */
+    const shm_group *lane_group[AXC_MAX_CHANNELS * AXC_GROUP_COUNT]; /* this rank's, per lane */
     size_t slot_bytes;
     int channels;
     shm_lane lanes[AXC_MAX_CHANNELS * AXC_GROUP_COUNT]; /* [channel][kind] */
@@ -182,9 +188,12 @@ static axc_status check_peers(shm_backend *b, const shm_group *g, const char *wh
     return AXC_OK;
 }
 
-/* A sense-reversing barrier over the group's members that sleeps on a futex. */
+static axc_status check_crossed(shm_backend *b, const shm_group *g, const shm_call *mine);
+
+/* A sense-reversing barrier over the group's members that sleeps on a futex. `mine`: this rank's
+ * call, at a collective's first barrier (NULL at the others). */
 static axc_status group_barrier(shm_backend *b, const shm_group *g, int64_t deadline,
-                                const char *what)
+                                const char *what, const shm_call *mine)
 {
     int G = g->info.size;
     if (G == 1)
@@ -212,6 +221,8 @@ static axc_status group_barrier(shm_backend *b, const shm_group *g, int64_t dead
         if (atomic_load(&bar->gen) != gen)
             break;
         AXC_TRY(check_peers(b, g, what));
+        if (mine)
+            AXC_TRY(check_crossed(b, g, mine));
     }
     return AXC_OK;
 }
@@ -245,7 +256,8 @@ static int same_call(const shm_call *x, const shm_call *y)
            x->block == y->block;
 }
 
-static int describe_call(char *out, size_t cap, int rank, const shm_call *x)
+static int describe_call(char *out, size_t cap, int rank, const shm_call *x,
+                         axc_group_kind group)
 {
     int n = x->kind == AXC_COLL_BARRIER
                 ? snprintf(out, cap, "rank %d runs a barrier", rank)
@@ -259,8 +271,8 @@ static int describe_call(char *out, size_t cap, int rank, const shm_call *x)
     if (x->codec != AXC_CODEC_NONE)
         n += snprintf(out + n, cap - (size_t)n, " compressed %s/%u",
                       axc_codec_name((axc_codec)x->codec), x->block);
-    return n + snprintf(out + n, cap - (size_t)n, " as its collective %llu on this group",
-                        (unsigned long long)x->seq);
+    return n + snprintf(out + n, cap - (size_t)n, " as its collective %llu on the %s group",
+                        (unsigned long long)x->seq, axc_group_name(group));
 }
 
 /* After the collective's first barrier: every peer published the same call, else the job's
@@ -277,9 +289,9 @@ static axc_status check_calls(run_ctx *c)
         char msg[400];
         int n = snprintf(msg, sizeof msg, "collectives out of step on the %s group: ",
                          axc_group_name(g->info.kind));
-        n += describe_call(msg + n, sizeof msg - (size_t)n, c->b->rank, c->mine);
+        n += describe_call(msg + n, sizeof msg - (size_t)n, c->b->rank, c->mine, g->info.kind);
         n += snprintf(msg + n, sizeof msg - (size_t)n, ", ");
-        n += describe_call(msg + n, sizeof msg - (size_t)n, r, peer);
+        n += describe_call(msg + n, sizeof msg - (size_t)n, r, peer, g->info.kind);
         snprintf(msg + n, sizeof msg - (size_t)n,
                  " (every rank of a group must make the same calls in the same order)");
         return shm_abort(c->b, AXC_ERR_PEER, msg);
@@ -287,9 +299,72 @@ static axc_status check_calls(run_ctx *c)
     return AXC_OK;
 }
 
+static int same_members(const shm_group *x, const shm_group *y)
+{
+    if (x->info.size != y->info.size)
+        return 0;
+    for (int i = 0; i < x->info.size; i++) {
+        int found = 0;
+        for (int j = 0; j < y->info.size && !found; j++)
+            found = x->members[i] == y->members[j];
+        if (!found)
+            return 0;
+    }
+    return 1;
+}
+
+/* Groups of one channel with the same ranks (intra and world when G_data = 1, say) have lanes of
+ * their own, whose calls check_calls never compares: a rank waiting for a collective on one
+ * while its peer waits for one on the other would wait out the timeout. Lanes progress
+ * independently, so ranks may start such collectives in different orders (test_shm's
+ * independent_main); what cannot end is this, seen without any timing: this rank's thread waits
+ * (shm_wait) for this very call (#seq on this lane), which the peer has not started, while the
+ * peer's thread waits for a call on a lane of the same ranks that this rank has not started.
+ * Neither thread starts anything more, so each waits for the other: a caller bug, failed at
+ * once naming both calls. (The peer's wait is read before its start count: a peer that started
+ * this call and then waited shows the start whenever it shows the wait.) */
+static axc_status check_crossed(shm_backend *b, const shm_group *g, const shm_call *mine)
+{
+    int lane = lane_index(&g->info), first = g->info.channel * AXC_GROUP_COUNT;
+    size_t W = (size_t)b->world;
+    if (atomic_load(&b->waiting[(size_t)lane * W + (size_t)b->rank]) != mine->seq)
+        return AXC_OK; /* this rank's thread may still start the peer's call */
+    for (int other = first; other < first + AXC_GROUP_COUNT; other++) {
+        const shm_group *og = b->lane_group[other];
+        if (other == lane || !og || !same_members(og, g))
+            continue;
+        for (int k = 0; k < g->info.size; k++) {
+            int r = g->members[k];
+            if (r == b->rank)
+                continue;
+            uint64_t theirs = atomic_load(&b->waiting[(size_t)other * W + (size_t)r]);
+            if (!theirs || atomic_load(&b->issued[(size_t)lane * W + (size_t)r]) >= mine->seq)
+                continue; /* the peer waits for nothing there, or started this call */
+            if (theirs <= atomic_load(&b->issued[(size_t)other * W + (size_t)b->rank]))
+                continue; /* this rank started the call the peer waits for: it comes */
+            shm_call peer = *call_slot(b, other, r, theirs);
+            if (peer.seq != theirs)
+                continue; /* its lane has not reached it yet: seen at the next look */
+            char msg[512];
+            int n = snprintf(msg, sizeof msg,
+                             "collectives out of step on the %s and %s groups, which have the "
+                             "same ranks: ",
+                             axc_group_name(g->info.kind), axc_group_name(og->info.kind));
+            n += describe_call(msg + n, sizeof msg - (size_t)n, b->rank, mine, g->info.kind);
+            n += snprintf(msg + n, sizeof msg - (size_t)n, ", ");
+            n += describe_call(msg + n, sizeof msg - (size_t)n, r, &peer, og->info.kind);
+            snprintf(msg + n, sizeof msg - (size_t)n,
+                     " (every rank must issue the collectives of groups with the same ranks in "
+                     "the same order)");
+            return shm_abort(b, AXC_ERR_PEER, msg);
+        }
+    }
+    return AXC_OK;
+}
+
 static axc_status bar(run_ctx *c)
 {
-    AXC_TRY(group_barrier(c->b, c->g, c->deadline, c->what));
+    AXC_TRY(group_barrier(c->b, c->g, c->deadline, c->what, c->mine));
     if (!c->mine)
         return AXC_OK;
     axc_status st = check_calls(c);
@@ -728,6 +803,12 @@ static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
     else
         l->head = w;
     l->tail = w;
+    if (g->info.size > 1) /* (before the lane can run it: see check_crossed) */
+        w->backend_seq = atomic_fetch_add(&b->issued[(size_t)lane_index(&g->info) *
+                                                         (size_t)b->world +
+                                                     (size_t)b->rank],
+                                          1) +
+                         1;
     pthread_cond_signal(&l->cv);
     pthread_mutex_unlock(&l->mu);
     return AXC_OK;
@@ -736,8 +817,17 @@ static axc_status shm_start(axc_backend *be, void *group, axc_work *w)
 static axc_status shm_wait(axc_backend *be, axc_work *w)
 {
     shm_backend *b = (shm_backend *)be;
+    const shm_group *g = w->backend_group;
+    _Atomic uint64_t *waiting =
+        w->backend_seq ? &b->waiting[(size_t)lane_index(&g->info) * (size_t)b->world +
+                                     (size_t)b->rank]
+                       : NULL;
+    if (waiting) /* published for the peers' check_crossed */
+        atomic_store(waiting, w->backend_seq);
     /* the lane bounds every peer wait by the timeout; the margin covers the copy */
     axc_status st = axc_work_host_wait(w, 2 * b->timeout_s + 30.0);
+    if (waiting)
+        atomic_store(waiting, 0);
     if (atomic_load(&w->state) != AXC_WORK_PENDING && w->backend_data) {
         shm_cuda_work *cw = w->backend_data;
         b->cuda->EventDestroy(cw->ready);
@@ -764,14 +854,17 @@ static axc_status shm_group_open(axc_backend *be, const axc_group_info *info, vo
     memcpy(g->members, info->members, sizeof(int) * (size_t)info->size);
     g->info.members = g->members;
     g->barrier = &b->barriers[(size_t)lane_index(info) * (size_t)b->world + (size_t)info->color];
+    b->lane_group[lane_index(info)] = g; /* (groups open and close with the communicator) */
     *out = g;
     return AXC_OK;
 }
 
 static void shm_group_close(axc_backend *be, void *group)
 {
-    (void)be;
+    shm_backend *b = (shm_backend *)be;
     shm_group *g = group;
+    if (b->lane_group[lane_index(&g->info)] == g)
+        b->lane_group[lane_index(&g->info)] = NULL;
     free(g->members);
     free(g);
 }
@@ -807,16 +900,6 @@ static void shm_destroy(axc_backend *be)
 }
 
 /* ------------------------------------------------------------------ creation */
-
-static double env_double(const char *name, double dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return dflt;
-    char *end;
-    double d = strtod(v, &end);
-    return end != v ? d : dflt;
-}
 
 /* Removes /dev/shm/axonn_c.<pid>.* segments of this user whose creator (the pid in the name) no
  * longer exists: a rank 0 killed while it waited in init for the others to attach left its
@@ -862,7 +945,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
 {
     /* a slot per rank for every lane (channel, kind) whose groups have more than one rank: the
      * lanes run at once */
-    size_t slot_kb = (size_t)env_double("AXONN_C_SHM_SLOT_KB", 2048);
+    size_t slot_kb = (size_t)axc_env_double("AXONN_C_SHM_SLOT_KB", 2048);
     if (slot_kb < 64)
         slot_kb = 64;
     size_t slot = align_up(slot_kb * 1024, 4096);
@@ -870,7 +953,8 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     int n_lanes = b->channels * AXC_GROUP_COUNT;
     size_t bars = align_up(sizeof(shm_barrier) * (size_t)n_lanes * (size_t)b->world, 4096);
     size_t calls = align_up(sizeof(shm_call) * (size_t)n_lanes * (size_t)b->world * 2, 4096);
-    size_t lane_off[AXC_MAX_CHANNELS * AXC_GROUP_COUNT], total = hdr + bars + calls;
+    size_t issued = align_up(sizeof(uint64_t) * (size_t)n_lanes * (size_t)b->world * 2, 4096);
+    size_t lane_off[AXC_MAX_CHANNELS * AXC_GROUP_COUNT], total = hdr + bars + calls + issued;
     for (int k = 0; k < n_lanes; k++) {
         lane_off[k] = total;
         if (axc_grid_group_size(&cfg->grid, (axc_group_kind)(k % AXC_GROUP_COUNT)) > 1)
@@ -880,7 +964,7 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     snprintf(key, sizeof key, "%s/shm/name", cfg->job_id);
     /* an optional job tag ends the name, so a leak check (tests, CI) can tell its own segments
      * from those of other jobs on the machine */
-    const char *tag = getenv("AXONN_C_SHM_TAG");
+    const char *tag = axc_env_str("AXONN_C_SHM_TAG");
     if (tag && *tag) {
         size_t n = strlen(tag);
         if (n > 64 || strspn(tag, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -935,6 +1019,8 @@ static axc_status attach_segment(shm_backend *b, const axc_comm_config *cfg)
     b->pids = (_Atomic int32_t *)((unsigned char *)map + sizeof(shm_header));
     b->barriers = (shm_barrier *)((unsigned char *)map + hdr);
     b->calls = (shm_call *)((unsigned char *)map + hdr + bars);
+    b->issued = (_Atomic uint64_t *)((unsigned char *)map + hdr + bars + calls);
+    b->waiting = b->issued + (size_t)n_lanes * (size_t)b->world;
     for (int k = 0; k < n_lanes; k++)
         if (axc_grid_group_size(&cfg->grid, (axc_group_kind)(k % AXC_GROUP_COUNT)) > 1)
             b->lanes[k].slots = (unsigned char *)map + lane_off[k];
@@ -1009,8 +1095,8 @@ axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
     b->rank = cfg->rank;
     b->world = cfg->grid.world_size;
     b->timeout_s = cfg->timeout_s;
-    b->sim_gbps = env_double("AXONN_C_SIM_GBPS", 0);
-    b->sim_us = env_double("AXONN_C_SIM_US", 0);
+    b->sim_gbps = axc_env_double("AXONN_C_SIM_GBPS", 0);
+    b->sim_us = axc_env_double("AXONN_C_SIM_US", 0);
     b->channels = cfg->channels > 0 ? cfg->channels : 1;
     if (b->channels > AXC_MAX_CHANNELS) {
         free(b);

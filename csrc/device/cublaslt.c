@@ -25,14 +25,13 @@
 #if defined(AXC_HAVE_CUBLASLT_HEADERS) && defined(AXC_HAVE_CUDA_HEADERS)
 
 #include <cublasLt.h>
-#include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/dynlib.h"
 
 int axc_gemm_cuda_compiled(void) { return 1; }
 
@@ -66,61 +65,24 @@ static axc_status lt_status_ = AXC_ERR_UNAVAILABLE;
 static char lt_msg_[768];
 static char lt_name_[64];
 
-static void lt_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void lt_unavailable(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(lt_msg_, sizeof lt_msg_, fmt, ap);
-    va_end(ap);
-    lt_status_ = AXC_ERR_UNAVAILABLE;
-}
-
-static void *lt_open(void)
-{
-    static const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
-    const size_t n = sizeof names / sizeof names[0];
-    for (size_t i = 0; i < n; i++) { /* the copy torch loaded */
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
-        if (h) {
-            snprintf(lt_name_, sizeof lt_name_, "%s (already loaded)", names[i]);
-            return h;
-        }
-    }
-    char errs[512] = "";
-    for (size_t i = 0; i < n; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (h) {
-            snprintf(lt_name_, sizeof lt_name_, "%s", names[i]);
-            return h;
-        }
-        const char *e = dlerror();
-        size_t used = strlen(errs);
-        snprintf(errs + used, sizeof errs - used, "%s%s", used ? "; " : "", e ? e : names[i]);
-    }
-    lt_unavailable("cuBLASLt not found: neither libcublasLt.so.13 nor libcublasLt.so.12 is loaded "
-                   "in this process or on the library path (%s); a CUDA build of torch loads it",
-                   errs);
-    return NULL;
-}
-
 static void lt_load(void)
 {
-    void *h = lt_open();
+    static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
+    static const axc_dynlib_spec spec = {"cuBLASLt", names, 2, NULL, 1,
+                                         "a CUDA build of torch loads it"};
+    void *h = axc_dynlib_open(&spec, lt_name_, sizeof lt_name_, lt_msg_, sizeof lt_msg_);
     if (!h)
         return;
     lt_api api;
     memset(&api, 0, sizeof api);
-    void *sym;
-#define AXC_LT_RESOLVE(field, fn)                                                                \
-    sym = dlsym(h, #fn);                                                                         \
-    if (!sym) {                                                                                  \
-        lt_unavailable("cuBLASLt %s has no symbol %s", lt_name_, #fn);                           \
-        return;                                                                                  \
-    }                                                                                            \
-    memcpy(&api.field, &sym, sizeof sym);
-    AXC_LT_SYMBOLS(AXC_LT_RESOLVE)
-#undef AXC_LT_RESOLVE
+    const axc_dynlib_sym syms[] = {
+#define AXC_LT_SYM(field, fn) {#fn, &api.field, 1},
+        AXC_LT_SYMBOLS(AXC_LT_SYM)
+#undef AXC_LT_SYM
+    };
+    if (!axc_dynlib_resolve(h, "cuBLASLt", lt_name_, syms, sizeof syms / sizeof syms[0], NULL,
+                            lt_msg_, sizeof lt_msg_))
+        return;
     lt_ = api;
     lt_status_ = AXC_OK;
     lt_msg_[0] = '\0';

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "axc/dynlib.h"
+
 #if defined(AXC_HAVE_CUDA_HEADERS)
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
 #error "axonn_c binds the legacy-default-stream entry points; do not define CUDA_API_PER_THREAD_DEFAULT_STREAM"
@@ -108,37 +110,11 @@ int axc_cuda_compiled(void) { return 0; }
 int axc_cuda_header_version(void) { return 0; }
 #endif
 
-/* Every field is a function pointer of the same size as void *, so a dlsym result can be stored
- * through memcpy (the POSIX-sanctioned way to turn an object pointer into a function pointer). */
-_Static_assert(sizeof(int (*)(int *)) == sizeof(void *), "function pointers are not pointer-sized");
-
 static pthread_once_t load_once_ = PTHREAD_ONCE_INIT;
 static axc_cuda_api api_;
 static axc_status load_status_ = AXC_ERR_UNAVAILABLE;
 static char load_msg_[768];
 static char lib_name_[64];
-
-#define AXC_CUDA_SYMBOLS(X)                                                                      \
-    X(GetDeviceCount, "cudaGetDeviceCount")                                                       \
-    X(GetDevice, "cudaGetDevice")                                                                 \
-    X(SetDevice, "cudaSetDevice")                                                                 \
-    X(MemcpyAsync, "cudaMemcpyAsync")                                                             \
-    X(StreamCreateWithFlags, "cudaStreamCreateWithFlags")                                         \
-    X(StreamDestroy, "cudaStreamDestroy")                                                         \
-    X(StreamSynchronize, "cudaStreamSynchronize")                                                 \
-    X(StreamWaitEvent, "cudaStreamWaitEvent")                                                     \
-    X(EventCreateWithFlags, "cudaEventCreateWithFlags")                                           \
-    X(EventDestroy, "cudaEventDestroy")                                                           \
-    X(EventRecord, "cudaEventRecord")                                                             \
-    X(EventQuery, "cudaEventQuery")                                                               \
-    X(EventSynchronize, "cudaEventSynchronize")                                                   \
-    X(MallocHost, "cudaMallocHost")                                                               \
-    X(FreeHost, "cudaFreeHost")                                                                   \
-    X(GetErrorString, "cudaGetErrorString")                                                       \
-    X(Malloc, "cudaMalloc")                                                                       \
-    X(Free, "cudaFree")                                                                           \
-    X(StreamCreateWithPriority, "cudaStreamCreateWithPriority")                                   \
-    X(DeviceGetStreamPriorityRange, "cudaDeviceGetStreamPriorityRange")
 
 static void set_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void set_unavailable(const char *fmt, ...)
@@ -161,82 +137,54 @@ static int driver_present(void)
     return h != NULL;
 }
 
-static void *open_runtime(void)
-{
-    static const char *names[] = {"libcudart.so.13", "libcudart.so.12"};
-    const size_t n = sizeof names / sizeof names[0];
-    /* 1. the copy torch (or anyone) already loaded: shares its context and its streams */
-    for (size_t i = 0; i < n; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
-        if (h) {
-            snprintf(lib_name_, sizeof lib_name_, "%s (already loaded)", names[i]);
-            return h;
-        }
-    }
-    /* 2. a normal search (LD_LIBRARY_PATH, system paths) */
-    char errs[512] = "";
-    for (size_t i = 0; i < n; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (h) {
-            snprintf(lib_name_, sizeof lib_name_, "%s", names[i]);
-            return h;
-        }
-        const char *e = dlerror();
-        size_t used = strlen(errs);
-        snprintf(errs + used, sizeof errs - used, "%s%s", used ? "; " : "", e ? e : names[i]);
-    }
-    set_unavailable("CUDA runtime not found: neither libcudart.so.13 nor libcudart.so.12 is "
-                    "loaded in this process or on the library path (%s); a CUDA build of torch "
-                    "loads it on import",
-                    errs);
-    return NULL;
-}
-
 static void load_runtime(void)
 {
-    void *h = open_runtime();
+    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12"};
+    static const axc_dynlib_spec spec = {"the CUDA runtime", names, 2, NULL, 1,
+                                         "a CUDA build of torch loads it on import"};
+    void *h = axc_dynlib_open(&spec, lib_name_, sizeof lib_name_, load_msg_, sizeof load_msg_);
     if (!h)
         return;
     axc_cuda_api api;
     memset(&api, 0, sizeof api);
     int (*runtime_version)(int *) = NULL;
-    void *sym;
-#define AXC_RESOLVE(field, name)                                                                 \
-    sym = dlsym(h, name);                                                                        \
-    if (!sym) {                                                                                  \
-        set_unavailable("the CUDA runtime %s has no symbol %s", lib_name_, name);                \
-        return;                                                                                  \
-    }                                                                                            \
-    memcpy(&api.field, &sym, sizeof sym);
-    AXC_CUDA_SYMBOLS(AXC_RESOLVE)
-    sym = dlsym(h, "cudaRuntimeGetVersion");
-    if (!sym) {
-        set_unavailable("the CUDA runtime %s has no symbol %s", lib_name_, "cudaRuntimeGetVersion");
+    const axc_dynlib_sym syms[] = {
+        {"cudaGetDeviceCount", &api.GetDeviceCount, 1},
+        {"cudaGetDevice", &api.GetDevice, 1},
+        {"cudaSetDevice", &api.SetDevice, 1},
+        {"cudaMemcpyAsync", &api.MemcpyAsync, 1},
+        {"cudaStreamCreateWithFlags", &api.StreamCreateWithFlags, 1},
+        {"cudaStreamDestroy", &api.StreamDestroy, 1},
+        {"cudaStreamSynchronize", &api.StreamSynchronize, 1},
+        {"cudaStreamWaitEvent", &api.StreamWaitEvent, 1},
+        {"cudaEventCreateWithFlags", &api.EventCreateWithFlags, 1},
+        {"cudaEventDestroy", &api.EventDestroy, 1},
+        {"cudaEventRecord", &api.EventRecord, 1},
+        {"cudaEventQuery", &api.EventQuery, 1},
+        {"cudaEventSynchronize", &api.EventSynchronize, 1},
+        {"cudaMallocHost", &api.MallocHost, 1},
+        {"cudaFreeHost", &api.FreeHost, 1},
+        {"cudaGetErrorString", &api.GetErrorString, 1},
+        {"cudaMalloc", &api.Malloc, 1},
+        {"cudaFree", &api.Free, 1},
+        {"cudaStreamCreateWithPriority", &api.StreamCreateWithPriority, 1},
+        {"cudaDeviceGetStreamPriorityRange", &api.DeviceGetStreamPriorityRange, 1},
+        {"cudaRuntimeGetVersion", &runtime_version, 1},
+        /* optional entry points (NULL when absent; their users check) */
+        {"cudaMemcpy2DAsync", &api.Memcpy2DAsync, 0},
+        {"cudaMemsetAsync", &api.MemsetAsync, 0},
+        {"cudaMallocAsync", &api.MallocAsync, 0},
+        {"cudaFreeAsync", &api.FreeAsync, 0},
+        {"cudaStreamIsCapturing", &api.StreamIsCapturing, 0},
+        {"cudaThreadExchangeStreamCaptureMode", &api.ThreadExchangeStreamCaptureMode, 0},
+        {"cudaStreamGetId", &api.StreamGetId, 0},
+        {"cudaLibraryLoadData", &api.LibraryLoadData, 0},
+        {"cudaLibraryGetKernel", &api.LibraryGetKernel, 0},
+        {"cudaLaunchKernel", &api.LaunchKernel, 0},
+    };
+    if (!axc_dynlib_resolve(h, "the CUDA runtime", lib_name_, syms, sizeof syms / sizeof syms[0],
+                            NULL, load_msg_, sizeof load_msg_))
         return;
-    }
-    memcpy(&runtime_version, &sym, sizeof sym);
-#undef AXC_RESOLVE
-    /* optional entry points (NULL when absent; their users check) */
-    if ((sym = dlsym(h, "cudaMemcpy2DAsync")) != NULL)
-        memcpy(&api.Memcpy2DAsync, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaMemsetAsync")) != NULL)
-        memcpy(&api.MemsetAsync, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaMallocAsync")) != NULL)
-        memcpy(&api.MallocAsync, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaFreeAsync")) != NULL)
-        memcpy(&api.FreeAsync, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaStreamIsCapturing")) != NULL)
-        memcpy(&api.StreamIsCapturing, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaThreadExchangeStreamCaptureMode")) != NULL)
-        memcpy(&api.ThreadExchangeStreamCaptureMode, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaStreamGetId")) != NULL)
-        memcpy(&api.StreamGetId, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaLibraryLoadData")) != NULL)
-        memcpy(&api.LibraryLoadData, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaLibraryGetKernel")) != NULL)
-        memcpy(&api.LibraryGetKernel, &sym, sizeof sym);
-    if ((sym = dlsym(h, "cudaLaunchKernel")) != NULL)
-        memcpy(&api.LaunchKernel, &sym, sizeof sym);
 
     int version = 0;
     if (runtime_version(&version) != AXC_CUDA_SUCCESS)

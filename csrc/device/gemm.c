@@ -465,3 +465,5 @@ axc_status axc_zero(int device, void *stream, void *dst, size_t bytes)
         st = axc_cuda_check(api->MemsetAsync(dst, 0, bytes, stream), "cudaMemsetAsync");
     return axc_cuda_device_leave(api, device, prev, st);
 }
+
+axc_status axc_gemm_release(void) { return axc_cublaslt_release(); }

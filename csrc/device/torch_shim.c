@@ -5,14 +5,12 @@
  * and BLAS). C unit tests, which run without Python, name the library in AXONN_C_TORCH_LIB. */
 #include "axc/torch_shim.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-_Static_assert(sizeof(int32_t (*)(void)) == sizeof(void *), "function pointers are not pointer-sized");
+#include "axc/dynlib.h"
 
 static pthread_once_t load_once_ = PTHREAD_ONCE_INIT;
 static axc_torch_api api_;
@@ -20,75 +18,35 @@ static axc_status load_status_ = AXC_ERR_UNAVAILABLE;
 static char load_msg_[1024];
 static char lib_name_[512];
 
-static void set_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void set_unavailable(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(load_msg_, sizeof load_msg_, fmt, ap);
-    va_end(ap);
-    load_status_ = AXC_ERR_UNAVAILABLE;
-}
-
-static void *open_torch(void)
-{
-    void *h = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
-    if (h) {
-        snprintf(lib_name_, sizeof lib_name_, "libtorch_cpu.so (already loaded)");
-        return h;
-    }
-    const char *path = getenv("AXONN_C_TORCH_LIB");
-    if (path && path[0]) {
-        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (h) {
-            snprintf(lib_name_, sizeof lib_name_, "%s", path);
-            return h;
-        }
-        const char *e = dlerror();
-        set_unavailable("torch's C library could not be opened from AXONN_C_TORCH_LIB=%s: %s",
-                        path, e ? e : "dlopen failed");
-        return NULL;
-    }
-    set_unavailable("torch's C library (libtorch_cpu.so) is not loaded in this process: "
-                    "`import torch` before using axonn_c, or set AXONN_C_TORCH_LIB to the path "
-                    "of libtorch_cpu.so");
-    return NULL;
-}
-
-static int resolve(void *h, const char *name, void *field, int required)
-{
-    void *sym = dlsym(h, name);
-    if (!sym) {
-        if (required)
-            set_unavailable("torch's %s has no symbol %s (this torch is too old or too new for "
-                            "axonn_c)",
-                            lib_name_, name);
-        return 0;
-    }
-    memcpy(field, &sym, sizeof sym);
-    return 1;
-}
-
 static void load_torch(void)
 {
-    void *h = open_torch();
+    static const char *const names[] = {"libtorch_cpu.so"};
+    static const axc_dynlib_spec spec = {
+        "torch's C library", names, 1, "AXONN_C_TORCH_LIB", 0,
+        "`import torch` before using axonn_c, or set AXONN_C_TORCH_LIB to the path of "
+        "libtorch_cpu.so"};
+    void *h = axc_dynlib_open(&spec, lib_name_, sizeof lib_name_, load_msg_, sizeof load_msg_);
     if (!h)
         return;
     axc_torch_api api;
     memset(&api, 0, sizeof api);
     int32_t (*dt_f32)(void) = NULL, (*dt_bf16)(void) = NULL, (*dt_f16)(void) = NULL,
             (*dev_cpu)(void) = NULL;
-    if (!resolve(h, "aoti_torch_create_tensor_from_blob", &api.create_tensor_from_blob, 1) ||
-        !resolve(h, "aoti_torch_delete_tensor_object", &api.delete_tensor_object, 1) ||
-        !resolve(h, "aoti_torch_cpu_addmm_out", &api.cpu_addmm_out, 1) ||
-        !resolve(h, "aoti_torch_cpu_mm_out", &api.cpu_mm_out, 1) ||
-        !resolve(h, "aoti_torch_dtype_float32", &dt_f32, 1) ||
-        !resolve(h, "aoti_torch_dtype_bfloat16", &dt_bf16, 1) ||
-        !resolve(h, "aoti_torch_dtype_float16", &dt_f16, 1) ||
-        !resolve(h, "aoti_torch_device_type_cpu", &dev_cpu, 1))
+    const axc_dynlib_sym syms[] = {
+        {"aoti_torch_create_tensor_from_blob", &api.create_tensor_from_blob, 1},
+        {"aoti_torch_delete_tensor_object", &api.delete_tensor_object, 1},
+        {"aoti_torch_cpu_addmm_out", &api.cpu_addmm_out, 1},
+        {"aoti_torch_cpu_mm_out", &api.cpu_mm_out, 1},
+        {"aoti_torch_dtype_float32", &dt_f32, 1},
+        {"aoti_torch_dtype_bfloat16", &dt_bf16, 1},
+        {"aoti_torch_dtype_float16", &dt_f16, 1},
+        {"aoti_torch_device_type_cpu", &dev_cpu, 1},
+        {"torch_exception_get_what_without_backtrace", &api.exception_what, 0},
+    };
+    if (!axc_dynlib_resolve(h, "torch's", lib_name_, syms, sizeof syms / sizeof syms[0],
+                            "this torch is too old or too new for axonn_c", load_msg_,
+                            sizeof load_msg_))
         return;
-    if (!resolve(h, "torch_exception_get_what_without_backtrace", &api.exception_what, 0))
-        api.exception_what = NULL;
     api.dtype_f32 = dt_f32();
     api.dtype_bf16 = dt_bf16();
     api.dtype_f16 = dt_f16();
@@ -131,32 +89,26 @@ static char cuda_msg_[768];
 
 static void load_torch_cuda(void)
 {
-    const char *name = "libtorch_cuda.so";
-    void *h = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
-    const char *path = getenv("AXONN_C_TORCH_CUDA_LIB");
-    if (!h && path && path[0]) {
-        name = path;
-        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!h) {
-        snprintf(cuda_msg_, sizeof cuda_msg_,
-                 "torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
+    static const char *const names[] = {"libtorch_cuda.so"};
+    static const axc_dynlib_spec spec = {"torch's CUDA library", names, 1,
+                                         "AXONN_C_TORCH_CUDA_LIB", 0,
+                                         "a CUDA build of torch loads it on import"};
+    char name[512];
+    void *h = axc_dynlib_open(&spec, name, sizeof name, cuda_msg_, sizeof cuda_msg_);
+    if (!h)
         return;
-    }
-    static const char *const syms[4] = {
-        "aoti_torch_create_cuda_stream_guard", "aoti_torch_delete_cuda_stream_guard",
-        "aoti_torch_cuda_caching_allocator_raw_alloc",
-        "aoti_torch_cuda_caching_allocator_raw_delete"};
     axc_torch_cuda_api api = {0};
-    void *fields[4] = {&api.create_stream_guard, &api.delete_stream_guard, &api.raw_alloc,
-                       &api.raw_delete};
-    for (int i = 0; i < 4; i++)
-        if (!resolve(h, syms[i], fields[i], 0)) { /* optional: the caller falls back */
-            snprintf(cuda_msg_, sizeof cuda_msg_, "%s has no symbol %s (torch older than 2.10)",
-                     name, syms[i]);
-            return;
-        }
-    (void)resolve(h, "aoti_torch_get_current_cuda_stream", &api.get_current_stream, 0);
+    /* optional as a whole: without them the caller falls back (torch older than 2.10) */
+    const axc_dynlib_sym syms[] = {
+        {"aoti_torch_create_cuda_stream_guard", &api.create_stream_guard, 1},
+        {"aoti_torch_delete_cuda_stream_guard", &api.delete_stream_guard, 1},
+        {"aoti_torch_cuda_caching_allocator_raw_alloc", &api.raw_alloc, 1},
+        {"aoti_torch_cuda_caching_allocator_raw_delete", &api.raw_delete, 1},
+        {"aoti_torch_get_current_cuda_stream", &api.get_current_stream, 0},
+    };
+    if (!axc_dynlib_resolve(h, "torch's CUDA library", name, syms, sizeof syms / sizeof syms[0],
+                            "torch older than 2.10", cuda_msg_, sizeof cuda_msg_))
+        return;
     cuda_api_ = api;
     cuda_status_ = AXC_OK;
 }

@@ -7,6 +7,7 @@
 
 #include "axc/comm.h"
 #include "axc/cuda_rt.h"
+#include "axc/gemm.h"
 #include "py_common.h"
 
 static axc_comm *g_comm = NULL;
@@ -173,11 +174,13 @@ static PyObject *py_finalize(PyObject *self, PyObject *noargs)
     (void)noargs;
     axc_comm *comm = g_comm;
     g_comm = NULL;
-    if (comm) {
-        Py_BEGIN_ALLOW_THREADS axc_py_sched_close();
+    axc_status st = AXC_OK;
+    Py_BEGIN_ALLOW_THREADS if (comm) {
+        axc_py_sched_close();
         axc_comm_destroy(comm);
-        Py_END_ALLOW_THREADS
     }
+    st = axc_gemm_release(); /* the cuBLASLt plans (none on CPU) */
+    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 

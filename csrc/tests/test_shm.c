@@ -358,6 +358,34 @@ static void mismatch_main(int rank, int world, const int dims[4], double timeout
     axc_comm_destroy(comm);
 }
 
+/* Grid 1x1x2x1 (col and world both {0, 1}): rank 0 runs an all-reduce on the col group while
+ * rank 1 runs one on the world group, each waiting for it. The calls meet on no lane, so
+ * check_calls cannot compare them; each rank waits for the other. Both fail at once (not at the
+ * timeout), naming both calls and both groups. (independent_main: started in crossed orders and
+ * waited for afterwards, the same calls complete.) */
+static void crossed_main(int rank, int world, const int dims[4], double timeout)
+{
+    (void)world;
+    axc_comm *comm = open_comm(rank, 2, dims, "crossed", timeout);
+    if (!comm)
+        return;
+    float x[4] = {1, 2, 3, 4};
+    axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = x, .recv = x, .count = 4, .device = -1};
+    EXPECT(run(comm, AXC_GROUP_WORLD, &c) == AXC_OK); /* in step */
+    int64_t t0 = axc_now_ns();
+    axc_status st = run(comm, rank == 0 ? AXC_GROUP_COL : AXC_GROUP_WORLD, &c);
+    double waited = (double)(axc_now_ns() - t0) * 1e-9;
+    const char *msg = axc_last_error();
+    EXPECT(st == AXC_ERR_PEER);
+    EXPECT(waited < timeout / 2); /* not the timeout */
+    EXPECT(strstr(msg, "out of step on the") != NULL && strstr(msg, "which have the same ranks"));
+    EXPECT(strstr(msg, "all_reduce of 4 float32 (sum) as its collective 1 on the col group"));
+    EXPECT(strstr(msg, "all_reduce of 4 float32 (sum) as its collective 2 on the world group"));
+    if (fails)
+        fprintf(stderr, "rank %d: %s\n", rank, msg);
+    axc_comm_destroy(comm);
+}
+
 /* AXONN_C_SHM_TAG ends the segment name (which the store publishes), so a leak check can tell
  * its own segments from those of other jobs; a tag that cannot be part of a name fails on every
  * rank, naming the variable. */
@@ -446,6 +474,7 @@ int main(void)
     CHECK(fork_ranks_spawn(2, channels_main, indep_grid, 10.0, 0) == 0);
     for (mismatch_case = 0; mismatch_case < 5; mismatch_case++)
         CHECK(fork_ranks_spawn(2, mismatch_main, indep_grid, 20.0, 0) == 0);
+    CHECK(fork_ranks_spawn(2, crossed_main, indep_grid, 20.0, 0) == 0);
     CHECK(tagged_run("ctest-tag_1", 0) == 0);
     CHECK(tagged_run("../escape", 1) == 0);
     CHECK(tagged_run("a-tag-that-is-far-too-long-to-be-part-of-a-name-0123456789012345678", 1) == 0);

@@ -41,11 +41,30 @@ def out_of_step(timeout):
     return 1
 
 
+def other_group(timeout):
+    """Issue 28 item 11: rank 0 all-reduces over the col group, rank 1 over the world group, the
+    same two ranks under another name (grid 1x1x2x1). Every rank raises at once, naming both
+    calls and both groups (not after the timeout)."""
+    g = axonn_c.init(G_intra_c=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    x = torch.ones(16)
+    axonn_c.comm.all_reduce(x, group="world")  # in step
+    try:
+        axonn_c.comm.all_reduce(x, group="col" if g.rank == 0 else "world")
+    except axonn_c.CommError as e:
+        print(f"RAISED {type(e).__name__}: {e}", flush=True)
+        axonn_c.finalize()
+        return 0
+    print("NO ERROR", flush=True)
+    return 1
+
+
 def main():
     mode, timeout = sys.argv[1], float(sys.argv[2])
     world = int(os.environ["WORLD_SIZE"])
     if mode == "out_of_step":
         return out_of_step(timeout)
+    if mode == "other_group":
+        return other_group(timeout)
     if mode == "kill_concurrent":
         g = axonn_c.init(G_data=2, G_intra_c=world // 2, timeout=timeout,
                          concurrent_microbatches=2)

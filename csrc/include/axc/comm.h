@@ -184,7 +184,7 @@ typedef struct axc_counters {
 void axc_comm_counters(const axc_comm *comm, axc_group_kind kind, axc_counters *out);
 void axc_comm_reset_counters(axc_comm *comm);
 
-/* ---- backend interface (implemented in comm/shm.c and comm/nccl.c) ---- */
+/* ---- backend interface (implemented in comm/shm.c and comm/nccl_*.c) ---- */
 
 /* What a backend knows of one group. */
 typedef struct axc_group_info {
@@ -232,6 +232,7 @@ struct axc_work {
     axc_backend *backend;
     void *backend_group;
     void *backend_data;      /* owned by the backend (e.g. CUDA events) */
+    uint64_t backend_seq;    /* the backend's number for it (shm: its call number on the lane) */
     _Atomic uint32_t state;  /* axc_work_state; futex word for host waiters */
     axc_status status;
     int waited;              /* axc_work_wait ran; its result is `status` */

@@ -62,6 +62,11 @@ axc_status axc_zero(int device, void *stream, void *dst, size_t bytes);
 /* 1 when this build has the cuBLASLt path (compiled against cublasLt.h). */
 int axc_gemm_cuda_compiled(void);
 
+/* Teardown of the GEMM layer (finalize): destroys the cuBLASLt plans cached so far (descriptors,
+ * layouts; a plan in use by a GEMM on another thread when that GEMM returns). GEMMs still work
+ * afterwards: they build their plans again. */
+axc_status axc_gemm_release(void);
+
 /* ---- internal: the cuBLASLt backend (csrc/device/cublaslt.c), called after validation ---- */
 axc_status axc_cublaslt_gemm(const axc_gemm_args *g);
 axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const void *dY,
@@ -70,7 +75,7 @@ axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const 
  * build without cuBLASLt). */
 int axc_cublaslt_cached_plans(int *capacity);
 /* Destroys every cached plan (one in use by a GEMM on another thread when that GEMM returns);
- * later GEMMs build them again. For teardown (module unload) and tests. */
+ * later GEMMs build them again. Called by axc_gemm_release (teardown) and tests. */
 axc_status axc_cublaslt_release(void);
 
 #ifdef __cplusplus

@@ -298,8 +298,17 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         run_config(comm, &configs[i], 0);
     axc_comm_destroy(comm);
-    CHECK_OK(axc_cublaslt_release()); /* the plans are freed (under LeakSanitizer too) */
-    CHECK(axc_cublaslt_cached_plans(NULL) == 0);
+    /* teardown (what finalize calls): every cached plan's descriptor and three layouts are
+     * destroyed (also under LeakSanitizer) */
+    int cached = axc_cublaslt_cached_plans(NULL);
+    counts.reset();
+    CHECK_OK(axc_gemm_release());
+    CHECK(cached > 0 && axc_cublaslt_cached_plans(NULL) == 0);
+    CHECK(counts.calls("cublasLtMatmulDescDestroy") == cached &&
+          counts.calls("cublasLtMatrixLayoutDestroy") == 3 * cached);
+    counts.reset(); /* a second teardown finds nothing to destroy */
+    CHECK_OK(axc_gemm_release());
+    CHECK(counts.calls("cublasLtMatmulDescDestroy") == 0);
     order_checker oc;
     if (order_checker_find(&oc))
         CHECK(order_violations(&oc, "test_linear_mock") == 0);
