@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, ReadIt
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from . import comm
+from . import compression
 from .embedding import Embedding
 from .linear import Linear
 from .norm import LayerNorm, RMSNorm
@@ -51,6 +52,9 @@ __all__ = ["save", "load", "SaveHandle", "CheckpointError", "read_info", "export
 FORMAT = 1  # the layout of the keys below; a checkpoint with another is refused
 META_KEY = "axonn_c"  # bytes: format, grid, world size, model keys, torch version
 MODEL, OPTIM_STATE, OPTIM_GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra"
+# + world rank: that rank's error-feedback residuals of compressed gradient sums (per rank: each
+# holds its own; restored only on the same grid, where the buckets are the same)
+COMPRESSION = "compression.rank"
 _PARTIAL, _OLD = ".partial", ".old"  # the save's temporary directory; the replaced checkpoint
 
 
@@ -596,6 +600,9 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
             objects[EXTRA] = extra
         if g.rank != 0:
             objects = {}
+        residuals = compression.compression_state()
+        if residuals["residuals"]:
+            objects[f"{COMPRESSION}{g.rank}"] = residuals
         planner = _SavePlanner(pieces, objects)
         writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True,
                                   overwrite=True)
@@ -662,13 +669,19 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     path = os.path.normpath(os.fspath(path))
     if not isinstance(model, nn.Module):
         raise TypeError(f"checkpoint.load: model must be an nn.Module, got {type(model).__name__}")
-    reader, metadata, _ = _agree(f"load of {path}", lambda: _read_metadata(path))
+    reader, metadata, info = _agree(f"load of {path}", lambda: _read_metadata(path))
+    own_residuals = f"{COMPRESSION}{g.rank}"
+    same_grid = info.get("world_size") == g.world_size and info.get("grid") == {
+        "G_data": g.G_data, "G_intra_r": g.G_intra_r, "G_intra_c": g.G_intra_c,
+        "G_intra_d": g.G_intra_d}
 
     def plan():
         pieces = _model_pieces(model, g)
         _check_model(pieces, metadata, path)
         targets = {k: pc.boxes for k, pc in pieces.items() if pc.boxes}
         object_keys = [EXTRA] if EXTRA in metadata.state_dict_metadata else []
+        if same_grid and own_residuals in metadata.state_dict_metadata:
+            object_keys.append(own_residuals)
         dest = None
         if optimizer is not None:
             if OPTIM_GROUPS not in metadata.state_dict_metadata:
@@ -686,6 +699,8 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     if optimizer is not None:
         _agree(f"load of {path} (optimizer state)", lambda: optimizer.load_state_dict(
             _optimizer_state_dict(model, optimizer, dest, objects, path)))
+    if own_residuals in objects:  # (another grid: the buckets differ, the residuals start at 0)
+        compression.load_compression_state(objects[own_residuals])
     return objects.get(EXTRA)
 
 

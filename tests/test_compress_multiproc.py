@@ -62,11 +62,12 @@ def test_compression_argument_errors(world_of_one):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("grid,overlap", [("4,1,1,1", 1), ("2,2,1,1", 0), ("1,1,2,2", 1)])
-def test_compressed_data_parallel_gradients(grid, overlap):
+def test_compressed_data_parallel_gradients(grid, overlap, tmp_path):
     # backward's overlapped bucket sums (overlap 1) and sync_gradients' (overlap 0), each
     # setting trained 150 steps: replicas identical, losses and wire bytes within bounds; on
     # grids with tensor parallelism also the layers' own collectives (row, col, depth)
-    out = torchrun(4, "grad_compress_worker.py", "--grid", grid, "--overlap", overlap)
+    out = torchrun(4, "grad_compress_worker.py", "--grid", grid, "--overlap", overlap,
+                   "--ckpt-dir", tmp_path)
     assert f"grid {grid} overlap {overlap}: compressed gradients ok" in out
     assert "int4: final loss" in out
 

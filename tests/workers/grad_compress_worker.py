@@ -74,6 +74,15 @@ def train(args, sizes, compression):
     again = axonn_c.compression_state()["residuals"]
     assert state["residuals"].keys() == again.keys() and all(
         torch.equal(state["residuals"][k], again[k]) for k in again), "residuals round trip"
+    if args.ckpt_dir and compression == "int8":  # a checkpoint keeps each rank's residuals
+        import axonn_c.checkpoint as ckpt
+        path = os.path.join(args.ckpt_dir, f"ckpt_{args.grid}")
+        ckpt.save(path, model, opt)
+        axonn_c.load_compression_state({"residuals": {}})
+        ckpt.load(path, model, opt)
+        back = axonn_c.compression_state()["residuals"]
+        assert back.keys() == again.keys() and all(
+            torch.equal(back[k], again[k]) for k in again), "residuals through a checkpoint"
     axonn_c.finalize()
     return sum(losses[-10:]) / 10, stats, state["residuals"]
 
@@ -83,6 +92,7 @@ def main():
     ap.add_argument("--grid", required=True)
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--ckpt-dir", default="")
     args = ap.parse_args()
     sizes = tuple(int(v) for v in args.grid.split(","))
     base = None
