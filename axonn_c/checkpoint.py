@@ -83,14 +83,27 @@ def _sharded(m: nn.Module) -> bool:
                                                   and m._split())
 
 
+def _owners(m: nn.Module):
+    """(kind, (layer, kind)) for m's sharded parameters. An output layer tied to an Embedding
+    (auto_parallelize: head.weight = emb.weight) holds the Embedding's shard as its weight:
+    that weight is the Embedding's; its bias is its own (a Linear's block, else replicated)."""
+    tied = m.__dict__.get("_axonn_tied")
+    if tied is not None:
+        yield "weight", (tied[0], "weight")
+        if isinstance(m, Linear) and m.bias is not None:
+            yield "bias", (m, "bias")
+    elif _sharded(m):
+        for kind in ("weight", "bias"):
+            if getattr(m, kind, None) is not None:
+                yield kind, (m, kind)
+
+
 def _linear_params(model: nn.Module) -> Dict[int, Tuple[nn.Module, str]]:
     """id(parameter) -> (layer, "weight" | "bias") for the model's sharded layers."""
     out = {}
     for m in model.modules():
-        if _sharded(m):
-            for kind in ("weight", "bias"):
-                if getattr(m, kind, None) is not None:
-                    out[id(getattr(m, kind))] = (m, kind)
+        for kind, owner in _owners(m):
+            out[id(getattr(m, kind))] = owner
     return out
 
 
@@ -122,9 +135,8 @@ def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g, writer: int = 0) -
 def _model_pieces(model: nn.Module, g) -> "OrderedDict[str, _Piece]":
     linear = {}  # state dict key -> (layer, "weight" | "bias")
     for name, m in model.named_modules(remove_duplicate=False):
-        if _sharded(m):
-            for kind in ("weight", "bias"):
-                linear[f"{name}.{kind}" if name else kind] = (m, kind)
+        for kind, owner in _owners(m):
+            linear[f"{name}.{kind}" if name else kind] = owner
     out = OrderedDict()
     for i, (key, t) in enumerate(model.state_dict().items()):
         if not isinstance(t, Tensor):

@@ -537,8 +537,10 @@ def drop_if_abandoned() -> None:
     parameter, e.g. a bias, keeps what autograd accumulated into its .grad before the error, as
     without overlap.) Called by a Linear's forward, by the first gradient of a pass, and by
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
-    thread, keeps its records."""
-    if (idle() or (_st.pass_alive is not None and _st.pass_alive() is not None)):
+    thread, keeps its records. Not on a micro-batch thread: those own no pass, and the caller's
+    run_concurrent reducer may be summing through the buckets meanwhile."""
+    if (idle() or microbatch_active()
+            or (_st.pass_alive is not None and _st.pass_alive() is not None)):
         return
     _st.queued_task = None
     try:

@@ -193,10 +193,13 @@ static PyObject *py_take(PyObject *self, PyObject *args)
     g_like = NULL;
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
-    if (start_due() < 0) /* (a bucket without room retired) */
-        return NULL;
-    PyObject *piece = PyObject_CallMethod((PyObject *)owner, "narrow", "inn", 0, (Py_ssize_t)off,
-                                          n);
+    /* (the engine's reference may go while start_due releases the GIL: hold one here) */
+    PyObject *flat = (PyObject *)owner;
+    Py_INCREF(flat);
+    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
+                          ? NULL
+                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off, n);
+    Py_DECREF(flat);
     if (!piece)
         return NULL;
     return Py_BuildValue("(Ni)", piece, id);

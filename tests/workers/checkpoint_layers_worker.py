@@ -1,5 +1,6 @@
 """axonn_c.checkpoint with the other sharded layers (tests/test_checkpoint.py): a model of
-axonn_c.Embedding (odd vocabularies, both layouts) and split norms, one AdamW step, saved on one
+axonn_c.Embedding (odd vocabularies, both layouts), split norms and output layers tied to their
+tables (auto_parallelize), one AdamW step, saved on one
 grid (--mode save, rank 0 also writes the full state dict and the optimizer's full state) and
 loaded on another (--mode load): the full state dict and every optimizer state tensor, gathered,
 equal the saved ones bitwise.
@@ -12,6 +13,7 @@ from torch import nn
 
 import axonn_c
 import axonn_c.checkpoint as ckpt
+from layers_worker import TinyLM
 
 
 class Layers(nn.Module):
@@ -21,6 +23,9 @@ class Layers(nn.Module):
         self.emb_x = axonn_c.Embedding(29, 12, expert_mode=True)
         self.ln = axonn_c.LayerNorm(12, expert_mode=True)
         self.rms = axonn_c.RMSNorm(12, expert_mode=True, transpose=True)
+        with axonn_c.auto_parallelize(embeddings=True):  # an output layer tied to its table
+            self.lm = TinyLM(37, 12)
+            self.lm2 = TinyLM(40, 12)
 
 
 def full_optimizer_state(model, opt):
@@ -55,7 +60,8 @@ def main():
         ids = torch.arange(8) % 37
         loss = (model.emb(ids).sum() + model.ln(model.emb_x(ids % 29)).square().sum()
                 + model.rms(torch.randn(8, model.rms.local, generator=torch.Generator()
-                                        .manual_seed(0))).sum())
+                                        .manual_seed(0))).sum()
+                + model.lm(ids.view(2, 4)).square().sum() + model.lm2(ids.view(2, 4)).sum())
         loss.backward()
         axonn_c.sync_gradients(model)
         opt.step()
