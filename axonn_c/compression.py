@@ -94,8 +94,9 @@ def apply(policy: Policy) -> None:
 def compression_state() -> dict:
     """The error-feedback residuals of the compressed gradient sums on this rank ({slot:
     float32 tensor}, copies), for a checkpoint: load them with load_compression_state on the
-    same grid and model. Slot = bucket number in a backward pass x 4 + the group's position;
-    a residual whose bucket changes size starts again from zeros."""
+    same grid and model. A slot is (the pass within the step, the bucket number in the pass,
+    the group's position), kept across steps: sync_gradients ends a step; a residual whose
+    bucket changes size starts again from zeros."""
     return {"residuals": {k: v.detach().clone() for k, v in _C.grad_buckets_residuals().items()}}
 
 

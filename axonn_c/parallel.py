@@ -23,7 +23,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import comm, grads, replicate, validate
+from . import _C, comm, grads, replicate, validate
 from .grads import no_grad_sync
 from .embedding import Embedding
 from .linear import Linear
@@ -135,6 +135,9 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         else:
             for t in tensors:
                 grads.reduce_now([t], groups, scale)
+    # the step's gradient sums are done: the next pass is the first of the next step (the
+    # compression residuals are kept per pass of a step and bucket, csrc/grads/buckets.c)
+    _C.grad_buckets_new_step()
 
 
 # ------------------------------------------------------------------------- clip_grad_norm_

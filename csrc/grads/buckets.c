@@ -25,13 +25,16 @@ struct axc_buckets {
     int ndue, due_head, next_group;
     axc_bucket_stats stats;
     axc_bucket_codec codec[AXC_GROUP_COUNT];
-    /* error-feedback residuals by bucket number (kept across passes) */
+    /* error-feedback residuals, kept across steps, by slot key: (pass of the step, bucket
+     * number of the pass, group position), see residual_key */
     struct residual {
+        long long key;
         void *data, *owner;
         int device;
         size_t elems;
     } *res;
     int nres;
+    int pass; /* passes with buckets since the last axc_buckets_new_step */
 };
 
 static int same_key(const axc_bucket_key *a, const axc_bucket_key *b)
@@ -91,8 +94,15 @@ void axc_buckets_reset(axc_buckets *b)
         return;
     for (int i = 0; i < b->n; i++)
         b->ops.release(b->ops.ctx, b->v[i].owner);
+    b->pass += b->n > 0;
     b->n = 0;
     b->ndue = b->due_head = b->next_group = 0;
+}
+
+void axc_buckets_new_step(axc_buckets *b)
+{
+    if (b)
+        b->pass = 0;
 }
 
 void axc_buckets_clear_residuals(axc_buckets *b)
@@ -236,19 +246,20 @@ void axc_buckets_close_all(axc_buckets *b)
             }
 }
 
-static struct residual *residual_slot(axc_buckets *b, int i)
+static struct residual *residual_slot(axc_buckets *b, long long key)
 {
-    if (i >= b->nres) {
-        struct residual *r = realloc(b->res, (size_t)(i + 1) * sizeof *r);
-        if (!r) {
-            axc_fail(AXC_ERR_NOMEM, "gradient buckets: out of memory for residual %d", i);
-            return NULL;
-        }
-        memset(r + b->nres, 0, (size_t)(i + 1 - b->nres) * sizeof *r);
-        b->res = r;
-        b->nres = i + 1;
+    for (int i = 0; i < b->nres; i++)
+        if (b->res[i].key == key)
+            return &b->res[i];
+    struct residual *r = realloc(b->res, (size_t)(b->nres + 1) * sizeof *r);
+    if (!r) {
+        axc_fail(AXC_ERR_NOMEM, "gradient buckets: out of memory for residual %lld", key);
+        return NULL;
     }
-    return &b->res[i];
+    b->res = r;
+    r += b->nres++;
+    *r = (struct residual){.key = key};
+    return r;
 }
 
 axc_status axc_buckets_set_codec(axc_buckets *b, axc_group_kind group, const axc_bucket_codec *c)
@@ -264,32 +275,35 @@ axc_status axc_buckets_set_codec(axc_buckets *b, axc_group_kind group, const axc
 
 int axc_buckets_residual_count(const axc_buckets *b) { return b->nres; }
 
-void axc_buckets_residual(const axc_buckets *b, int i, void **owner, size_t *elems)
+void axc_buckets_residual(const axc_buckets *b, int i, long long *key, void **owner,
+                          size_t *elems)
 {
     int have = i >= 0 && i < b->nres;
+    *key = have ? b->res[i].key : -1;
     *owner = have ? b->res[i].owner : NULL;
     *elems = have ? b->res[i].elems : 0;
 }
 
-axc_status axc_buckets_set_residual(axc_buckets *b, int i, void *data, void *owner, int device,
-                                    size_t elems)
+axc_status axc_buckets_set_residual(axc_buckets *b, long long key, void *data, void *owner,
+                                    int device, size_t elems)
 {
-    struct residual *r = i >= 0 ? residual_slot(b, i) : NULL;
+    struct residual *r = key >= 0 ? residual_slot(b, key) : NULL;
     if (!r) {
         b->ops.release(b->ops.ctx, owner);
-        return i < 0 ? axc_fail(AXC_ERR_INVALID, "residual slot %d: expected >= 0", i)
-                     : AXC_ERR_NOMEM;
+        return key < 0 ? axc_fail(AXC_ERR_INVALID, "residual slot %lld: expected >= 0", key)
+                       : AXC_ERR_NOMEM;
     }
     if (r->owner)
         b->ops.release(b->ops.ctx, r->owner);
-    *r = (struct residual){data, owner, device, elems};
+    *r = (struct residual){key, data, owner, device, elems};
     return AXC_OK;
 }
 
-/* Bucket i's residual of `elems` floats on `device`: kept when it matches, else new zeros. */
-static float *residual_for(axc_buckets *b, int i, const bucket *k)
+/* The residual of (this pass, bucket i, group position): kept when its size and device
+ * match, else new zeros. */
+static float *residual_for(axc_buckets *b, long long key, const bucket *k)
 {
-    struct residual *r = residual_slot(b, i);
+    struct residual *r = residual_slot(b, key);
     if (!r)
         return NULL;
     if (!r->owner || r->elems != k->used || r->device != k->key.device) {
@@ -299,7 +313,7 @@ static float *residual_for(axc_buckets *b, int i, const bucket *k)
             return NULL;
         if (r->owner)
             b->ops.release(b->ops.ctx, r->owner);
-        *r = (struct residual){data, owner, k->key.device, k->used};
+        *r = (struct residual){key, data, owner, k->key.device, k->used};
     }
     return r->data;
 }
@@ -317,9 +331,12 @@ int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum)
     if (c->codec != AXC_CODEC_NONE && k->key.dtype == AXC_DT_F32) {
         sum->codec = c->codec;
         sum->block = c->block;
-        /* (a residual per bucket number and group position) */
-        if (c->error_feedback && b->ops.alloc_residual &&
-            !(sum->residual = residual_for(b, i * AXC_BUCKET_MAX_GROUPS + b->next_group, k)))
+        /* a residual per (pass of the step, bucket, group position): the same gradients in
+         * every step; past AXC_BUCKET_MAX_EF_PASSES passes without a new step, none */
+        long long key = ((long long)b->pass << 32) | (long long)(i * AXC_BUCKET_MAX_GROUPS +
+                                                                  b->next_group);
+        if (c->error_feedback && b->ops.alloc_residual && b->pass < AXC_BUCKET_MAX_EF_PASSES &&
+            !(sum->residual = residual_for(b, key, k)))
             return -1;
     }
     if (++b->next_group == k->key.ngroups) {

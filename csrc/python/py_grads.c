@@ -343,10 +343,11 @@ static PyObject *py_residuals(PyObject *self, PyObject *noargs)
     for (int i = 0; d && i < n; i++) {
         void *owner;
         size_t elems;
-        axc_buckets_residual(g_buckets, i, &owner, &elems);
+        long long key;
+        axc_buckets_residual(g_buckets, i, &key, &owner, &elems);
         if (!owner)
             continue;
-        PyObject *k = PyLong_FromLong(i);
+        PyObject *k = PyLong_FromLongLong(key);
         if (!k || PyDict_SetItem(d, k, (PyObject *)owner) < 0)
             Py_CLEAR(d);
         Py_XDECREF(k);
@@ -359,9 +360,9 @@ static PyObject *py_residuals(PyObject *self, PyObject *noargs)
 static PyObject *py_set_residual(PyObject *self, PyObject *args)
 {
     (void)self;
-    int slot;
+    long long slot;
     PyObject *t;
-    if (!PyArg_ParseTuple(args, "iO", &slot, &t))
+    if (!PyArg_ParseTuple(args, "LO", &slot, &t))
         return NULL;
     void *ptr;
     size_t numel;
@@ -371,7 +372,7 @@ static PyObject *py_set_residual(PyObject *self, PyObject *args)
     if (!b || axc_py_read_tensor(t, "residual", &ptr, &numel, &dt, &device) < 0)
         return NULL;
     if (dt != AXC_DT_F32) {
-        PyErr_Format(PyExc_TypeError, "residual %d has dtype %s, expected float32", slot,
+        PyErr_Format(PyExc_TypeError, "residual %lld has dtype %s, expected float32", slot,
                      axc_dtype_name(dt));
         return NULL;
     }
@@ -379,6 +380,15 @@ static PyObject *py_set_residual(PyObject *self, PyObject *args)
     axc_status st = axc_buckets_set_residual(b, slot, ptr, t, device, numel);
     if (st != AXC_OK)
         return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* grad_buckets_new_step(): the next pass is the first of a training step (residual keys) */
+static PyObject *py_new_step(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_buckets_new_step(g_buckets);
     Py_RETURN_NONE;
 }
 
@@ -519,6 +529,7 @@ PyMethodDef axc_py_grads_methods[] = {
     {"grad_buckets_residuals", py_residuals, METH_NOARGS, "grad_buckets_residuals() -> dict"},
     {"grad_buckets_set_residual", py_set_residual, METH_VARARGS,
      "grad_buckets_set_residual(slot, tensor)"},
+    {"grad_buckets_new_step", py_new_step, METH_NOARGS, "grad_buckets_new_step()"},
     {"grad_buckets_clear_residuals", py_clear_residuals, METH_NOARGS,
      "grad_buckets_clear_residuals()"},
     {"keep_alive", py_keep_alive, METH_VARARGS, "keep_alive(kind, number, obj)"},

@@ -165,13 +165,14 @@ int main(void)
     CHECK(axc_buckets_count(b) == 0); /* nothing half-made */
     CHECK(axc_buckets_set_bytes(b, 0) == AXC_ERR_INVALID);
     /* g) compression: float32 sums over a compressed group carry the codec and, with error
-     * feedback, a residual per bucket number kept across passes (new zeros when the size
-     * changes); other dtypes and groups stay exact */
+     * feedback, a residual per (pass of the step, bucket, group position) kept across steps
+     * (new zeros when the size changes); other dtypes and groups stay exact */
     axc_bucket_codec int8 = {AXC_CODEC_INT8, 0, 1};
     CHECK_OK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &int8));
     axc_bucket_codec bad_block = {AXC_CODEC_INT8, 3, 0};
     CHECK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &bad_block) == AXC_ERR_INVALID);
-    float *first_residual = NULL;
+    float *first_residual = NULL, *last_residual = NULL;
+    axc_buckets_new_step(b); /* (the passes above counted) */
     for (int pass = 0; pass < 3; pass++) {
         size_t n = pass < 2 ? 6 : 5;
         CHECK_OK(axc_buckets_take(b, &two, n, &id, &off, &owner));    /* depth, data */
@@ -187,15 +188,29 @@ int main(void)
             first_residual = sums[1].residual;
         else if (pass == 1)
             CHECK(sums[1].residual == first_residual); /* kept */
+        last_residual = sums[1].residual;
         axc_buckets_reset(b);
+        axc_buckets_new_step(b); /* (each pass its own step) */
     }
     void *res_owner;
     size_t res_elems;
-    CHECK(axc_buckets_residual_count(b) == 2); /* bucket 0, group position 1 */
-    axc_buckets_residual(b, 1, &res_owner, &res_elems);
-    CHECK(res_owner != NULL && res_elems == 5);
-    axc_buckets_residual(b, 0, &res_owner, &res_elems);
-    CHECK(res_owner == NULL && res_elems == 0);
+    long long key;
+    CHECK(axc_buckets_residual_count(b) == 1); /* step pass 0, bucket 0, group position 1 */
+    axc_buckets_residual(b, 0, &key, &res_owner, &res_elems);
+    CHECK(res_owner != NULL && res_elems == 5 && key == 1);
+    axc_buckets_residual(b, 1, &key, &res_owner, &res_elems);
+    CHECK(res_owner == NULL && res_elems == 0 && key == -1);
+    /* two passes in one step (two synchronous sums): bucket 0 of each has its own residual */
+    CHECK_OK(axc_buckets_take(b, &two, 5, &id, &off, &owner));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual == last_residual);
+    axc_buckets_reset(b);
+    CHECK_OK(axc_buckets_take(b, &two, 5, &id, &off, &owner));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual && sums[1].residual != last_residual);
+    axc_buckets_reset(b);
+    CHECK(axc_buckets_residual_count(b) == 2);
+    axc_buckets_new_step(b);
     float *mine = calloc(5, sizeof(float));
     log.allocs++; /* (released by the engine from now on) */
     CHECK_OK(axc_buckets_set_residual(b, 1, mine, mine, -1, 5));

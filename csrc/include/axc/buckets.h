@@ -18,6 +18,8 @@
 #include "axc/status.h"
 
 #define AXC_BUCKET_MAX_GROUPS 4
+/* Passes (a backward's, or a synchronous sum's) per step whose sums keep error feedback. */
+#define AXC_BUCKET_MAX_EF_PASSES 64
 
 /* What one bucket holds: gradients of this dtype and device, summed over groups[0..ngroups) in
  * this order. */
@@ -42,10 +44,11 @@ typedef struct axc_bucket_ops {
 } axc_bucket_ops;
 
 /* How a bucket's sums over one group are compressed (codec AXC_CODEC_NONE: exact). Only
- * float32 buckets are compressed; others are summed exactly. With error_feedback, each bucket
- * number of a pass keeps a float32 residual across passes (what encoding lost, added to the
- * next pass's contribution); a bucket whose size or device differs from the residual's starts
- * from zeros. */
+ * float32 buckets are compressed; others are summed exactly. With error_feedback, each
+ * (pass of the step, bucket number, group position) keeps a float32 residual across steps
+ * (what encoding lost, added to the same gradients' next contribution): the caller marks each
+ * step's start (axc_buckets_new_step; a pass is the buckets between two resets). A residual
+ * whose size or device differs from the bucket's starts from zeros. */
 typedef struct axc_bucket_codec {
     axc_codec codec;
     int block; /* 0: the codec's default */
@@ -82,13 +85,16 @@ void axc_buckets_destroy(axc_buckets *b);
 axc_status axc_buckets_set_bytes(axc_buckets *b, size_t bucket_bytes);
 /* The compression of every later sum over `group`. */
 axc_status axc_buckets_set_codec(axc_buckets *b, axc_group_kind group, const axc_bucket_codec *c);
-/* Error-feedback residuals: how many slots, and slot i's buffer (owner NULL: none). Slot
- * i = bucket number * AXC_BUCKET_MAX_GROUPS + the group's position in the bucket's key. Setting
- * one adopts `owner` (released by the engine) for later passes. */
+/* Error-feedback residuals: how many, and the i-th one's slot key, buffer and length. Setting
+ * one adopts `owner` (released by the engine) for that key. The key is opaque to callers
+ * (pass << 32 | bucket number * AXC_BUCKET_MAX_GROUPS + group position). */
 int axc_buckets_residual_count(const axc_buckets *b);
-void axc_buckets_residual(const axc_buckets *b, int i, void **owner, size_t *elems);
-axc_status axc_buckets_set_residual(axc_buckets *b, int i, void *data, void *owner, int device,
-                                    size_t elems);
+void axc_buckets_residual(const axc_buckets *b, int i, long long *key, void **owner,
+                          size_t *elems);
+axc_status axc_buckets_set_residual(axc_buckets *b, long long key, void *data, void *owner,
+                                    int device, size_t elems);
+/* A new training step: the next pass is pass 0 of the residual keys. */
+void axc_buckets_new_step(axc_buckets *b);
 /* Releases every residual (init/finalize, or a policy change). */
 void axc_buckets_clear_residuals(axc_buckets *b);
 
