@@ -7,7 +7,9 @@
  * still accumulate into it (holds), when the last hold is released. The engine only decides:
  * the caller allocates the buffers (ops.alloc, ops.release) and starts the sums it is handed
  * (axc_buckets_next_sum), so no lock is taken and no collective is started inside it. Not
- * thread-safe: the caller serialises every call (the Python binding holds the GIL). */
+ * thread-safe: one thread at a time may use it. (The binding holds the GIL, but its allocator
+ * calls torch, which may release it; in axonn_c only one thread takes buckets at a time: the
+ * backward pass's, or run_concurrent's reducer while the micro-batch threads take none.) */
 #ifndef AXC_BUCKETS_H
 #define AXC_BUCKETS_H
 
