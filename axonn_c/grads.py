@@ -48,7 +48,6 @@ from torch.autograd.graph import get_gradient_edge
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
-from .comm import _stream
 from .state import first_hook, group_size, grid_sizes, is_initialized, microbatch_active, \
     overlap_knob, session
 

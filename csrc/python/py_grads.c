@@ -21,7 +21,7 @@ static PyObject *g_like = NULL;
 /* a thread is starting due sums: others leave them to it, so that every rank starts them in
  * the engine's order */
 static int g_starting = 0;
-static PyObject *s_new_empty, *s_data_ptr, *s_narrow, *s_get_device, *s_dtype;
+static PyObject *s_new_empty, *s_data_ptr, *s_get_device, *s_dtype;
 
 static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
                              void **owner)
@@ -500,7 +500,6 @@ static int intern_names(void)
         return 0;
     return (s_new_empty = PyUnicode_InternFromString("new_empty")) &&
                    (s_data_ptr = PyUnicode_InternFromString("data_ptr")) &&
-                   (s_narrow = PyUnicode_InternFromString("narrow")) &&
                    (s_get_device = PyUnicode_InternFromString("get_device")) &&
                    (s_dtype = PyUnicode_InternFromString("dtype"))
                ? 0
