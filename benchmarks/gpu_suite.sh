@@ -10,8 +10,15 @@
 #   linear     the GEMM and Linear on CUDA (cuBLASLt; CUDA-graph capture), bench_linear on cuda
 #   multirank  the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU,
 #              shm backend), and init(overlap=True) training steps with CUDA tensors at 2 and 4
-#   bench      bench_overlap (shm, simulated link) and the host overhead of one-rank nccl
-#              collectives
+#   bench      bench_overlap (shm, simulated link)
+#   capture    why cuBLASLt fails inside a CUDA-graph capture: gpu_capture_probe.py, one probe per
+#              way of issuing a GEMM (torch, cuBLASLt through ctypes, axonn_c), with cuBLASLt's log
+#   train      bf16 GPT training throughput and MFU at a world of one: axonn_c against plain
+#              PyTorch eager and torch.compile (bench_train_gpu.py)
+#   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py)
+#   host       host cost of one Linear forward + backward on CUDA against nn.Linear (bench_host.py)
+#   nccl       per-call cost of a one-rank NCCL all-reduce, axonn_c against torch.distributed
+#              (bench_nccl_world1.py)
 #
 # SUITE_BUDGET_S (seconds, default none) caps the whole call: every step's timeout is cut to what
 # is left, so the suite ends, and bundles its logs, inside a limit such as the device tool's 10
@@ -30,7 +37,7 @@ SUMMARY="$OUT/summary.txt"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 FAILED=0
-ALL_STAGES="ctest gpu linear multirank bench"
+ALL_STAGES="ctest gpu linear multirank bench capture train codec host nccl"
 STAGES="${*:-$ALL_STAGES}"
 for st in $STAGES; do
     case " build $ALL_STAGES " in
@@ -173,10 +180,28 @@ if [ "$BUILD_RC" -ne 0 ]; then
     exit 1
 fi
 
+# the measurements first (a call that runs out of time keeps them), then the tests
+if want capture; then
+    step capture_probe 240 "$PY" "$REPO/benchmarks/gpu_capture_probe.py" --out "$OUT"
+fi
+if want train; then
+    step train_gpt_bf16 420 "$PY" "$REPO/benchmarks/bench_train_gpu.py" --preset "${TRAIN_PRESET:-350m}" \
+        --json "$OUT/gpt_train.json"
+fi
+if want codec; then
+    step codec_cuda 120 "$PY" "$REPO/benchmarks/bench_codec_cuda.py" --json "$OUT/codec_cuda.json"
+fi
+if want host; then
+    step host_cuda 240 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda.json"
+fi
+if want nccl; then
+    step nccl_world1 300 "$PY" "$REPO/benchmarks/bench_nccl_world1.py" --csv "$OUT/bench_nccl_world1.csv"
+fi
+
 if want gpu; then
     # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
     step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
-        --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py"
+        --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py" "$REPO/tests/test_linear_gpu.py"
 fi
 
 if want linear; then
@@ -211,40 +236,6 @@ if want bench; then
     step bench_overlap 900 "$PY" "$REPO/benchmarks/bench_overlap.py" \
         --micro-batches 2 --json "$OUT/overlap_cpu.json" --trace "$OUT/overlap_trace.json"
 
-    # host overhead of one-rank nccl collectives (start+wait, no host sync), and device time
-    step bench_nccl_world1 300 "$PY" - <<'EOF'
-import csv, os, time
-import torch
-import axonn_c
-axonn_c.init(backend="nccl", timeout=60)
-rows = []
-for nbytes in (4096, 1 << 20, 64 << 20):
-    x = torch.ones(nbytes // 4, device="cuda")
-    for _ in range(20):
-        axonn_c.comm.all_reduce(x)
-    torch.cuda.synchronize()
-    iters = 2000 if nbytes <= (1 << 20) else 200
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        axonn_c.comm.all_reduce(x)
-    host_us = (time.perf_counter() - t0) / iters * 1e6
-    torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    for _ in range(iters):
-        axonn_c.comm.all_reduce(x)
-    torch.cuda.synchronize()
-    total_us = (time.perf_counter() - t1) / iters * 1e6
-    rows.append({"op": "all_reduce", "ranks": 1, "bytes": nbytes,
-                 "host_us_per_call": round(host_us, 2), "wall_us_per_call": round(total_us, 2)})
-axonn_c.finalize()
-print(f"{'bytes':>10} {'host us/call':>13} {'wall us/call':>13}")
-for r in rows:
-    print(f"{r['bytes']:>10} {r['host_us_per_call']:>13} {r['wall_us_per_call']:>13}")
-with open(os.path.join(os.getcwd(), "bench_nccl_world1.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
-EOF
 fi
 
 note "summary"
