@@ -14,7 +14,7 @@
 #   capture    why cuBLASLt fails inside a CUDA-graph capture: gpu_capture_probe.py, one probe per
 #              way of issuing a GEMM (torch, cuBLASLt through ctypes, axonn_c), with cuBLASLt's log
 #   train      bf16 GPT training throughput and MFU at a world of one: axonn_c against plain
-#              PyTorch eager and torch.compile (bench_train_gpu.py)
+#              PyTorch eager and torch.compile (bench_train_gpu.py; TRAIN_PRESET, TRAIN_VARIANTS)
 #   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py)
 #   host       host cost of one Linear forward + backward on CUDA against nn.Linear (bench_host.py)
 #   nccl       per-call cost of a one-rank NCCL all-reduce, axonn_c against torch.distributed
@@ -185,7 +185,7 @@ if want capture; then
     step capture_probe 240 "$PY" "$REPO/benchmarks/gpu_capture_probe.py" --out "$OUT"
 fi
 if want train; then
-    step train_gpt_bf16 420 "$PY" "$REPO/benchmarks/bench_train_gpu.py" --preset "${TRAIN_PRESET:-350m}" \
+    step train_gpt_bf16 420 "$PY" "$REPO/benchmarks/bench_train_gpu.py" --preset "${TRAIN_PRESET:-350m}" --variants "${TRAIN_VARIANTS:-torch,axonn_c,torch_compile}" \
         --json "$OUT/gpt_train.json"
 fi
 if want codec; then

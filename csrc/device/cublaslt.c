@@ -183,8 +183,7 @@ static int lt_capturing(const axc_cuda_api *api, void *stream)
  * gets one too, allocated with this thread in the relaxed capture mode (cudaMalloc in the
  * global mode would invalidate the capture; torch's allocator does the same), so the GEMM takes
  * the algorithm its warm-up took. Such a workspace is never freed (replays use it). Where the
- * mode cannot be switched, the GEMM runs without workspace. (On an H200 the GEMM launch inside
- * a capture still fails, with or without it: see lt_matmul_on_device.) */
+ * mode cannot be switched, the GEMM runs without workspace. */
 static int lt_malloc_capturing(const axc_cuda_api *api, void **p, size_t bytes)
 {
     int mode = AXC_CUDA_CAPTURE_MODE_RELAXED;
@@ -204,11 +203,15 @@ static void lt_workspace(const axc_cuda_api *api, int device, void *stream, void
     lt_device *d = &devs_[device];
     *ws = NULL;
     *bytes = 0;
+    /* cudaStreamGetId is not permitted on a stream being captured: it returns
+     * cudaErrorStreamCaptureUnsupported and invalidates the capture (the cause of the failed
+     * GEMM launches seen on the H100 and H200, found with CUDA_LOG_FILE). Under capture the
+     * stream is matched by its handle alone (a capture stream is alive by definition). */
+    int capturing = lt_capturing(api, stream);
     unsigned long long id = 0;
-    int has_id = api->StreamGetId && api->StreamGetId(stream, &id) == AXC_CUDA_SUCCESS;
+    int has_id = !capturing && api->StreamGetId && api->StreamGetId(stream, &id) == AXC_CUDA_SUCCESS;
     /* cudaStreamPerThread is one handle for a different stream on each thread: an entry each */
     int per_thread = stream == (void *)cudaStreamPerThread;
-    int capturing = lt_capturing(api, stream);
     int i;
     for (i = 0; i < d->n_ws; i++)
         if (d->ws[i].stream == stream &&
@@ -734,13 +737,13 @@ static axc_status lt_matmul_on_device(const axc_cuda_api *api, const lt_call *c)
         cublasStatus_t r = lt_.Matmul(handle, p->desc, &c->alpha, c->A, p->la, c->B, p->lb,
                                       &c->beta, c->D, p->ld, c->D, p->ld, &p->algo, ws, ws_bytes,
                                       (cudaStream_t)c->stream);
-        /* inside a CUDA-graph capture the launch has failed on an H200 (cuBLAS 13, every capture
-         * mode, a warmed-up stream too, while torch's own GEMMs capture): say so plainly */
+        /* a launch that fails inside a capture invalidated it: say so plainly */
         if (r != CUBLAS_STATUS_SUCCESS && lt_capturing(api, c->stream))
             st = axc_fail(AXC_ERR_STATE,
                           "%s: cuBLASLt could not launch its GEMM inside a CUDA-graph capture "
-                          "(cublasStatus %d): axonn_c's CUDA GEMMs cannot be captured yet; run "
-                          "axonn_c layers outside torch.cuda.graph (the capture is invalid now)",
+                          "(cublasStatus %d; the capture is invalid now: an earlier call on the "
+                          "capturing stream that CUDA does not permit during capture, see "
+                          "CUDA_LOG_FILE=stderr)",
                           c->what, (int)r);
         else
             st = lt_check(r, "cublasLtMatmul");

@@ -58,9 +58,18 @@ int cudaStreamCreateWithPriority(void **s, unsigned f, int p)
 }
 int cudaDeviceGetStreamPriorityRange(int *l, int *g) { MOCK_API(); *l = 0; *g = -5; return 0; }
 int cudaStreamDestroy(void *s) { MOCK_API(); mock_order_stream_destroyed(s); free(s); return 0; }
+/* as CUDA does: not permitted on a stream being captured (cudaErrorStreamCaptureUnsupported,
+ * 900), which invalidates the capture; counted so a test can assert none happened */
+int mock_capture_invalidations;
+extern int g_capturing;
+extern void *mock_capturing_stream;
 int cudaStreamGetId(void *s, unsigned long long *id)
 {
     MOCK_API();
+    if (g_capturing || (s && s == mock_capturing_stream)) {
+        mock_capture_invalidations++;
+        return 900;
+    }
     *id = mock_order_stream_id(s);
     return 0;
 }

@@ -386,8 +386,9 @@ int main(void)
         void **capturing = h ? dlsym(h, "mock_capturing_stream") : NULL;
         int *mallocs = h ? dlsym(h, "mock_cuda_mallocs") : NULL;
         int *exchanges = h ? dlsym(h, "g_mode_exchanges") : NULL;
-        CHECK(capturing && mallocs && exchanges);
-        if (capturing && mallocs && exchanges) {
+        int *invalidated = h ? dlsym(h, "mock_capture_invalidations") : NULL;
+        CHECK(capturing && mallocs && exchanges && invalidated);
+        if (capturing && mallocs && exchanges && invalidated) {
             static char capture_stream; /* any non-NULL handle */
             static float a[64], b[64], c[64];
             axc_gemm_args g = {.device = 0, .dtype = AXC_DT_F32, .M = 3, .N = 4, .K = 5, .A = a,
@@ -398,6 +399,8 @@ int main(void)
             CHECK_OK(axc_gemm(&g));
             CHECK(*mallocs == before + 1);        /* the capture stream's workspace */
             CHECK(*exchanges == switched + 2);    /* relaxed for the cudaMalloc, then back */
+            /* no call CUDA forbids on a capturing stream (cudaStreamGetId was one, 2026-11-26) */
+            CHECK(*invalidated == 0);
             static float dy[4], db[4];
             CHECK(axc_bias_grad(0, &capture_stream, AXC_DT_F32, dy, 1 << 20, 1, 1, db, 0) ==
                       AXC_ERR_STATE &&
@@ -417,6 +420,7 @@ int main(void)
                 CHECK(fs == AXC_ERR_BACKEND && strstr(axc_last_error(), "cublasLtMatmul"));
                 *fail_stream = NULL;
             }
+            CHECK(*invalidated == 0);
             *capturing = NULL;
             CHECK_OK(axc_gemm(&g));
             CHECK(*mallocs == before + 1); /* the same workspace after the capture */
