@@ -202,7 +202,7 @@ static void st_el(cudaDataType t, void *p, int64_t i, float v)
 }
 
 /* set by test_gemm_mock: a matmul on this stream fails to launch (CUBLAS_STATUS_EXECUTION_FAILED),
- * as every axc_gemm inside a CUDA-graph capture did on an H200 (2026-11-25) */
+ * as a launch on a stream whose capture was invalidated does */
 void *mock_lt_fail_stream;
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dsc, const void *alpha,
