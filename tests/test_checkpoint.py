@@ -207,3 +207,57 @@ def test_embedding_and_split_norms_reshard(tmp_path):
         out = torchrun(world, "checkpoint_layers_worker.py", "--mode", "load", "--grid", grid,
                        "--dir", tmp_path)
         assert f"layers load on {grid} ok" in out
+
+
+_KILL_IN_RENAME_WINDOW = r'''
+import os, sys, torch, axonn_c, axonn_c.checkpoint as ckpt
+d = sys.argv[1]
+axonn_c.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(axonn_c.Linear(6, 4), torch.nn.LayerNorm(4))
+ckpt.save(os.path.join(d, "c"), model, extra={"step": 1})
+real_rename = os.rename
+def rename(src, dst):
+    # the publishing rank dies after moving the previous checkpoint aside, before the new one
+    # takes its place: the window a kill can hit between the two renames
+    if str(src).endswith(".partial") and os.path.isdir(os.path.join(d, "c.old")):
+        os._exit(17)
+    real_rename(src, dst)
+ckpt.os.rename = rename
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(1.0)
+ckpt.save(os.path.join(d, "c"), model, extra={"step": 2})
+print("UNREACHABLE")
+'''
+
+
+@pytest.mark.multiproc
+def test_kill_between_publish_renames_keeps_previous_checkpoint(world_of_one, tmp_path):
+    """A save killed between its two renames (the previous checkpoint moved to PATH.old, the new
+    one not yet renamed to PATH) leaves the previous checkpoint complete at PATH.old; load(PATH)
+    says where it is; the next save to PATH publishes normally and removes both leftovers."""
+    env = dict(os.environ, AXONN_C_SHM_TAG=job_tag(), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _KILL_IN_RENAME_WINDOW, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 17 and "UNREACHABLE" not in proc.stdout, proc.stdout + proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["c.old", "c.partial"]
+
+    import axonn_c
+    import axonn_c.checkpoint as ckpt
+
+    axonn_c.init()
+    torch.manual_seed(0)  # the same initial weights as the first, published save
+    want = torch.nn.Sequential(axonn_c.Linear(6, 4), torch.nn.LayerNorm(4))
+    model = torch.nn.Sequential(axonn_c.Linear(6, 4), torch.nn.LayerNorm(4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    with pytest.raises(ckpt.CheckpointError, match=r"previous checkpoint is .*c\.old"):
+        ckpt.load(tmp_path / "c", model)
+    assert ckpt.load(str(tmp_path / "c") + ".old", model)["step"] == 1
+    for (k, v), w in zip(model.state_dict().items(), want.state_dict().values()):
+        assert torch.equal(v, w), k
+    ckpt.save(tmp_path / "c", model, extra={"step": 3})
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+    assert ckpt.load(tmp_path / "c", model)["step"] == 3
