@@ -80,7 +80,7 @@ class _Pass:
 @contextlib.contextmanager
 def _forward_of(p: Optional[_Pass]):
     """The forward run inside belongs to micro-batch p (on this thread; None: to none)."""
-    outer = getattr(session.thread, "pass_", None)
+    outer = session.thread.pass_
     session.thread.pass_ = p
     try:
         yield
@@ -95,7 +95,7 @@ class _AwaitGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        ctx.pass_ = getattr(session.thread, "pass_", None)
+        ctx.pass_ = session.thread.pass_
         return x.view_as(x)
 
     @staticmethod
@@ -209,7 +209,7 @@ class Sequential(nn.Sequential):
                     (mods[l], HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0))
                     if plain[l] else None)
                 before = _C.sched_counters()[1]
-                session.thread.hold_depth = getattr(session.thread, "hold_depth", 0) + 1
+                session.thread.hold_depth += 1
                 try:
                     out = mods[l](v)
                 finally:
@@ -335,7 +335,7 @@ def forward_backward(model: nn.Module, inputs, loss_fn, micro_batches: int = 2) 
     # (decided by the model and the grid only, the same on every rank: not by hooks; and not
     # from inside a forward that forward_backward runs)
     interleave = (micro_batches > 1 and isinstance(model, Sequential)
-                  and getattr(session.thread, "pass_", None) is None and torch.is_grad_enabled()
+                  and session.thread.pass_ is None and torch.is_grad_enabled()
                   and model._pipelines(pieces[0][0])
                   and getattr(model, "_compiled_call_impl", None) is None)
     if interleave:

@@ -18,6 +18,7 @@ import torch
 
 from . import _C
 from .comm import CODECS
+from .state import session
 
 DIMENSIONS = ("data", "depth", "row", "col")
 LAYER_DIMENSIONS = ("depth", "row", "col")  # the layers' own collectives, no error feedback
@@ -58,9 +59,9 @@ def _spec(dim: str, value) -> Optional[Tuple[str, int, bool]]:
     return codec, block, ef
 
 
-def parse_policy(compression) -> Policy:
-    """init(compression=...) as {dimension: (codec, block, error_feedback)}: None (nothing
-    compressed), a codec name or spec dict (the data dimension), or a dict by dimension."""
+def _by_dimension(compression) -> dict:
+    """The compression= argument as {dimension: codec name or spec}: a codec name or spec dict
+    alone is the data dimension's."""
     if compression is None:
         return {}
     if isinstance(compression, str) or (isinstance(compression, dict) and "codec" in compression):
@@ -72,17 +73,33 @@ def parse_policy(compression) -> Policy:
     if unknown:
         raise ValueError(f"compression: unknown dimensions {unknown}, expected some of "
                          f"{list(DIMENSIONS)}")
+    return compression
+
+
+def parse_policy(compression) -> Policy:
+    """init(compression=...) as {dimension: (codec, block, error_feedback)}: None (nothing
+    compressed), a codec name or spec dict (the data dimension), or a dict by dimension."""
     policy = {}
-    for dim, value in compression.items():
+    for dim, value in _by_dimension(compression).items():
         spec = _spec(dim, value)
         if spec is not None:
             policy[dim] = spec
     return policy
 
 
+def merge_policy(base: Policy, compression) -> Policy:
+    """`base` with the dimensions that `compression` names replaced (None or "none" turns one
+    off); the others keep base's setting (optimize_communication(compression=...))."""
+    named = _by_dimension(compression)
+    merged = {dim: spec for dim, spec in base.items() if dim not in named}
+    merged.update(parse_policy(named))
+    return merged
+
+
 def apply(policy: Policy) -> None:
-    """Hands the policy to the gradient buckets (the residuals stay: init clears them when the
-    grid is new)."""
+    """Hands the policy to the gradient buckets and the communicator, and records it as the
+    session's (the residuals stay: init clears them when the grid is new)."""
+    session.compression = dict(policy)
     codec, block, ef = policy.get("data", ("none", 0, False))
     _C.grad_buckets_set_codec("data", codec, block, ef)
     if _C.is_initialized():  # (the layers' policy lives in the communicator: gone at finalize)

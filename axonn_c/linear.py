@@ -53,10 +53,10 @@ HOLD_FWD, HOLD_BWD, HOLD_CHUNK = 1, 2, 4
 def hold_flags(layer) -> int:
     """Which reductions this call of `layer` leaves held, and HOLD_CHUNK for any call made while
     an axonn_c.Sequential pipelines on this thread (0 outside)."""
-    t = getattr(session.thread, "hold_target", None)
+    t = session.thread.hold_target
     if t is not None and t[0] is layer:
         return t[1]
-    return HOLD_CHUNK if getattr(session.thread, "hold_depth", 0) else 0
+    return HOLD_CHUNK if session.thread.hold_depth else 0
 
 
 def _hold(cfg) -> int:

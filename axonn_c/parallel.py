@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _C, comm, grads, replicate, validate
+from . import compression as compression_policy
 from .grads import no_grad_sync
 from .embedding import Embedding
 from .linear import Linear
@@ -296,7 +297,7 @@ class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
                 *args, **kwargs):
         if cls is not _AutoLinear:  # a user subclass defined inside the context
             return super().__new__(cls)
-        ctx = getattr(session.thread, "auto", None)
+        ctx = session.thread.auto
         if ctx is None or args or kwargs:
             return _TorchLinear(in_features, out_features, bias, device, dtype, *args, **kwargs)
         in_features, out_features = int(in_features), int(out_features)
@@ -335,7 +336,7 @@ class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
     def __new__(cls, num_embeddings=None, embedding_dim=None, *args, **kwargs):
         if cls is not _AutoEmbedding:  # a user subclass defined inside the context
             return super().__new__(cls)
-        ctx = getattr(session.thread, "auto", None)
+        ctx = session.thread.auto
         if ctx is not None and ctx["embeddings"]:
             try:
                 return Embedding(num_embeddings, embedding_dim, *args, **kwargs)
@@ -435,7 +436,7 @@ def auto_parallelize(embeddings: bool = False):
     import torch.nn.modules.linear as linear_mod
     import torch.nn.modules.sparse as sparse_mod
 
-    outer = getattr(session.thread, "auto", None)
+    outer = session.thread.auto
     outer_emb = outer is not None and outer["embeddings"]
     ctx = {"left": OrderedDict(), "embeddings": bool(embeddings) or outer_emb}
     session.thread.auto = ctx
@@ -481,7 +482,7 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                            overlap_all_gather: bool = False, cache_weights: bool = False,
                            model_object_for_overlapping_allgathers=None, *args,
                            overlap_data: Optional[bool] = None,
-                           defer_wgrad: Optional[bool] = None, **kwargs):
+                           defer_wgrad: Optional[bool] = None, compression=None, **kwargs):
     """Overlap knobs for the layers run inside the context (AxoNN's API, for migration; init(
     overlap=True) sets them all for the whole run).
 
@@ -495,6 +496,9 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
     defer_wgrad (not in AxoNN; None keeps init()'s): a layer's dW GEMM is deferred to run under
     the next dX reduction that backward waits for.
     Unlike AxoNN, gradients are complete when backward() returns, not when the context exits.
+    compression (not in AxoNN; None keeps init()'s): the compression policy inside the
+    context, as init(compression=...) takes it; the dimensions it names replace init()'s (None or
+    "none" turns one off), the others stay (docs/compression.md). Restored on exit.
     A layer's own attributes override the context."""
     del args, kwargs, model_object_for_overlapping_allgathers
     for name, value in (("overlap_all_reduce", overlap_all_reduce),
@@ -507,6 +511,9 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"optimize_communication: {name} must be a bool or None, got "
                             f"{value!r}")
+    saved_policy = dict(session.compression)
+    policy = None if compression is None else compression_policy.merge_policy(saved_policy,
+                                                                              compression)
     saved = dict(session.overlap_overrides)
     saved_sched = tuple(session.sched_config)
     session.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
@@ -519,9 +526,13 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
         session.overlap_overrides["defer_wgrad"] = defer_wgrad
     session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
     configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
+    if policy is not None:
+        compression_policy.apply(policy)
     try:
         yield
     finally:
+        if policy is not None and is_initialized():
+            compression_policy.apply(saved_policy)
         session.overlap_overrides.clear()
         session.overlap_overrides.update(saved)
         session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)

@@ -26,6 +26,19 @@ def _knobs_off() -> dict:
             "overlap_all_gather": False, "overlap_data": False, "defer_wgrad": False}
 
 
+class ThreadState(threading.local):
+    """Per-thread session state (see Session.thread). The defaults are class attributes so that
+    reading an unset one is a plain lookup: a missing attribute of a threading.local raises
+    AttributeError internally, which cost microseconds in every forward and gradient hook."""
+
+    microbatch = None  # run_concurrent: this thread's micro-batch index
+    uses = None  # run_concurrent: the layers this micro-batch used
+    hold_target = None  # axonn_c.Sequential: the child call that holds its chunk's results
+    hold_depth = 0  # axonn_c.Sequential: nesting of chunk-holding calls
+    pass_ = None  # axonn_c.Sequential: the chunk-pipelined pass running on this thread
+    auto = None  # auto_parallelize(): the open context
+
+
 @dataclass(eq=False)
 class Session:
     """The process's axonn_c session: one instance, `session`."""
@@ -48,6 +61,8 @@ class Session:
     placement: tuple = None
     sched_config: tuple = (1, 0, False)  # prefetch, budget bytes (0: none), cache_weights
     bucket_bytes: int = 4 * 2**20  # data-parallel gradient bucket size (init(bucket_size=))
+    # the compression policy in force ({dimension: (codec, block, error_feedback)}, compression.py)
+    compression: dict = field(default_factory=dict)
     # parameter -> the kinds of hook registered on it, once per parameter object; kept here,
     # not marked on the tensor: a weak reference attribute would make the model unpicklable
     # (torch.save), and a deepcopy or an unpickled copy has the attributes but none of the hooks
@@ -63,7 +78,7 @@ class Session:
     # per thread: `microbatch` (index) and `uses` on a run_concurrent thread; `hold_target`,
     # `hold_depth` and `pass_` while axonn_c.Sequential pipelines chunks (chunking.py); `auto`
     # inside auto_parallelize()
-    thread: threading.local = field(default_factory=threading.local)
+    thread: ThreadState = field(default_factory=ThreadState)
 
 
 session = Session()
@@ -80,7 +95,7 @@ def first_hook(param, kind: str) -> bool:
 
 def microbatch_active() -> bool:
     """True on a micro-batch thread of run_concurrent (while its fn runs)."""
-    return getattr(session.thread, "microbatch", None) is not None
+    return session.thread.microbatch is not None
 
 
 def refuse_cuda(device) -> None:

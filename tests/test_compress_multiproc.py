@@ -25,6 +25,12 @@ def test_sub_groups_blocks_and_small_slots():
     assert "identical on every rank" in out
 
 
+@pytest.mark.multiproc
+def test_optimize_communication_compression_context():
+    out = torchrun(2, "compress_context_worker.py")
+    assert out.count("compression context OK") == 2, out
+
+
 def test_codec_round_trip_in_python():
     x = torch.linspace(-3, 5, 1001)
     for codec in ("bf16", "fp8", "int8", "int4"):

@@ -1,7 +1,15 @@
-/* axonn_c._C: the CPython module. Collects the method tables of the binding files. */
+/* axonn_c._C: the CPython module. Collects the method tables of the binding files and holds
+ * the process's runtime (axc/runtime.h), the one piece of C state the bindings share. */
 #include "py_common.h"
 
 #include "axc/comm.h"
+
+/* made when the module loads, kept for the life of the process (like the module itself) */
+static axc_runtime *g_runtime = NULL;
+
+axc_runtime *axc_py_runtime(void) { return g_runtime; }
+axc_comm *axc_py_comm(void) { return axc_runtime_comm(g_runtime); }
+axc_sched *axc_py_sched(void) { return axc_runtime_sched(g_runtime); }
 
 PyObject *axc_py_CommError = NULL;
 PyObject *axc_py_CommTimeoutError = NULL;
@@ -35,6 +43,15 @@ static struct PyModuleDef axc_module = {PyModuleDef_HEAD_INIT, "axonn_c._C",
 
 PyMODINIT_FUNC PyInit__C(void)
 {
+    if (!g_runtime) {
+        axc_runtime_ops ops;
+        axc_py_grads_runtime_ops(&ops);
+        axc_status st = axc_runtime_create(&g_runtime, &ops);
+        if (st != AXC_OK) { /* (before the module's exception types exist) */
+            PyErr_SetString(PyExc_RuntimeError, axc_last_error());
+            return NULL;
+        }
+    }
     PyObject *m = PyModule_Create(&axc_module);
     if (!m)
         return NULL;

@@ -1,5 +1,5 @@
 /* Bindings of the grid and the transport: argument parsing, validation of tensors, hand-off to
- * the core with the GIL released. The one communicator of the process lives here. */
+ * the core with the GIL released. The communicator lives in the runtime (module.c). */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,13 +10,6 @@
 #include "axc/gemm.h"
 #include "py_common.h"
 
-static axc_comm *g_comm = NULL;
-
-axc_comm *axc_py_comm(void) { return g_comm; }
-
-/* py_sched.c: the scheduler lives and dies with the communicator */
-axc_status axc_py_sched_open(axc_comm *comm);
-void axc_py_sched_close(void);
 
 /* ------------------------------------------------------------------ bootstrap over the store */
 
@@ -121,16 +114,17 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
                                      &backend, &job_id, &timeout, &cuda_device, &ps.set, &ps.get,
                                      &channels, &ps.peer_failed))
         return NULL;
-    if (g_comm) {
-        const axc_grid *g = axc_comm_grid(g_comm);
+    axc_comm *cur = axc_py_comm();
+    if (cur) {
+        const axc_grid *g = axc_comm_grid(cur);
         if (g->G_data == gdata && g->G_r == gr && g->G_c == gc && g->G_d == gd &&
-            axc_comm_channels(g_comm) == channels)
+            axc_comm_channels(cur) == channels)
             Py_RETURN_NONE; /* idempotent */
         PyErr_Format(PyExc_RuntimeError,
                      "axonn_c is already initialised with G_data=%d G_intra_r=%d G_intra_c=%d "
                      "G_intra_d=%d (%d comm channels); call axonn_c.finalize() before init with "
                      "G_data=%d G_intra_r=%d G_intra_c=%d G_intra_d=%d (%d comm channels)",
-                     g->G_data, g->G_r, g->G_c, g->G_d, axc_comm_channels(g_comm), gdata, gr,
+                     g->G_data, g->G_r, g->G_c, g->G_d, axc_comm_channels(cur), gdata, gr,
                      gc, gd, channels);
         return NULL;
     }
@@ -156,15 +150,9 @@ static PyObject *py_init(PyObject *self, PyObject *args, PyObject *kw)
     cfg.bootstrap.set = store_set;
     cfg.bootstrap.get = store_get;
     cfg.bootstrap.peer_failed = ps.peer_failed != Py_None ? store_peer_failed : NULL;
-    axc_comm *comm = NULL;
-    Py_BEGIN_ALLOW_THREADS st = axc_comm_create(&comm, &cfg);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
-    st = axc_py_sched_open(comm);
-    if (st != AXC_OK) {
-        Py_BEGIN_ALLOW_THREADS axc_comm_destroy(comm);
-        Py_END_ALLOW_THREADS return axc_py_raise(st);
-    }
-    g_comm = comm;
+    st = axc_runtime_open(axc_py_runtime(), &cfg); /* (lets go of the GIL while it waits) */
+    if (st != AXC_OK)
+        return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
@@ -172,15 +160,9 @@ static PyObject *py_finalize(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_comm *comm = g_comm;
-    g_comm = NULL;
-    axc_status st = AXC_OK;
-    Py_BEGIN_ALLOW_THREADS if (comm) {
-        axc_py_sched_close();
-        axc_comm_destroy(comm);
-    }
-    st = axc_gemm_release(); /* the cuBLASLt plans (none on CPU) */
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    axc_status st = axc_runtime_close(axc_py_runtime()); /* scheduler, communicator, GEMM plans */
+    if (st != AXC_OK)
+        return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
@@ -191,10 +173,10 @@ static PyObject *py_set_thread_channel(PyObject *self, PyObject *arg)
     long c = PyLong_AsLong(arg);
     if (c == -1 && PyErr_Occurred())
         return NULL;
-    if (!g_comm)
+    if (!axc_py_comm())
         return axc_py_raise(axc_fail(AXC_ERR_STATE,
                                      "axonn_c is not initialised: call axonn_c.init() first"));
-    axc_status st = axc_comm_set_thread_channel(g_comm, (int)c);
+    axc_status st = axc_comm_set_thread_channel(axc_py_comm(), (int)c);
     if (st != AXC_OK)
         return axc_py_raise(st);
     Py_RETURN_NONE;
@@ -204,12 +186,12 @@ static PyObject *py_is_initialized(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return PyBool_FromLong(g_comm != NULL);
+    return PyBool_FromLong(axc_py_comm() != NULL);
 }
 
 static int require_init(void)
 {
-    if (g_comm)
+    if (axc_py_comm())
         return 0;
     PyErr_SetString(PyExc_RuntimeError,
                     "axonn_c is not initialised: call axonn_c.init(G_data=..., G_intra_r=..., "
@@ -224,11 +206,11 @@ static PyObject *py_grid_info(PyObject *self, PyObject *noargs)
     (void)noargs;
     if (require_init() < 0)
         return NULL;
-    const axc_grid *g = axc_comm_grid(g_comm);
-    int rank = axc_comm_rank(g_comm);
+    const axc_grid *g = axc_comm_grid(axc_py_comm());
+    int rank = axc_comm_rank(axc_py_comm());
     axc_coords c = axc_grid_coords(g, rank);
     return Py_BuildValue("(iiiiiiiiis)", g->G_data, g->G_r, g->G_c, g->G_d, rank, c.data, c.depth,
-                         c.row, c.col, axc_comm_backends(g_comm));
+                         c.row, c.col, axc_comm_backends(axc_py_comm()));
 }
 
 /* Pure grid math, usable without init: members of `group` containing `rank` in a grid. */
@@ -541,7 +523,7 @@ PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject
     axc_status st;
     /* without the GIL: a start can block (NCCL connects lazily, on a communicator's first
      * collective, until the peers issue theirs), and other threads may be the ones to issue */
-    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(g_comm, gk, c, &w);
+    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(axc_py_comm(), gk, c, &w);
     Py_END_ALLOW_THREADS if (st != AXC_OK)
     {
         Py_XDECREF(keep);
@@ -620,7 +602,7 @@ static PyObject *py_collective(PyObject *self, PyObject *args)
                          out.device < 0 ? 0 : out.device);
             return NULL;
         }
-        int G = axc_grid_group_size(axc_comm_grid(g_comm), gk);
+        int G = axc_grid_group_size(axc_comm_grid(axc_py_comm()), gk);
         size_t expect_out = in.numel;
         switch (c.kind) {
         case AXC_COLL_ALL_GATHER: expect_out = in.numel * (size_t)G; break;
@@ -709,7 +691,7 @@ static PyObject *py_comm_stats(PyObject *self, PyObject *args)
         return NULL;
     for (int k = 0; k < AXC_GROUP_COUNT; k++) {
         axc_counters c;
-        axc_comm_counters(g_comm, (axc_group_kind)k, &c);
+        axc_comm_counters(axc_py_comm(), (axc_group_kind)k, &c);
         /* bytes_*: wire bytes; logical_bytes_*: the same traffic uncompressed */
         PyObject *e = Py_BuildValue(
             "{s:K,s:K,s:K,s:K,s:K,s:K}", "bytes_sent", (unsigned long long)c.bytes_sent,
@@ -725,7 +707,7 @@ static PyObject *py_comm_stats(PyObject *self, PyObject *args)
         Py_DECREF(e);
     }
     if (reset)
-        axc_comm_reset_counters(g_comm);
+        axc_comm_reset_counters(axc_py_comm());
     return d;
 }
 
@@ -735,7 +717,7 @@ static PyObject *py_reset_comm_stats(PyObject *self, PyObject *noargs)
     (void)noargs;
     if (require_init() < 0)
         return NULL;
-    axc_comm_reset_counters(g_comm);
+    axc_comm_reset_counters(axc_py_comm());
     Py_RETURN_NONE;
 }
 
@@ -763,7 +745,7 @@ static PyObject *py_build_info(PyObject *self, PyObject *noargs)
                          axc_nccl_header_version() > 0 ? Py_True : Py_False,
                          "nccl_header_version", axc_nccl_header_version(), "cuda_runtime", cuda_rt,
                          "nccl_runtime", nccl, "backends",
-                         g_comm ? axc_comm_backends(g_comm) : "");
+                         axc_py_comm() ? axc_comm_backends(axc_py_comm()) : "");
 }
 
 PyMethodDef axc_py_comm_methods[] = {

@@ -7,7 +7,16 @@
 #include <Python.h>
 
 #include "axc/comm.h"
+#include "axc/runtime.h"
 #include "axc/status.h"
+
+/* module.c: the process's runtime (axc/runtime.h), made when the module loads, and what it
+ * holds: the communicator and scheduler of the current init (NULL when not initialised). */
+axc_runtime *axc_py_runtime(void);
+axc_comm *axc_py_comm(void);
+axc_sched *axc_py_sched(void);
+/* py_grads.c: the runtime's buffer and keep-alive ops (torch tensors, Python references) */
+void axc_py_grads_runtime_ops(axc_runtime_ops *ops);
 
 /* Exception types created in module.c. */
 extern PyObject *axc_py_CommError;        /* RuntimeError: a peer died, the backend failed */

@@ -8,7 +8,6 @@
 #include "py_common.h"
 
 /* py_comm.c */
-axc_comm *axc_py_comm(void);
 PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject *keep,
                                   int async_op, unsigned char *stage, size_t stage_out_off,
                                   size_t stage_out_bytes);

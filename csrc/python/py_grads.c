@@ -1,8 +1,8 @@
 /* Bindings of the gradient buckets (csrc/grads/buckets.c) and keep-alive lists
- * (csrc/grads/keeps.c). The buffers come from torch
- * (like.new_empty, so CUDA ones from torch's caching allocator on the current stream) and are
- * owned here until the pass's sums complete; the sums the engine hands out are started on the
- * scheduler (after everything deferred so far) with the GIL released, as py_sched.c does. */
+ * (csrc/grads/keeps.c), both held by the runtime (csrc/runtime/runtime.c). This file gives the
+ * runtime its ops: the buffers come from torch (like.new_empty, so CUDA ones from torch's
+ * caching allocator on the current stream), the owners are Python references; the runtime
+ * starts the due sums itself (axc_runtime_start_due_sums). */
 #include <stdint.h>
 #include <string.h>
 
@@ -12,15 +12,8 @@
 #include "axc/torch_shim.h"
 #include "py_common.h"
 
-axc_sched *axc_py_sched(void); /* py_sched.c */
-
-static axc_buckets *g_buckets = NULL;
-static axc_keeps *g_keeps = NULL;
 /* the tensor a new bucket is made like (set for the duration of one take) */
 static PyObject *g_like = NULL;
-/* a thread is starting due sums: others leave them to it, so that every rank starts them in
- * the engine's order */
-static int g_starting = 0;
 static PyObject *s_new_empty, *s_data_ptr, *s_get_device, *s_dtype;
 
 static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
@@ -71,54 +64,35 @@ static void release_owner(void *ctx, void *owner)
     Py_XDECREF((PyObject *)owner);
 }
 
-static axc_buckets *buckets(void)
+static axc_buckets *buckets(void) { return axc_runtime_buckets(axc_py_runtime()); }
+
+static void *gil_release(void *ctx)
 {
-    if (!g_buckets) {
-        axc_bucket_ops ops = {alloc_like, release_owner, alloc_residual, NULL};
-        axc_status st = axc_buckets_create(&g_buckets, &ops, 4u << 20);
-        if (st != AXC_OK) {
-            axc_py_raise(st);
-            return NULL;
-        }
-    }
-    return g_buckets;
+    (void)ctx;
+    return PyEval_SaveThread();
+}
+
+static void gil_acquire(void *ctx, void *state)
+{
+    (void)ctx;
+    PyEval_RestoreThread((PyThreadState *)state);
+}
+
+void axc_py_grads_runtime_ops(axc_runtime_ops *ops)
+{
+    memset(ops, 0, sizeof *ops);
+    ops->buckets = (axc_bucket_ops){alloc_like, release_owner, alloc_residual, NULL};
+    ops->release_kept = release_owner;
+    ops->hooks = (axc_runtime_hooks){gil_release, gil_acquire, NULL};
+    ops->bucket_bytes = 4u << 20;
 }
 
 /* Starts every sum that came due, in the engine's order; -1 with the exception set. */
 static int start_due(void)
 {
-    if (g_starting || !g_buckets)
-        return 0;
-    axc_sched *s = axc_py_sched();
-    g_starting = 1;
-    axc_bucket_sum sum;
-    axc_status st = AXC_OK;
-    int more;
-    while (st == AXC_OK && (more = axc_buckets_next_sum(g_buckets, &sum)) != 0) {
-        if (more < 0) {
-            st = AXC_ERR_NOMEM;
-            break;
-        }
-        if (!s) {
-            g_starting = 0;
-            PyErr_SetString(PyExc_RuntimeError,
-                            "axonn_c is not initialised: call axonn_c.init(...) first");
-            return -1;
-        }
-        axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = sum.data, .recv = sum.data,
-                      .count = sum.count, .dtype = sum.dtype, .op = AXC_RED_SUM,
-                      .device = sum.device, .codec = sum.codec, .block = sum.block,
-                      .residual = sum.residual};
-        if (sum.device >= 0)
-            st = axc_torch_cuda_current_stream(sum.device, &c.stream);
-        if (st == AXC_OK) {
-            Py_BEGIN_ALLOW_THREADS st = axc_sched_start_after_deferred(s, sum.group, &c);
-            Py_END_ALLOW_THREADS
-        }
-    }
-    g_starting = 0;
+    axc_status st = axc_runtime_start_due_sums(axc_py_runtime());
     if (st != AXC_OK) {
-        if (!PyErr_Occurred())
+        if (!PyErr_Occurred()) /* (an allocation's Python error is already set) */
             axc_py_raise(st);
         return -1;
     }
@@ -252,20 +226,20 @@ static PyObject *py_finish(PyObject *self, PyObject *noargs)
     (void)noargs;
     axc_sched *s = axc_py_sched();
     if (!s) {
-        axc_buckets_reset(g_buckets);
+        axc_buckets_reset(buckets());
         PyErr_SetString(PyExc_RuntimeError,
                         "axonn_c is not initialised: call axonn_c.init(...) first");
         return NULL;
     }
     int failed = 0;
-    if (g_buckets) {
-        axc_buckets_close_all(g_buckets);
+    if (buckets()) {
+        axc_buckets_close_all(buckets());
         failed = start_due() < 0;
     }
     axc_status st;
     Py_BEGIN_ALLOW_THREADS st = axc_sched_finish(s);
     Py_END_ALLOW_THREADS
-    axc_buckets_reset(g_buckets);
+    axc_buckets_reset(buckets());
     if (failed)
         return NULL; /* (the first error: the start's) */
     if (st != AXC_OK)
@@ -279,7 +253,7 @@ static PyObject *py_drop(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_buckets_reset(g_buckets);
+    axc_buckets_reset(buckets());
     Py_RETURN_NONE;
 }
 
@@ -288,7 +262,7 @@ static PyObject *py_open(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return PyLong_FromLong(g_buckets ? axc_buckets_open(g_buckets) : 0);
+    return PyLong_FromLong(axc_buckets_open(buckets()));
 }
 
 /* grad_buckets_stats(reset) -> {"buckets", "buckets_early", "buckets_after_holds",
@@ -300,10 +274,10 @@ static PyObject *py_stats(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "|p", &reset))
         return NULL;
     axc_bucket_stats st = {0};
-    if (g_buckets) {
-        axc_buckets_stats(g_buckets, &st);
+    if (buckets()) {
+        axc_buckets_stats(buckets(), &st);
         if (reset)
-            axc_buckets_zero_stats(g_buckets);
+            axc_buckets_zero_stats(buckets());
     }
     return Py_BuildValue("{sLsLsLsL}", "buckets", st.made, "buckets_early", st.early,
                          "buckets_after_holds", st.after_holds, "buckets_at_end", st.at_end);
@@ -339,12 +313,12 @@ static PyObject *py_residuals(PyObject *self, PyObject *noargs)
     (void)self;
     (void)noargs;
     PyObject *d = PyDict_New();
-    int n = g_buckets ? axc_buckets_residual_count(g_buckets) : 0;
+    int n = axc_buckets_residual_count(buckets());
     for (int i = 0; d && i < n; i++) {
         void *owner;
         size_t elems;
         long long key;
-        axc_buckets_residual(g_buckets, i, &key, &owner, &elems);
+        axc_buckets_residual(buckets(), i, &key, &owner, &elems);
         if (!owner)
             continue;
         PyObject *k = PyLong_FromLongLong(key);
@@ -388,7 +362,7 @@ static PyObject *py_new_step(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_buckets_new_step(g_buckets);
+    axc_buckets_new_step(buckets());
     Py_RETURN_NONE;
 }
 
@@ -397,38 +371,28 @@ static PyObject *py_clear_residuals(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_buckets_clear_residuals(g_buckets);
+    axc_buckets_clear_residuals(buckets());
     Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------- keep-alives */
 
-static axc_keeps *keeps(void)
-{
-    if (!g_keeps) {
-        axc_status st = axc_keeps_create(&g_keeps, release_owner, NULL);
-        if (st != AXC_OK) {
-            axc_py_raise(st);
-            return NULL;
-        }
-    }
-    return g_keeps;
-}
+static axc_keeps *keeps(void) { return axc_runtime_keeps(axc_py_runtime()); }
 
 /* Releases what finished work kept (the scheduler's counters, read with the GIL released:
  * its lock may be held by a thread waiting for the GIL). */
 static void release_done(void)
 {
     axc_sched *s = axc_py_sched();
-    if (!g_keeps || !s)
+    if (!s)
         return;
-    if (!axc_keeps_count(g_keeps, AXC_KEEP_TASK) && !axc_keeps_count(g_keeps, AXC_KEEP_RESULT) &&
-        !axc_keeps_count(g_keeps, AXC_KEEP_OUTPUT))
+    if (!axc_keeps_count(keeps(), AXC_KEEP_TASK) && !axc_keeps_count(keeps(), AXC_KEEP_RESULT) &&
+        !axc_keeps_count(keeps(), AXC_KEEP_OUTPUT))
         return;
     axc_sched_stats t;
     Py_BEGIN_ALLOW_THREADS axc_sched_stats_get(s, &t);
     Py_END_ALLOW_THREADS
-    axc_keeps_release_done(g_keeps, t.tasks_run, t.results_done);
+    axc_keeps_release_done(keeps(), t.tasks_run, t.results_done);
 }
 
 static int parse_kind(PyObject *name, axc_keep_kind *kind)
@@ -482,7 +446,7 @@ static PyObject *py_keeps_count(PyObject *self, PyObject *name)
     axc_keep_kind kind;
     if (parse_kind(name, &kind) < 0)
         return NULL;
-    return PyLong_FromSize_t(g_keeps ? axc_keeps_count(g_keeps, kind) : 0);
+    return PyLong_FromSize_t(axc_keeps_count(keeps(), kind));
 }
 
 /* keeps_clear(): releases everything kept (init, finalize: nothing is in flight) */
@@ -490,7 +454,7 @@ static PyObject *py_keeps_clear(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_keeps_clear(g_keeps);
+    axc_keeps_clear(keeps());
     Py_RETURN_NONE;
 }
 

@@ -6,7 +6,6 @@
 #include "axc/linear.h"
 #include "py_common.h"
 
-axc_comm *axc_py_comm(void); /* py_comm.c: the process's communicator or NULL */
 
 /* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
  *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled,
@@ -106,7 +105,6 @@ static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
 
 typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
 
-axc_sched *axc_py_sched(void); /* py_sched.c */
 
 /* The arguments both calls share: (desc, device, stream, rows, t_max, <pointers>, layer,
  * version, prefetch_ok[, defer, dw_prev]) */

@@ -10,7 +10,6 @@
 #include "axc/torch_shim.h"
 #include "py_common.h"
 
-axc_sched *axc_py_sched(void); /* py_sched.c */
 /* py_linear.c: the description tuple's parser (this handle's is its 9-item prefix) and the
  * communicator or the "not initialised" error */
 int axc_py_parse_linear_desc(PyObject *t, axc_linear_desc *d);

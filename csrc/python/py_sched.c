@@ -1,35 +1,20 @@
-/* Bindings of the scheduler (csrc/sched/sched.c): one per communicator, created at init and
- * destroyed at finalize by py_comm.c. Parsing only; the policy lives in the core. Every call
- * into it releases the GIL: the scheduler's lock is held while torch's CUDA caching allocator
- * runs (gathered weights), and that allocator may take the GIL (memory history recording Python
- * stacks), so a thread holding the GIL must never wait for that lock. */
+/* Bindings of the scheduler (csrc/sched/sched.c): one per communicator, opened and closed with
+ * it by the runtime (csrc/runtime/runtime.c). Parsing only; the policy lives in the core. Every
+ * call into it releases the GIL: the scheduler's lock is held while torch's CUDA caching
+ * allocator runs (gathered weights), and that allocator may take the GIL (memory history
+ * recording Python stacks), so a thread holding the GIL must never wait for that lock. */
 #include <stdint.h>
 
 #include "axc/sched.h"
 #include "py_common.h"
 
-static axc_sched *g_sched = NULL;
-
-axc_sched *axc_py_sched(void) { return g_sched; }
-
-axc_status axc_py_sched_open(axc_comm *comm)
-{
-    return axc_sched_create(&g_sched, comm);
-}
-
-void axc_py_sched_close(void)
-{
-    axc_sched *s = g_sched;
-    g_sched = NULL;
-    axc_sched_destroy(s);
-}
-
 static axc_sched *sched_or_raise(void)
 {
-    if (!g_sched)
+    axc_sched *s = axc_py_sched();
+    if (!s)
         PyErr_SetString(PyExc_RuntimeError,
                         "axonn_c is not initialised: call axonn_c.init(...) first");
-    return g_sched;
+    return s;
 }
 
 /* sched_configure(prefetch, budget_bytes, cache) */
@@ -73,8 +58,8 @@ static PyObject *py_sched_forget(PyObject *self, PyObject *args)
     int id;
     if (!PyArg_ParseTuple(args, "i", &id))
         return NULL;
-    if (g_sched) {
-        Py_BEGIN_ALLOW_THREADS axc_sched_forget(g_sched, id);
+    if (axc_py_sched()) {
+        Py_BEGIN_ALLOW_THREADS axc_sched_forget(axc_py_sched(), id);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;

@@ -1,0 +1,67 @@
+/* The runtime: what one process's axonn_c session holds in C.
+ *
+ * - The communicator of the current init() and the scheduler over it (none between finalize()
+ *   and the next init: axc_runtime_open / axc_runtime_close, which tear down in order: the
+ *   scheduler drains before the communicator goes).
+ * - The gradient bucket engine and the keep-alive queues, made with the runtime and kept across
+ *   inits (their buffers and owners come from the embedding program: torch tensors, Python
+ *   references, through the ops it passes in).
+ * - The step that starts the bucket sums that came due, in the engine's order, through the
+ *   scheduler, on every rank alike.
+ *
+ * The Python module holds exactly one (csrc/python/module.c); the bindings reach the
+ * communicator, scheduler, buckets and keep-alives through it. Not thread-safe by itself: the
+ * embedding program serialises calls (CPython: the interpreter lock), and the runtime lets go of
+ * that lock around the calls that can block (hooks.blocking_begin / blocking_end). */
+#ifndef AXC_RUNTIME_H
+#define AXC_RUNTIME_H
+
+#include "axc/buckets.h"
+#include "axc/comm.h"
+#include "axc/keeps.h"
+#include "axc/sched.h"
+#include "axc/status.h"
+
+typedef struct axc_runtime_hooks {
+    /* around a call that may wait (a collective's start waits for the scheduler's lock, whose
+     * holder may need the caller's lock): blocking_begin's return value goes to blocking_end.
+     * NULL: nothing to release. */
+    void *(*blocking_begin)(void *ctx);
+    void (*blocking_end)(void *ctx, void *state);
+    void *ctx;
+} axc_runtime_hooks;
+
+typedef struct axc_runtime_ops {
+    axc_bucket_ops buckets;                         /* the gradient buffers and residuals */
+    void (*release_kept)(void *ctx, void *owner);   /* drops what a keep-alive queue held */
+    void *kept_ctx;
+    axc_runtime_hooks hooks;
+    size_t bucket_bytes;                            /* the initial gradient bucket size */
+} axc_runtime_ops;
+
+typedef struct axc_runtime axc_runtime;
+
+axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops);
+/* Closes what is open and releases everything. NULL is a no-op. */
+void axc_runtime_destroy(axc_runtime *rt);
+
+/* init(): the communicator (collective: every rank calls it) and its scheduler. Fails with
+ * AXC_ERR_STATE when one is open already. */
+axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg);
+/* finalize(): the scheduler (after its work drained), then the communicator. Idempotent. */
+axc_status axc_runtime_close(axc_runtime *rt);
+int axc_runtime_is_open(const axc_runtime *rt);
+
+axc_comm *axc_runtime_comm(const axc_runtime *rt);   /* NULL when not open */
+axc_sched *axc_runtime_sched(const axc_runtime *rt); /* NULL when not open */
+axc_buckets *axc_runtime_buckets(const axc_runtime *rt);
+axc_keeps *axc_runtime_keeps(const axc_runtime *rt);
+
+/* Starts every gradient sum the bucket engine has due, in its order, each after everything the
+ * scheduler deferred so far, on torch's current stream of the sum's CUDA device. A call made
+ * while another is starting sums (a re-entry through the engine's callbacks, or a thread that
+ * got in while the first waited) returns at once: the first one starts them all, so every rank
+ * starts them in the same order. AXC_ERR_STATE when sums are due and nothing is open. */
+axc_status axc_runtime_start_due_sums(axc_runtime *rt);
+
+#endif

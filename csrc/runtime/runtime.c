@@ -1,0 +1,140 @@
+/* The runtime (axc/runtime.h): one session's communicator, scheduler, gradient buckets and
+ * keep-alives, and the start of due bucket sums. */
+#include "axc/runtime.h"
+
+#include <stdlib.h>
+
+#include "axc/gemm.h"
+#include "axc/torch_shim.h"
+
+struct axc_runtime {
+    axc_comm *comm;   /* the current init's; NULL when closed */
+    axc_sched *sched; /* over comm */
+    axc_buckets *buckets;
+    axc_keeps *keeps;
+    axc_runtime_hooks hooks;
+    int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
+};
+
+static void *blocking_begin(const axc_runtime *rt)
+{
+    return rt->hooks.blocking_begin ? rt->hooks.blocking_begin(rt->hooks.ctx) : NULL;
+}
+
+static void blocking_end(const axc_runtime *rt, void *state)
+{
+    if (rt->hooks.blocking_end)
+        rt->hooks.blocking_end(rt->hooks.ctx, state);
+}
+
+axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
+{
+    if (!out || !ops)
+        return axc_fail(AXC_ERR_INVALID, "axc_runtime_create: NULL argument");
+    *out = NULL;
+    axc_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return axc_fail(AXC_ERR_NOMEM, "axc_runtime_create: out of memory");
+    rt->hooks = ops->hooks;
+    axc_status st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
+    if (st == AXC_OK)
+        st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
+    if (st != AXC_OK) {
+        axc_runtime_destroy(rt);
+        return st;
+    }
+    *out = rt;
+    return AXC_OK;
+}
+
+void axc_runtime_destroy(axc_runtime *rt)
+{
+    if (!rt)
+        return;
+    axc_runtime_close(rt);
+    axc_keeps_clear(rt->keeps);
+    axc_keeps_destroy(rt->keeps);
+    axc_buckets_destroy(rt->buckets);
+    free(rt);
+}
+
+axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg)
+{
+    if (rt->comm)
+        return axc_fail(AXC_ERR_STATE, "axonn_c is already initialised: finalize() first");
+    axc_comm *comm = NULL;
+    void *b = blocking_begin(rt);
+    axc_status st = axc_comm_create(&comm, cfg); /* waits for every rank */
+    blocking_end(rt, b);
+    if (st != AXC_OK)
+        return st;
+    axc_sched *sched = NULL;
+    st = axc_sched_create(&sched, comm);
+    if (st != AXC_OK) {
+        b = blocking_begin(rt);
+        axc_comm_destroy(comm);
+        blocking_end(rt, b);
+        return st;
+    }
+    rt->comm = comm;
+    rt->sched = sched;
+    return AXC_OK;
+}
+
+axc_status axc_runtime_close(axc_runtime *rt)
+{
+    if (!rt)
+        return AXC_OK;
+    axc_comm *comm = rt->comm;
+    axc_sched *sched = rt->sched;
+    rt->comm = NULL;
+    rt->sched = NULL;
+    void *b = blocking_begin(rt);
+    axc_sched_destroy(sched); /* drains its work first; NULL is a no-op */
+    if (comm)
+        axc_comm_destroy(comm);
+    axc_status st = axc_gemm_release(); /* the cuBLASLt plans (none on CPU) */
+    blocking_end(rt, b);
+    return st;
+}
+
+int axc_runtime_is_open(const axc_runtime *rt) { return rt && rt->comm != NULL; }
+axc_comm *axc_runtime_comm(const axc_runtime *rt) { return rt ? rt->comm : NULL; }
+axc_sched *axc_runtime_sched(const axc_runtime *rt) { return rt ? rt->sched : NULL; }
+axc_buckets *axc_runtime_buckets(const axc_runtime *rt) { return rt ? rt->buckets : NULL; }
+axc_keeps *axc_runtime_keeps(const axc_runtime *rt) { return rt ? rt->keeps : NULL; }
+
+axc_status axc_runtime_start_due_sums(axc_runtime *rt)
+{
+    if (rt->starting)
+        return AXC_OK;
+    rt->starting = 1;
+    axc_bucket_sum sum;
+    axc_status st = AXC_OK;
+    int more;
+    /* (next_sum may allocate a residual through the ops: with the caller's lock held) */
+    while (st == AXC_OK && (more = axc_buckets_next_sum(rt->buckets, &sum)) != 0) {
+        if (more < 0) {
+            st = AXC_ERR_NOMEM; /* the ops set the message */
+            break;
+        }
+        if (!rt->sched) {
+            st = axc_fail(AXC_ERR_STATE, "axonn_c is not initialised: call axonn_c.init(...) "
+                                         "first");
+            break;
+        }
+        axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = sum.data, .recv = sum.data,
+                      .count = sum.count, .dtype = sum.dtype, .op = AXC_RED_SUM,
+                      .device = sum.device, .codec = sum.codec, .block = sum.block,
+                      .residual = sum.residual};
+        if (sum.device >= 0)
+            st = axc_torch_cuda_current_stream(sum.device, &c.stream);
+        if (st == AXC_OK) {
+            void *b = blocking_begin(rt);
+            st = axc_sched_start_after_deferred(rt->sched, sum.group, &c);
+            blocking_end(rt, b);
+        }
+    }
+    rt->starting = 0;
+    return st;
+}

@@ -1,0 +1,167 @@
+/* The runtime (csrc/runtime/runtime.c): open/close of the communicator and scheduler (twice,
+ * refusing a second open), the blocking hooks around every wait, the buckets and keep-alives
+ * that outlive a close, and the start of due bucket sums: at 2 data-parallel ranks a bucket's
+ * sum reaches every rank, a re-entrant start returns at once, and due sums without an open
+ * communicator fail with a message. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "axc/runtime.h"
+#include "ctest.h"
+#include "fork_ranks.h"
+#include "rank_tally.h"
+
+typedef struct counts {
+    int allocs, releases, begins, ends, kept_released;
+} counts;
+static counts g_counts;
+
+static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
+                             void **owner)
+{
+    (void)ctx;
+    g_counts.allocs++;
+    *data = calloc(elems, axc_dtype_size(key->dtype));
+    *owner = *data;
+    return *data ? AXC_OK : axc_fail(AXC_ERR_NOMEM, "fake allocator: out of memory");
+}
+
+static void fake_release(void *ctx, void *owner)
+{
+    (void)ctx;
+    g_counts.releases++;
+    free(owner);
+}
+
+static void kept_release(void *ctx, void *owner)
+{
+    (void)ctx;
+    (void)owner;
+    g_counts.kept_released++;
+}
+
+static void *begin(void *ctx)
+{
+    (void)ctx;
+    g_counts.begins++;
+    return &g_counts; /* handed back to end */
+}
+
+static void end(void *ctx, void *state)
+{
+    (void)ctx;
+    g_counts.ends += state == &g_counts;
+}
+
+static axc_runtime_ops ops_of(void)
+{
+    axc_runtime_ops ops;
+    memset(&ops, 0, sizeof ops);
+    ops.buckets = (axc_bucket_ops){fake_alloc, fake_release, NULL, NULL};
+    ops.release_kept = kept_release;
+    ops.hooks = (axc_runtime_hooks){begin, end, NULL};
+    ops.bucket_bytes = 16 * sizeof(float);
+    return ops;
+}
+
+/* 2 data-parallel ranks: a bucket of this rank's values, summed through the scheduler */
+static void data2_main(int rank, int world, const int dims[4], double timeout)
+{
+    rank_begin(rank);
+    memset(&g_counts, 0, sizeof g_counts);
+    axc_runtime_ops ops = ops_of();
+    axc_runtime *rt = NULL;
+    CHECK_OK(axc_runtime_create(&rt, &ops));
+    axc_comm_config cfg;
+    CHECK_OK(fork_ranks_config(&cfg, rank, world, dims, "runtime2", timeout));
+    CHECK_OK(axc_runtime_open(rt, &cfg));
+    CHECK_MSG(g_counts.begins >= 1 && g_counts.begins == g_counts.ends, "%d begins, %d ends",
+              g_counts.begins, g_counts.ends);
+    CHECK(axc_runtime_is_open(rt) && axc_runtime_comm(rt) && axc_runtime_sched(rt));
+    axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
+    key.groups[0] = AXC_GROUP_DATA;
+    int id;
+    size_t off;
+    void *owner;
+    float *data;
+    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 4, &id, &off, &owner));
+    data = (float *)owner + off;
+    for (int i = 0; i < 4; i++)
+        data[i] = (float)(rank + 1) * (float)(i + 1);
+    CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
+    axc_buckets_close_all(axc_runtime_buckets(rt));
+    int before = g_counts.begins;
+    CHECK_OK(axc_runtime_start_due_sums(rt));
+    CHECK_MSG(g_counts.begins == before + 1 && g_counts.begins == g_counts.ends,
+              "a sum's start lets go of the caller's lock once: %d -> %d begins, %d ends",
+              before, g_counts.begins, g_counts.ends);
+    CHECK_OK(axc_sched_finish(axc_runtime_sched(rt)));
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(data[i] == 3.0f * (float)(i + 1), "element %d: %g", i, (double)data[i]);
+    CHECK_OK(axc_runtime_start_due_sums(rt)); /* nothing due: nothing started */
+    CHECK(g_counts.begins == before + 1);
+    axc_buckets_reset(axc_runtime_buckets(rt));
+    CHECK_OK(axc_runtime_close(rt));
+    axc_runtime_destroy(rt);
+    CHECK_MSG(g_counts.allocs == g_counts.releases, "%d buffers made, %d released",
+              g_counts.allocs, g_counts.releases);
+    rank_end(rank);
+}
+
+static void one_rank(void)
+{
+    memset(&g_counts, 0, sizeof g_counts);
+    axc_runtime_ops ops = ops_of();
+    axc_runtime *rt = NULL;
+    CHECK(axc_runtime_create(NULL, &ops) == AXC_ERR_INVALID);
+    CHECK_OK(axc_runtime_create(&rt, &ops));
+    if (!rt)
+        return;
+    /* closed: no communicator or scheduler; the buckets and keep-alives exist */
+    CHECK(!axc_runtime_is_open(rt) && !axc_runtime_comm(rt) && !axc_runtime_sched(rt));
+    CHECK(axc_runtime_buckets(rt) && axc_runtime_keeps(rt));
+    CHECK_OK(axc_runtime_close(rt)); /* closing what is closed is fine */
+    /* a sum that comes due with nothing open fails, naming init */
+    axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
+    key.groups[0] = AXC_GROUP_DATA;
+    int id;
+    size_t off;
+    void *owner;
+    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 4, &id, &off, &owner));
+    CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
+    axc_buckets_close_all(axc_runtime_buckets(rt));
+    CHECK(axc_runtime_start_due_sums(rt) == AXC_ERR_STATE &&
+          strstr(axc_last_error(), "axonn_c.init"));
+    axc_buckets_reset(axc_runtime_buckets(rt));
+    /* open twice in turn; a second open while open is refused */
+    static const int one[4] = {1, 1, 1, 1};
+    for (int round = 0; round < 2; round++) {
+        axc_comm_config cfg;
+        atomic_store(&g_kv->ready, 0);
+        CHECK_OK(fork_ranks_config(&cfg, 0, 1, one, round ? "runtime1b" : "runtime1a", 10.0));
+        CHECK_OK(axc_runtime_open(rt, &cfg));
+        CHECK(axc_runtime_is_open(rt));
+        CHECK(axc_runtime_open(rt, &cfg) == AXC_ERR_STATE &&
+              strstr(axc_last_error(), "already initialised"));
+        CHECK_OK(axc_runtime_close(rt));
+        CHECK(!axc_runtime_is_open(rt) && !axc_runtime_sched(rt));
+    }
+    /* what is kept is released when the runtime goes */
+    static int obj;
+    CHECK_OK(axc_keeps_add(axc_runtime_keeps(rt), AXC_KEEP_TASK, 1, &obj));
+    axc_runtime_destroy(rt);
+    CHECK(g_counts.kept_released == 1);
+    CHECK_MSG(g_counts.begins == g_counts.ends, "%d begins, %d ends", g_counts.begins,
+              g_counts.ends);
+    axc_runtime_destroy(NULL);
+}
+
+int main(void)
+{
+    if (!rank_tally_init())
+        return 1;
+    one_rank();
+    static const int data2[4] = {2, 1, 1, 1};
+    spawn_and_tally("G_data=2", 2, data2_main, data2);
+    return ctest_summary("test_runtime");
+}
