@@ -255,7 +255,7 @@ class GPT(nn.Module):
         (optional, `[b, s]`, -100 ignored) are shifted as transformers does: the loss is the
         mean over this rank's predicted tokens, the same on the plane."""
         validate.check_tensor("GPT: input_ids", input_ids, 2)
-        if input_ids.dim() != 2:
+        if input_ids.dim() != 2:  # (more than two)
             raise ValueError(f"GPT: input_ids must be [batch, seq], got {list(input_ids.shape)}")
         b, s = input_ids.shape
         if s > self.n_positions:

@@ -178,8 +178,9 @@ def batch(cfg, step, n=8, s=12):
     return ids, labels
 
 
-def check_grid(sizes, cfg, use_hf, steps, ckpt_dir, prev_dir, checkpoint, n):
-    g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2], G_intra_d=sizes[3])
+def check_grid(sizes, cfg, use_hf, steps, ckpt_dir, prev_dir, checkpoint, n, overlap):
+    g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2], G_intra_d=sizes[3],
+                     overlap=overlap)
     what = f"grid {'x'.join(map(str, sizes))} checkpoint={checkpoint} rank {g.rank}"
     ref = Serial(cfg, seed=n, use_hf=use_hf)
     torch.manual_seed(1234 + g.rank)  # other weights on each rank: the load must replace them
@@ -302,6 +303,8 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--dir", required=True)
     p.add_argument("--checkpoint", action="store_true", help="GPT(checkpoint=True)")
+    p.add_argument("--overlap", action="store_true", help="init(overlap=True): the scheduler, "
+                   "the MLP's chunk pipelining (axonn_c.Sequential)")
     p.add_argument("--serial", choices=("auto", "torch"), default="auto",
                    help="auto: transformers' GPT2LMHeadModel when installed")
     a = p.parse_args()
@@ -313,13 +316,13 @@ def main():
     prev = None
     for n, sizes in enumerate(todo):
         d = os.path.join(a.dir, f"ckpt{n}")
-        rank = check_grid(sizes, cfg, use_hf, a.steps, d, prev, a.checkpoint, n)
+        rank = check_grid(sizes, cfg, use_hf, a.steps, d, prev, a.checkpoint, n, a.overlap)
         prev = d
     check_dropout(todo[-1], cfg)
     if rank == 0:
         print(f"world {world}: {len(todo)} grids match the serial GPT-2 "
               f"({'transformers' if use_hf else 'plain torch'}, {a.steps} AdamW steps"
-              f"{', checkpoint=True' if a.checkpoint else ''})")
+              f"{', checkpoint=True' if a.checkpoint else ''}{', overlap' if a.overlap else ''})")
     return 0
 
 
