@@ -12,8 +12,9 @@ Run: torchrun --nproc_per_node 4 benchmarks/bench_gpt.py [--grid 1,2,2,1 --layer
 
 The same global batch (--batch sequences of --seq tokens) and AdamW step in all three; the
 models have the same blocks (examples/gpt.py's head is untied: vocab x hidden more parameters,
-sharded as a Linear in the easy layout). Reported per layout: the median step time over --steps
-timed steps (after --warmup), tokens/s, and the bytes each rank sent per step (axonn_c.comm_stats
+sharded as a Linear in the easy layout). The three take their steps in turn (step i of each,
+then step i + 1), so that load from other jobs on the machine falls on all of them alike.
+Reported per layout: the median step time over --steps timed steps (after --warmup), tokens/s, and the bytes each rank sent per step (axonn_c.comm_stats
 for the axonn_c layouts; for DDP the ring all-reduce of every gradient, 2 (n-1)/n of their
 bytes, which is what gloo's ring sends). On a shared CPU the times are noisy: compare within
 one run.
@@ -50,75 +51,84 @@ def batch(step, a):
     return torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
 
 
-def bytes_sent() -> int:
-    return sum(v["bytes_sent"] for v in axonn_c.comm_stats().values())
+def sent_and_calls() -> tuple:
+    stats = axonn_c.comm_stats().values()
+    return sum(v["bytes_sent"] for v in stats), sum(v["calls"] for v in stats)
 
 
-def run_axonn(a, sizes, layout):
+def plain_loss(model, x, vocab):
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab),
+                                             x[:, 1:].reshape(-1))
+
+
+def build(a, g, world):
+    """{layout: (step function, parameters on this rank)}: the three models, the same
+    initialisation seed, each rank's share of the same global batch."""
+    torch.manual_seed(0)
+    expert = axonn_c.models.GPT(Config(a.vocab, a.seq, a.hidden, a.layers, a.heads))
+    torch.manual_seed(0)
+    with axonn_c.auto_parallelize():
+        easy = PlainGPT(GPTConfig(a.vocab, a.seq, a.layers, a.heads, a.hidden))
+    torch.manual_seed(0)
+    plain = PlainGPT(GPTConfig(a.vocab, a.seq, a.layers, a.heads, a.hidden))
+    ddp = torch.nn.parallel.DistributedDataParallel(plain)
+    shards = {"expert": (g.G_data * g.G_intra_d, g.data_rank * g.G_intra_d + g.depth_rank),
+              "easy": (world, g.rank), "ddp": (world, g.rank)}
+    models = {"expert": expert, "easy": easy, "ddp": ddp}
+    steps = {}
+    for name, model in models.items():
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        n, me = shards[name]
+        n = a.batch // n
+
+        def step(i, name=name, model=model, opt=opt, n=n, me=me):
+            x = batch(i, a)[me * n:(me + 1) * n]
+            opt.zero_grad(set_to_none=True)
+            loss = model(x, labels=x).loss if name == "expert" else plain_loss(model, x, a.vocab)
+            loss.backward()
+            if name != "ddp":  # (DDP summed during backward)
+                axonn_c.sync_gradients(model, mean=True)
+            opt.step()
+            return loss.item()
+
+        steps[name] = (step, sum(p.numel() for p in model.parameters()))
+    return steps
+
+
+def run(a, sizes, world):
+    """The layouts' steps interleaved (step i of each in turn), so that a machine shared with
+    other jobs loads them alike; axonn_c's byte counters read around each axonn_c step."""
     g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2], G_intra_d=sizes[3],
                      overlap=a.overlap)
-    torch.manual_seed(0)
-    if layout == "expert":
-        model = axonn_c.models.GPT(Config(a.vocab, a.seq, a.hidden, a.layers, a.heads))
-        shards, me = g.G_data * g.G_intra_d, g.data_rank * g.G_intra_d + g.depth_rank
-    else:
-        with axonn_c.auto_parallelize():
-            model = PlainGPT(GPTConfig(a.vocab, a.seq, a.layers, a.heads, a.hidden))
-        shards, me = g.world_size, g.rank
-    n = a.batch // shards
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step(i):
-        x = batch(i, a)[me * n:(me + 1) * n]
-        opt.zero_grad(set_to_none=True)
-        if layout == "expert":
-            loss = model(x, labels=x).loss
-        else:
-            logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, a.vocab),
-                                                     x[:, 1:].reshape(-1))
-        loss.backward()
-        axonn_c.sync_gradients(model, mean=True)
-        opt.step()
-        return loss.item()
-
-    for i in range(a.warmup):
-        step(i)
-    axonn_c.reset_comm_stats()
-    times = []
-    for i in range(a.steps):
-        t0 = time.perf_counter()
-        loss = step(a.warmup + i)
-        times.append(time.perf_counter() - t0)
-    sent = bytes_sent() / a.steps
-    axonn_c.finalize()
-    return dict(step_s=statistics.median(times), bytes_sent_per_step=sent, last_loss=loss,
-                params_per_rank=sum(p.numel() for p in model.parameters()))
-
-
-def run_ddp(a, world):
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = PlainGPT(GPTConfig(a.vocab, a.seq, a.layers, a.heads, a.hidden))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-    n, me = a.batch // world, dist.get_rank()
-    times = []
+    steps = build(a, g, world)
+    times = {name: [] for name in steps}
+    sent = {name: [0, 0] for name in steps}
+    loss = {}
     for i in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
-        x = batch(i, a)[me * n:(me + 1) * n]
-        opt.zero_grad(set_to_none=True)
-        logits = ddp(x)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, a.vocab),
-                                                 x[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    dist.destroy_process_group()
-    return dict(step_s=statistics.median(times[a.warmup:]),
-                bytes_sent_per_step=2 * (world - 1) / world * grad_bytes, last_loss=loss.item(),
-                params_per_rank=sum(p.numel() for p in model.parameters()))
+        for name, (step, _) in steps.items():
+            axonn_c.reset_comm_stats()
+            t0 = time.perf_counter()
+            loss[name] = step(i)
+            dt = time.perf_counter() - t0
+            if i >= a.warmup:
+                times[name].append(dt)
+                b, c = sent_and_calls()
+                sent[name][0] += b
+                sent[name][1] += c
+    out = {}
+    for name, (_, params) in steps.items():
+        out[name] = dict(step_s=statistics.median(times[name]), last_loss=loss[name],
+                         params_per_rank=params,
+                         bytes_sent_per_step=sent[name][0] / a.steps,
+                         collectives_per_step=sent[name][1] / a.steps)
+    # DDP's gradient all-reduce runs on gloo, outside axonn_c's counters: a ring all-reduce
+    # sends 2 (n-1)/n of the gradient bytes
+    grad_bytes = 4 * out["ddp"]["params_per_rank"]
+    out["ddp"].update(bytes_sent_per_step=2 * (world - 1) / world * grad_bytes,
+                      collectives_per_step=None)
+    axonn_c.finalize()
+    return out
 
 
 def main():
@@ -132,15 +142,17 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                    help="init(overlap=...) for the axonn_c layouts")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+                    help="init(overlap=...) for the axonn_c layouts (off: on a CPU with fewer "
+                         "cores than ranks the progress threads compete with the compute)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sizes = [int(v) for v in a.grid.split(",")]
     rank = int(os.environ.get("RANK", "0"))
-    results = {"expert": run_axonn(a, sizes, "expert"), "easy": run_axonn(a, sizes, "easy"),
-               "ddp": run_ddp(a, world)}
+    dist.init_process_group("gloo")  # (first: axonn_c.init then uses its store)
+    results = run(a, sizes, world)
+    dist.destroy_process_group()  # (after axonn_c.finalize, README's shutdown order)
     tokens = a.batch * a.seq
     for r in results.values():
         r["tokens_per_s"] = tokens / r["step_s"]
@@ -148,10 +160,11 @@ def main():
         print(f"GPT {a.layers}x{a.hidden} ({a.heads} heads, vocab {a.vocab}), global batch "
               f"{a.batch}x{a.seq} tokens, {world} ranks, grid {a.grid}, overlap={a.overlap}")
         print(f"{'layout':8s} {'step (s)':>9s} {'tokens/s':>10s} {'MB sent/rank/step':>18s} "
-              f"{'params/rank':>12s} {'loss':>8s}")
+              f"{'collectives':>11s} {'params/rank':>12s} {'loss':>8s}")
         for name, r in results.items():
             print(f"{name:8s} {r['step_s']:9.4f} {r['tokens_per_s']:10.0f} "
-                  f"{r['bytes_sent_per_step'] / 1e6:18.3f} {r['params_per_rank']:12d} "
+                  f"{r['bytes_sent_per_step'] / 1e6:18.3f} "
+                  f"{r['collectives_per_step'] or float('nan'):11.0f} {r['params_per_rank']:12d} "
                   f"{r['last_loss']:8.4f}", flush=True)
         if a.json:
             with open(a.json, "w") as f:
