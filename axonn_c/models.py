@@ -329,8 +329,8 @@ class GPT(nn.Module):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """This model's own (sharded) state dict, or transformers' serial GPT2LMHeadModel one
-        (told apart by the embedding table: [V, H] is serial); collective for the serial one
-        only where the layers' loads are (they cut locally: no collective)."""
+        (told apart by the embedding table: [V, H] is serial). Every rank cuts its own shards
+        from the full tensors: no collective."""
         if self._is_serial(state_dict):
             state_dict = self.from_serial(state_dict)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
