@@ -294,16 +294,26 @@ class GPT(nn.Module):
         w = state_dict.get("transformer.wte.weight")
         return w is not None and w.dim() == 2
 
+    def _is_conv1d(self, state_dict) -> bool:
+        """Whether full tensors are in transformers' orientation ([in, out], QKV [q | k | v]),
+        not in this model's own (what axonn_c.checkpoint's export writes): c_attn's weight is
+        [H, 3H] in the one and [3H, H] in the other (the model has no other tell: c_proj's
+        [H, H] is square)."""
+        w = state_dict.get("transformer.h.0.attn.c_attn.weight")
+        return w is None or tuple(w.shape) == (self.n_embd, 3 * self.n_embd)
+
     def from_serial(self, state_dict) -> "OrderedDict[str, Tensor]":
         """transformers' GPT2LMHeadModel state dict -> full tensors under this model's names
-        (nn.Linear orientation, QKV rows head-interleaved), which its layers load by cutting."""
+        (nn.Linear orientation, QKV rows head-interleaved), which its layers load by cutting.
+        Full tensors already in this model's orientation (a checkpoint export) pass through."""
+        conv1d = self._is_conv1d(state_dict)
         out = OrderedDict()
         for k, v in state_dict.items():
             if k == "lm_head.weight" or k.endswith(_BUFFERS):
                 continue  # (tied to wte; the causal-mask buffers)
-            if any(k.endswith(c + ".weight") for c in _CONV1D):
+            if conv1d and any(k.endswith(c + ".weight") for c in _CONV1D):
                 v = v.t()
-            if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
+            if conv1d and (k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias")):
                 v = v[self._qkv]
             out[k] = v
         return out

@@ -127,3 +127,22 @@ def test_unsupported_options_and_bad_inputs():
         model(torch.zeros(2, 4, dtype=torch.long), labels=torch.full((2, 4), 50))
     with pytest.raises(ValueError, match="input_ids must have at least 2"):
         model(torch.zeros(4, dtype=torch.long))
+
+
+def test_checkpoint_export_loads_back(tmp_path):
+    """axonn_c.checkpoint's export writes the model's own full tensors (nn.Linear orientation,
+    QKV head-interleaved): load_state_dict tells them from transformers' (c_attn's shape) and
+    does not transpose the square c_proj."""
+    import axonn_c.checkpoint as ckpt
+
+    cfg = Config()
+    sd = serial_state(cfg, 4)
+    model = GPT(cfg)
+    model.load_state_dict(sd)
+    ckpt.save(tmp_path / "ck", model)
+    exported = ckpt.export(tmp_path / "ck")
+    assert exported["transformer.h.0.attn.c_attn.weight"].shape == (96, 32)
+    other = GPT(cfg)
+    other.load_state_dict(exported)
+    for k, v in axonn_c.full_state_dict(other).items():
+        assert torch.equal(v, sd[k]), k
