@@ -85,8 +85,9 @@ class _Dropout:
         if self.p == 0.0 or seed is None:
             return x
         g = grid()
-        own = ("col" if self.replicated == "row" else "row")
-        coords = (g.data_rank, g.depth_rank, g.col_rank if own == "col" else g.row_rank)
+        # the tensor differs over data, depth and the plane group it is not a copy over
+        coords = (g.data_rank, g.depth_rank,
+                  g.col_rank if self.replicated == "row" else g.row_rank)
         key = f"{seed}:{self.site}:{coords}".encode()
         gen = torch.Generator(device=x.device).manual_seed(zlib.crc32(key) * 7919 + seed)
         keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= self.p
