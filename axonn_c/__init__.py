@@ -18,6 +18,7 @@ from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_sta
                        no_grad_sync, no_sync, optimize_communication, sync_gradients)
 from .runtime import scheduler_stats
 from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_initialized, reset_comm_stats
+from . import models  # (axonn_c.models.GPT)
 
 __all__ = [
     "Linear", "Embedding", "LayerNorm", "RMSNorm", "parallel_cross_entropy", "init", "finalize",
@@ -25,7 +26,7 @@ __all__ = [
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",
     "optimize_communication", "timeline", "scheduler_stats", "run_concurrent", "Sequential", "forward_backward",
-    "compression_state", "load_compression_state",
+    "compression_state", "load_compression_state", "models",
 ]
 __version__ = "0.1.0"
 

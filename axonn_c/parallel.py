@@ -239,7 +239,8 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
     serial shapes ([out, in] and [out]), every axonn_c.Embedding's table to [V, H] and every
     split norm's weight and bias to [H], on every rank: exactly the state dict of the serial model
     in which nn.Linear stands for axonn_c.Linear, loadable by it (or by this model, through
-    load_state_dict). Collective: call on every rank."""
+    load_state_dict). A model with a `_axonn_to_serial(full)` method (axonn_c.models.GPT) gives
+    that serial model's state dict instead. Collective: call on every rank."""
     sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
     full = OrderedDict()
     layers = {prefix + name: m for name, m in model.named_modules()
@@ -260,7 +261,10 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
                 gathered[key + "bias"] = m.full_bias()
     for k, v in sd.items():
         full[k] = gathered.get(k, v)
-    return full
+    # a model that is a known serial one in other coordinates (axonn_c.models.GPT: transformers'
+    # names and Conv1D orientation) turns the gathered tensors into that model's state dict
+    to_serial = getattr(model, "_axonn_to_serial", None)
+    return to_serial(full) if to_serial is not None else full
 
 
 # ------------------------------------------------------------------------- auto_parallelize

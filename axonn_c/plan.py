@@ -3,6 +3,7 @@ machine by the communication model of the C core (csrc/core/model.c, docs/model.
 
     python -m axonn_c.plan --layers 42 --hidden 12288 --heads 96 --seq 2048 \\
         --global-batch 2048 --gpus 1024 --machine perlmutter --top 10
+    python -m axonn_c.plan --hf-config gpt2-xl.json --global-batch 512 --gpus 64
 
 From Python: ``choose_grid(world_size, model=..., machine=..., seq=..., global_batch=...)`` gives
 the fitting grids best first; ``auto_grid`` the best one (used by ``axonn_c.init(plan="auto")``).
@@ -308,12 +309,41 @@ class _HelpWithDefaults(argparse.HelpFormatter):
         return text
 
 
+# transformers config keys -> the CLI's model sizes (GPT-2's names, then the Llama-style ones)
+_HF_KEYS = (("layers", ("n_layer", "num_hidden_layers")), ("hidden", ("n_embd", "hidden_size")),
+            ("heads", ("n_head", "num_attention_heads")), ("ffn", ("n_inner", "intermediate_size")),
+            ("vocab", ("vocab_size",)), ("seq", ("n_positions", "max_position_embeddings")))
+
+
+def hf_config_sizes(path: str) -> dict:
+    """The model sizes of a transformers config.json (GPT-2 or Llama-style names): {layers,
+    hidden, heads, ffn, vocab, seq}, the ones the file has (GPT-2's n_inner: null is left out,
+    i.e. 4 * hidden)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--hf-config {path!r}: cannot read a JSON config ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--hf-config {path!r}: expected a JSON object")
+    out = {}
+    for name, keys in _HF_KEYS:
+        for k in keys:
+            if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
+                out[name] = cfg[k]
+                break
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m axonn_c.plan", formatter_class=_HelpWithDefaults,
         description="Rank every 4D grid (G_data x G_intra_r x G_intra_c x G_intra_d) for a "
                     "transformer on a machine by predicted communication time and memory.")
     m = p.add_argument_group("model")
+    m.add_argument("--hf-config", metavar="CONFIG.json",
+                   help="take the model sizes (layers, hidden, heads, ffn, vocab, seq) from a "
+                        "transformers config.json; flags given as well win")
     m.add_argument("--layers", type=int, help="transformer blocks")
     m.add_argument("--hidden", type=int, help="hidden size")
     m.add_argument("--heads", type=int, help="attention heads")
@@ -359,6 +389,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.hf_config:
+        try:
+            sizes = hf_config_sizes(args.hf_config)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for name, value in sizes.items():
+            if getattr(args, name) in (None, 0):  # (--vocab's default is 0: none)
+                setattr(args, name, value)
     if args.calibrate:  # (a program of its own: it runs the communicators, this one only models)
         os.execv(sys.executable, [sys.executable, "-m", "axonn_c.calibrate", "--out", args.out])
     missing = [f"--{n.replace('_', '-')}" for n in ("layers", "hidden", "heads", "seq",

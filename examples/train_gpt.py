@@ -11,6 +11,17 @@ world_size x --batch-size sequences and the printed loss is its mean. `--concurr
 each rank's batch as two micro-batches at once (axonn_c.run_concurrent, CPU), one hiding the
 other's tensor-parallel all-reduces.
 
+`--layout expert` trains axonn_c.models.GPT instead (transformers' GPT-2 in the 4D paper's
+expert layout: sequences split over data x depth, hidden over the column group, heads over the
+row group, vocabulary-parallel tied embedding and loss; docs/models.md), on the same global
+batch (world_size x --batch-size sequences, each data x depth shard an equal part of it);
+`--hf-init` starts it from a transformers GPT2LMHeadModel built from the same config
+(transformers must be installed):
+
+    torchrun --standalone --nproc_per_node 4 examples/train_gpt.py --layout expert
+    torchrun --standalone --nproc_per_node 4 examples/train_gpt.py --layout expert \
+        --G-intra-r 2 --G-intra-d 2 --hf-init --checkpoint-activations
+
 `--save DIR` writes a checkpoint (axonn_c.checkpoint: model, AdamW state, the next step) at the
 end, and every `--save-every` steps in the background; `--resume DIR` continues from one, on any
 grid and number of ranks (keep the global batch, world_size x --batch-size, to continue the same
@@ -48,6 +59,44 @@ def default_grid(world: int, args) -> tuple[int, int, int, int]:
     r, c, d = r or 1, c or 1, d or 1
     data = args.G_data or max(world // (r * c * d), 1)
     return data, r, c, d
+
+
+def expert_config(vocab_size: int, args):
+    """The GPT2Config fields axonn_c.models.GPT reads, as a plain dataclass (transformers' own
+    GPT2Config when --hf-init needs it)."""
+    from dataclasses import make_dataclass
+
+    fields = dict(vocab_size=vocab_size, n_positions=args.block_size, n_embd=args.n_embd,
+                  n_layer=args.n_layer, n_head=args.n_head, resid_pdrop=args.dropout,
+                  embd_pdrop=args.dropout, attn_pdrop=args.dropout)
+    if args.hf_init:
+        from transformers import GPT2Config
+
+        return GPT2Config(**fields, bos_token_id=0, eos_token_id=0)
+    return make_dataclass("GPTConfig", list(fields))(**fields)
+
+
+def build_expert(vocab_size: int, args):
+    """axonn_c.models.GPT, from a serial transformers GPT2LMHeadModel's weights with --hf-init."""
+    config = expert_config(vocab_size, args)
+    torch.manual_seed(args.seed)
+    model = axonn_c.models.GPT(config, checkpoint=args.checkpoint_activations,
+                               dropout_seed=args.seed)
+    if args.hf_init:
+        from transformers import GPT2LMHeadModel
+
+        torch.manual_seed(args.seed)  # (the same draw on every rank)
+        model.load_state_dict(GPT2LMHeadModel(config).float().state_dict())
+    return model
+
+
+def expert_logits(model, idx):
+    """The full [V] logits of the last position (every rank passes the same idx): each vocabulary
+    shard gathered over the row x column plane."""
+    from axonn_c.autograd_comm import PLANE, gather_rows
+
+    shard = model(idx).logits[0, -1]
+    return gather_rows(shard.contiguous(), PLANE)[:model.vocab_size]
 
 
 def forward_backward(model, x, y, concurrent: int = 1):
@@ -98,12 +147,26 @@ def main(argv=None):
     p.add_argument("--compression", default=None,
                    help="compress the data-parallel gradient sums: bf16, fp8, int8 or int4 "
                         "(docs/compression.md#compressed-gradient-sums)")
+    p.add_argument("--layout", choices=("easy", "expert"), default="easy",
+                   help="easy: examples/gpt.py under auto_parallelize (any model); expert: "
+                        "axonn_c.models.GPT, the paper's layout (docs/models.md)")
+    p.add_argument("--hf-init", action="store_true",
+                   help="--layout expert: start from transformers' GPT2LMHeadModel(config)")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="--layout expert: recompute each block in backward")
+    p.add_argument("--dropout", type=float, default=0.0, help="--layout expert: GPT-2's "
+                   "resid/embd/attn dropout")
     p.add_argument("--save", default=None, help="checkpoint directory written at the end")
     p.add_argument("--save-every", type=int, default=0,
                    help="also save every N steps, in the background (0: only at the end)")
     p.add_argument("--resume", default=None,
                    help="checkpoint directory to continue from (any grid, any world size)")
     args = p.parse_args(argv)
+    if args.layout == "easy" and (args.hf_init or args.checkpoint_activations or args.dropout):
+        p.error("--hf-init, --checkpoint-activations and --dropout need --layout expert")
+    if args.layout == "expert" and args.concurrent > 1:
+        p.error("--concurrent runs the easy layout only (axonn_c.Embedding does not run on "
+                "run_concurrent's threads)")
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     G_data, G_r, G_c, G_d = default_grid(world, args)
@@ -121,10 +184,17 @@ def main(argv=None):
     data = CharData(make_corpus(args.corpus_chars), args.block_size, seed=args.seed)
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=args.block_size,
                     n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
-    torch.manual_seed(args.seed)
-    with axonn_c.auto_parallelize():
-        model = GPT(cfg)
+    expert = args.layout == "expert"
+    if expert:
+        model = build_expert(data.vocab_size, args)
+    else:
+        torch.manual_seed(args.seed)
+        with axonn_c.auto_parallelize():
+            model = GPT(cfg)
     model.to(device)
+    # the sequences of a step: every rank's own (easy), or one data x depth shard's (expert)
+    shards, shard = (G_data * G_d, g.data_rank * G_d + g.depth_rank) if expert else (world, rank)
+    per_shard = args.batch_size * world // shards
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
     n_sharded = sum(isinstance(m, axonn_c.Linear) for m in model.modules())
@@ -133,7 +203,7 @@ def main(argv=None):
         print(f"axonn_c grid: G_data={G_data} G_intra_r={G_r} G_intra_c={G_c} G_intra_d={G_d} "
               f"({world} ranks, {device.type}); GPT {cfg.n_layer}x{cfg.n_embd}, "
               f"{sum(p.numel() for p in model.parameters())} parameters on rank 0, "
-              f"{n_sharded}/{n_linear} linear layers sharded; "
+              f"{n_sharded}/{n_linear} linear layers sharded, {args.layout} layout; "
               f"global batch {world}x{args.batch_size}x{args.block_size} tokens", flush=True)
 
     start = 0
@@ -150,16 +220,21 @@ def main(argv=None):
                dynamic_ncols=True)
     for step in bar:
         xg, yg = data.batch(step, args.batch_size * world)  # the same global batch on every rank
-        sl = slice(rank * args.batch_size, (rank + 1) * args.batch_size)  # this rank's share
+        sl = slice(shard * per_shard, (shard + 1) * per_shard)  # this rank's share
         x, y = xg[sl].to(device), yg[sl].to(device)
         opt.zero_grad(set_to_none=True)
-        loss = forward_backward(model, x, y, args.concurrent)
+        if expert:  # (transformers' convention: the labels are the ids, shifted inside)
+            loss = model(x, labels=x).loss
+            loss.backward()
+        else:
+            loss = forward_backward(model, x, y, args.concurrent)
         axonn_c.sync_gradients(model, mean=True)
         if args.clip > 0:
             axonn_c.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         mean_loss = loss.detach().float().reshape(1).clone()
         axonn_c.comm.all_reduce(mean_loss, group="world", op="avg")  # global-batch mean
+        # (expert: the plane's ranks hold the same loss, so the world's mean is the shards')
         losses.append(mean_loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if main_rank and (step % args.log_every == 0 or step == args.steps - 1):
@@ -186,7 +261,10 @@ def main(argv=None):
         idx = data.encode("The ").unsqueeze(0).to(device)
         with torch.no_grad():
             for _ in range(args.sample_chars):
-                logits = model(idx[:, -args.block_size:])[:, -1, : len(data.itos)]
+                if expert:
+                    logits = expert_logits(model, idx[:, -args.block_size:])[None, :len(data.itos)]
+                else:
+                    logits = model(idx[:, -args.block_size:])[:, -1, : len(data.itos)]
                 idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
         if main_rank:
             print("sample: " + data.decode(idx[0].tolist()).replace("\n", " | "), flush=True)

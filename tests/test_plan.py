@@ -204,3 +204,20 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     prof = plan.load_machine(str(out))
     assert prof["gpus_per_node"] == 2 and prof["entries"][0][:2] == [1, 2]
     assert plan.plan(4, machine=str(out), blocks=2, hidden=64, heads=4, seq=8, global_batch=8)
+
+
+def test_cli_takes_sizes_from_a_transformers_config(tmp_path, capsys):
+    cfg = tmp_path / "gpt2-xl.json"  # GPT-2 XL's sizes, as transformers writes them
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 48, "n_embd": 1600, "n_head": 25,
+                               "n_inner": None, "vocab_size": 50257, "n_positions": 1024}))
+    assert plan.main(["--hf-config", str(cfg), "--global-batch", "512", "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "48 layers, hidden 1600, heads 25, ffn 6400, vocab 50257" in out and "seq 1024" in out
+    # flags given as well win over the file
+    assert plan.main(["--hf-config", str(cfg), "--seq", "256", "--global-batch", "512",
+                      "--gpus", "64"]) == 0
+    assert "seq 256" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert plan.main(["--hf-config", str(bad), "--global-batch", "8", "--gpus", "4"]) == 2
+    assert "cannot read a JSON config" in capsys.readouterr().err
