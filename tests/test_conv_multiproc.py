@@ -1,0 +1,16 @@
+"""axonn_c.Conv2d equals torch's nn.Conv2d (forward, dX, dW, db; both layouts, transpose, a
+conv -> conv chain), and a UNet-style CNN under auto_parallelize trains as serial, on every grid
+of 1, 2 and 4 ranks and four 8-rank grids (tests/workers/conv_worker.py); a transformers GPT-2
+under auto_parallelize trains as serial at 4 and 8 ranks (tests/workers/gpt2_worker.py)."""
+import pytest
+
+from conftest import torchrun
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("world,grids", [(1, "all"), (2, "all"), (4, "all"),
+                                         (8, "1x2x2x2,2x1x4x1,1x8x1x1,1x1x1x8")])
+def test_conv2d_matches_torch(world, grids):
+    out = torchrun(world, "conv_worker.py", "--grids", grids)
+    assert f"world {world}:" in out and "conv cases match torch" in out
