@@ -413,6 +413,9 @@ def _conv1d_new(cls, nf=None, nx=None, *args, **kwargs):
     return object.__new__(cls)
 
 
+_CONV1D_NEW = staticmethod(_conv1d_new)
+
+
 class _TiedLinear(Linear):
     """An axonn_c.Linear output layer whose weight was assigned an axonn_c.Embedding's (a tied
     language-model head): the Embedding's full logits, plus this layer's bias."""
@@ -558,13 +561,14 @@ def auto_parallelize(embeddings: bool = False):
     nn.Conv2d = conv_mod.Conv2d = _AutoConv2d
     if ctx["embeddings"]:
         nn.Embedding = sparse_mod.Embedding = _AutoEmbedding
-    tie_hook = patched_new = None
+    tie_hook = None
     if outer is None:
         tie_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
             _tie_on_registration)
-        if conv1d is not None:
-            patched_new = ("__new__" in conv1d.__dict__, conv1d.__dict__.get("__new__"))
-            conv1d.__new__ = staticmethod(_conv1d_new)
+    if conv1d is not None and conv1d.__dict__.get("__new__") is not _CONV1D_NEW:
+        # installed for good: outside the context it is object.__new__ (deleting an assigned
+        # __new__ leaves CPython's object.__new__ refusing the constructor's arguments)
+        conv1d.__new__ = _CONV1D_NEW
     try:
         yield
     finally:
@@ -572,11 +576,6 @@ def auto_parallelize(embeddings: bool = False):
          conv_mod.Conv2d) = saved
         if tie_hook is not None:
             tie_hook.remove()
-        if patched_new is not None:
-            if patched_new[0]:
-                conv1d.__new__ = patched_new[1]
-            else:
-                del conv1d.__new__
         session.thread.auto = outer
         if outer is not None:
             for k, v in ctx["left"].items():

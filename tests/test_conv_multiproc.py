@@ -14,3 +14,12 @@ pytestmark = pytest.mark.multiproc
 def test_conv2d_matches_torch(world, grids):
     out = torchrun(world, "conv_worker.py", "--grids", grids)
     assert f"world {world}:" in out and "conv cases match torch" in out
+
+
+@pytest.mark.parametrize("world,grids", [(1, "1x1x1x1"),
+                                         (4, "1x2x2x1,1x1x2x2,2x2x1x1,1x4x1x1"),
+                                         (8, "1x2x2x2,2x2x2x1,1x1x8x1")])
+def test_transformers_gpt2_under_auto_parallelize_trains_as_serial(world, grids):
+    pytest.importorskip("transformers")
+    out = torchrun(world, "gpt2_worker.py", "--grids", grids)
+    assert f"world {world}:" in out and "GPT-2 trains as serial" in out
