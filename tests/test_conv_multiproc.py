@@ -2,9 +2,13 @@
 conv -> conv chain), and a UNet-style CNN under auto_parallelize trains as serial, on every grid
 of 1, 2 and 4 ranks and four 8-rank grids (tests/workers/conv_worker.py); a transformers GPT-2
 under auto_parallelize trains as serial at 4 and 8 ranks (tests/workers/gpt2_worker.py)."""
+from pathlib import Path
+
 import pytest
 
 from conftest import torchrun
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.multiproc
 
@@ -23,3 +27,9 @@ def test_transformers_gpt2_under_auto_parallelize_trains_as_serial(world, grids)
     pytest.importorskip("transformers")
     out = torchrun(world, "gpt2_worker.py", "--grids", grids)
     assert f"world {world}:" in out and "GPT-2 trains as serial" in out
+
+
+def test_train_cnn_example_runs():
+    out = torchrun(4, ROOT / "examples" / "train_cnn.py", "--steps", "3", "--size", "16",
+                   "--channels", "8", "--log-every", "1")
+    assert "grid 1x2x2x1: 11 of 13 convolutions parallel" in out and "step     2  loss" in out
