@@ -111,3 +111,27 @@ def test_auto_parallelize_swaps_conv2d_and_reports_what_it_keeps():
             assert isinstance(a, nn.Conv2d) and isinstance(b, nn.Conv2d)
     assert type(a) is axonn_c.Conv2d and type(b) is nn.Conv2d
     assert nn.Conv2d is torch.nn.modules.conv.Conv2d
+
+
+def test_auto_parallelize_keeps_ties_of_the_same_shard_and_refuses_others():
+    with axonn_c.auto_parallelize():
+        a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+        b.weight = a.weight  # the same layer shape: one parameter, kept
+        assert b.weight is a.weight
+        ln = nn.LayerNorm(4)
+        with pytest.raises(ValueError, match="cannot tie LayerNorm.weight to a sharded"):
+            ln.weight = a.weight
+    ln.weight = a.weight  # outside the context: not watched (torch's behaviour)
+
+
+def test_transformers_conv1d_is_swapped_only_inside_the_context():
+    pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+    with axonn_c.auto_parallelize():
+        inside = Conv1D(6, 4)
+    outside = Conv1D(6, 4)
+    assert type(inside) is axonn_c.Conv1D and type(outside) is Conv1D
+    assert outside.weight.shape == (4, 6)
+    x = torch.randn(3, 4)
+    inside.load_state_dict(outside.state_dict())
+    torch.testing.assert_close(inside(x), outside(x))
