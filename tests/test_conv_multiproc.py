@@ -1,7 +1,8 @@
 """axonn_c.Conv2d equals torch's nn.Conv2d (forward, dX, dW, db; both layouts, transpose, a
 conv -> conv chain), and a UNet-style CNN under auto_parallelize trains as serial, on every grid
 of 1, 2 and 4 ranks and four 8-rank grids (tests/workers/conv_worker.py); a transformers GPT-2
-under auto_parallelize trains as serial at 4 and 8 ranks (tests/workers/gpt2_worker.py)."""
+and Llama under auto_parallelize train as serial at 1, 4 and 8 ranks
+(tests/workers/gpt2_worker.py)."""
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,10 @@ def test_conv2d_matches_torch(world, grids):
 @pytest.mark.parametrize("world,grids", [(1, "1x1x1x1"),
                                          (4, "1x2x2x1,1x1x2x2,2x2x1x1,1x4x1x1"),
                                          (8, "1x2x2x2,2x2x2x1,1x1x8x1")])
-def test_transformers_gpt2_under_auto_parallelize_trains_as_serial(world, grids):
+def test_transformers_gpt2_and_llama_under_auto_parallelize_train_as_serial(world, grids):
     pytest.importorskip("transformers")
     out = torchrun(world, "gpt2_worker.py", "--grids", grids)
-    assert f"world {world}:" in out and "GPT-2 trains as serial" in out
+    assert f"world {world}:" in out and "GPT-2 and Llama train as serial" in out
 
 
 def test_train_cnn_example_runs():
