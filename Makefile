@@ -93,10 +93,18 @@ setup-demo: venv
 	$(PY) -m pip install -q numpy tqdm
 	$(MAKE) install PY=$(PY)
 
-# what the tests need on top: pytest, matplotlib (the planner's plots) and the header wheels;
-# then the package is rebuilt with its CUDA parts
+# transformers for the GPT-2 and Llama tests (tests/workers/gpt2_worker.py,
+# checkpoint_llama_worker.py; skipped without it) and the pure-Python packages it imports,
+# pinned and installed with --no-deps: pip must never pull another torch
+TRANSFORMERS_TEST_DEPS := transformers==5.24.0 huggingface-hub==2.4.0 tokenizers==0.23.3 \
+    safetensors==0.8.0 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 \
+    truststore==0.10.5 idna==3.13 regex==2026.5.9 pyyaml==6.0.3
+
+# what the tests need on top: pytest, matplotlib (the planner's plots), the header wheels and
+# transformers; then the package is rebuilt with its CUDA parts
 setup-test: setup-demo
 	$(PY) -m pip install -q pytest matplotlib $(CUDA_HEADER_WHEELS)
+	$(PY) -m pip install -q --no-deps $(TRANSFORMERS_TEST_DEPS)
 	$(MAKE) install PY=$(PY)
 
 setup: setup-test

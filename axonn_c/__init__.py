@@ -9,6 +9,7 @@ from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .chunking import Sequential, forward_backward
 from .compression import compression_state, load_compression_state
+from .conv import Conv1D, Conv2d
 from .embedding import Embedding
 from .linear import Linear
 from .loss import parallel_cross_entropy
@@ -21,7 +22,7 @@ from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_init
 from . import models  # (axonn_c.models.GPT)
 
 __all__ = [
-    "Linear", "Embedding", "LayerNorm", "RMSNorm", "parallel_cross_entropy", "init", "finalize",
+    "Linear", "Conv2d", "Conv1D", "Embedding", "LayerNorm", "RMSNorm", "parallel_cross_entropy", "init", "finalize",
     "grid", "is_initialized", "Grid", "comm", "comm_stats",
     "reset_comm_stats", "build_info", "CommError", "CommTimeoutError", "Work",
     "sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict", "auto_parallelize",

@@ -2,10 +2,11 @@
 
 A checkpoint is a torch.distributed.checkpoint (DCP) directory. Every tensor is stored in the
 serial model's coordinates under the serial model's name: an axonn_c.Linear's weight as the
-boxes of the full [out, in] weight that the ranks' depth shards cover (Linear.weight_boxes, no
-padding), its bias as the [out] blocks, every other tensor whole. Each rank writes only its own
-boxes, one rank per replica; DCP's resharding intersects the saved boxes with the ones a rank
-needs on load, so the loading grid and world size are free.
+boxes of the full [out, in] weight that the ranks' depth shards cover (Linear.weight_pieces, no
+padding; a Conv2d's boxes of [out, in, kh, kw], a Conv1D's of [in, out]), its bias as the [out]
+blocks, every other tensor whole. Each rank writes only its own boxes, one rank per replica;
+DCP's resharding intersects the saved boxes with the ones a rank needs on load, so the loading
+grid and world size are free.
 
 axonn_c's communicator is not a torch.distributed process group (init() makes none), so this
 module drives DCP's planners and file storage itself: the plans, write results and errors are
@@ -123,9 +124,8 @@ def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g, writer: int = 0) -
         start = layer._slice().start
         return _Piece((layer.hidden,), [((start,), (layer.local,), flat)],
                       g.data_rank == 0 and g.depth_rank == 0 and other == 0)
-    if kind == "weight":
-        boxes = [(off, size, flat[a:b].view(size)) for off, size, a, b in layer.weight_boxes()]
-        return _Piece((layer.out_features, layer.in_features), boxes, g.data_rank == 0)
+    if kind == "weight":  # (a Conv2d's [out, in, kh, kw], a Conv1D's [in, out])
+        return _Piece(layer.serial_weight_shape, layer.weight_pieces(flat), g.data_rank == 0)
     off, n = layer.bias_box()
     # the bias block is replicated over the input group and depth too
     return _Piece((layer.out_features,), [((off,), (n,), flat)],

@@ -428,15 +428,28 @@ def flat_block_boxes(lo: int, hi: int, k: int, row0: int, col0: int) -> list:
     box, where elements [start, stop) counted from lo, viewed as `sizes`, are the box at
     `offsets`: one box of whole rows, or up to three (partial first row, whole rows, partial
     last row); none when lo >= hi."""
-    boxes, pos = [], lo
-    while pos < hi and k > 0:
-        r, c = divmod(pos, k)
-        if c or hi - pos < k:  # a partial row: to the row's end or the range's
-            n = min(k - c, hi - pos)
-            boxes.append(((row0 + r, col0 + c), (1, n), pos - lo, pos - lo + n))
-        else:  # whole rows
-            n = (hi - pos) // k * k
-            boxes.append(((row0 + r, col0), (n // k, k), pos - lo, pos - lo + n))
+    return flat_range_boxes(lo, hi, (k,), (row0, col0))
+
+
+def flat_range_boxes(lo: int, hi: int, inner: tuple, origin: tuple) -> list:
+    """Elements [lo, hi) of a row-major block shaped (rows, *inner) whose element 0 is at
+    `origin` of a full tensor, as boxes of that tensor: (offsets, sizes, start, stop) per box
+    (elements [start, stop) counted from lo, viewed as `sizes`, are the box at `offsets`). Each
+    dimension adds at most two partial boxes (a partial leading slice, whole slices, a partial
+    trailing slice); none when lo >= hi."""
+    boxes = []
+    step = math.prod(inner)
+    pos = lo
+    while pos < hi and step > 0:
+        r, c = divmod(pos, step)
+        if c or hi - pos < step:  # inside one slice: to the slice's end or the range's
+            n = min(step - c, hi - pos)
+            for off, size, i, j in flat_range_boxes(c, c + n, inner[1:], origin[1:]):
+                boxes.append(((origin[0] + r, *off), (1, *size), pos - lo + i, pos - lo + j))
+        else:  # whole slices
+            n = (hi - pos) // step * step
+            boxes.append(((origin[0] + r, *origin[1:]), (n // step, *inner), pos - lo,
+                          pos - lo + n))
         pos += n
     return boxes
 
@@ -490,7 +503,7 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._tag_parameters()
-        self.load_full(full_w, full_b)
+        Linear.load_full(self, full_w, full_b)  # ([out, in]; a subclass's takes its own shape)
 
     def _tag_parameters(self) -> None:
         """What sync_gradients, clip_grad_norm_ and the gradient hooks read off the parameters.
@@ -567,6 +580,17 @@ class Linear(nn.Module):
         return flat_block_boxes(lo, min(lo + s["shard"], s["block"]), s["k_local"],
                                 s["gout_rank"] * s["n_local"], s["gin_rank"] * s["k_local"])
 
+    @property
+    def serial_weight_shape(self) -> Tuple[int, ...]:
+        """The shape of the serial layer's weight ([out, in]; a subclass's own)."""
+        return (self.out_features, self.in_features)
+
+    def weight_pieces(self, flat: Tensor) -> list:
+        """(offsets, sizes, view) per box of the serial weight that `flat` (this rank's shard,
+        or optimizer state shaped like it) covers, the view a piece of `flat`
+        (axonn_c/checkpoint.py)."""
+        return [(off, size, flat[a:b].view(size)) for off, size, a, b in self.weight_boxes()]
+
     def bias_box(self) -> Tuple[int, int]:
         """(offset, size) of this rank's bias block in the full [out] bias."""
         s = self._shapes
@@ -618,7 +642,7 @@ class Linear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         w = state_dict.get(prefix + "weight")
-        if w is not None and w.dim() == 2:  # a full serial nn.Linear state dict
+        if w is not None and w.dim() >= 2:  # a full serial state dict (the shard is 1-D)
             b = state_dict.get(prefix + "bias")
             self.load_full(w, b)
             state_dict = {k: v for k, v in state_dict.items()

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from . import _C, comm, grads, replicate, validate
 from . import compression as compression_policy
 from .grads import no_grad_sync
+from .conv import Conv1D, Conv2d
 from .embedding import Embedding
 from .linear import Linear
 from .norm import LayerNorm, RMSNorm
@@ -349,6 +350,77 @@ class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
         return _TorchEmbedding(num_embeddings, embedding_dim, *args, **kwargs)
 
 
+_TorchConv2d = nn.Conv2d
+
+
+class _Conv2dMeta(type(_TorchConv2d)):
+    """isinstance(x, nn.Conv2d) inside auto_parallelize() holds for both kinds of convolution."""
+
+    def __instancecheck__(cls, obj):
+        if cls is _AutoConv2d:
+            return isinstance(obj, (_TorchConv2d, Conv2d))
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub):
+        if cls is _AutoConv2d:
+            return issubclass(sub, (_TorchConv2d, Conv2d))
+        return super().__subclasscheck__(sub)
+
+
+class _AutoConv2d(_TorchConv2d, metaclass=_Conv2dMeta):
+    """Stands for torch.nn.Conv2d inside auto_parallelize(): builds an axonn_c.Conv2d (easy
+    layout) when it supports the arguments and the channels divide the grid, else torch's layer,
+    reported with the reason."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls is not _AutoConv2d:  # a user subclass defined inside the context
+            return super().__new__(cls)
+        ctx = getattr(session.thread, "auto", None)
+        if ctx is not None:
+            try:
+                return Conv2d(*args, **kwargs)
+            except (ValueError, TypeError) as err:
+                c_in = args[0] if args else kwargs.get("in_channels")
+                c_out = args[1] if len(args) > 1 else kwargs.get("out_channels")
+                shape = f"{c_in}x{c_out}"
+                ctx["left"].setdefault(("nn.Conv2d", shape), str(err))
+        return _TorchConv2d(*args, **kwargs)
+
+
+def _transformers_conv1d():
+    """transformers' Conv1D class when transformers is already imported (GPT-2's projections),
+    else None (importing it here would cost seconds for models that do not use it)."""
+    import sys
+    if "transformers" not in sys.modules:
+        return None
+    try:
+        from transformers.pytorch_utils import Conv1D as conv1d
+    except ImportError:
+        return None
+    return conv1d
+
+
+def _conv1d_new(cls, nf=None, nx=None, *args, **kwargs):
+    """transformers.Conv1D.__new__ inside auto_parallelize(): `Conv1D(nf, nx)` builds an
+    axonn_c.Conv1D when nx divides by the input-feature group and nf by the output-feature
+    group, else transformers' layer (reported). (A returned object that is not an instance of
+    cls skips cls.__init__.)"""
+    ctx = getattr(session.thread, "auto", None)
+    if ctx is not None and cls is ctx["conv1d"] and nf is not None and nx is not None \
+            and not args and not kwargs:
+        if _fits_grid(int(nx), int(nf)):
+            try:
+                return Conv1D(nf, nx)
+            except ValueError as err:
+                ctx["left"].setdefault(("Conv1D", f"{nx}->{nf}"), str(err))
+        else:
+            ctx["left"].setdefault(("Conv1D", f"{nx}->{nf}"), None)
+    return object.__new__(cls)
+
+
+_CONV1D_NEW = staticmethod(_conv1d_new)
+
+
 class _TiedLinear(Linear):
     """An axonn_c.Linear output layer whose weight was assigned an axonn_c.Embedding's (a tied
     language-model head): the Embedding's full logits, plus this layer's bias."""
@@ -393,9 +465,22 @@ def _tied_state(layer, state_dict, prefix: str) -> dict:
 def _tie_on_registration(module, name, param):
     """(auto_parallelize's parameter-registration hook) `head.weight = emb.weight` with an
     axonn_c.Embedding's weight, as transformers' tie_weights does: the head becomes the
-    Embedding's output layer, sharing its one sharded weight."""
-    emb = getattr(param, "_axonn_table", None) if param is not None else None
-    if emb is None or module is emb or name != "weight":
+    Embedding's output layer, sharing its one sharded weight. Assigning another sharded weight
+    (an axonn_c.Linear's, Conv2d's, Conv1D's) is kept as it is when the module is a layer of the
+    same shard shape, and refused otherwise: a torch layer would compute with a flat shard."""
+    if param is None or not hasattr(param, "_axonn_norm_groups"):
+        return None  # (a replicated parameter, or one being built)
+    emb = getattr(param, "_axonn_table", None)
+    if emb is None:
+        old = module._parameters.get(name)
+        if isinstance(module, (Linear, Embedding)) and old is not None and \
+                old.shape == param.shape:
+            return None  # the same layer kind and shard: one parameter, kept tied
+        raise ValueError(
+            f"auto_parallelize: cannot tie {type(module).__name__}.{name} to a sharded axonn_c "
+            f"parameter of shape {list(param.shape)} (this rank's flat shard): only a layer of "
+            "the same kind and shape built inside the context can share it")
+    if module is emb or name != "weight":
         return None
     if isinstance(module, Embedding) and (module.num_embeddings, module.embedding_dim,
                                           module.expert_mode) == (emb.num_embeddings,
@@ -415,47 +500,85 @@ def _tie_on_registration(module, name, param):
     return None
 
 
+def _report_left(left: "OrderedDict") -> None:
+    """One warning (rank 0) naming every layer auto_parallelize kept replicated, and why."""
+    g = grid()
+    why_not = (f"in_features must divide by G_intra_c={g.G_intra_c} and out_features by "
+               f"G_intra_r={g.G_intra_r}")
+    kinds = OrderedDict((("Linear", []), ("Embedding", []), ("nn.Conv2d", []), ("Conv1D", [])))
+    for key, why in left.items():
+        if isinstance(key[0], int):  # an nn.Linear: (in, out)
+            kinds["Linear"].append(f"{key[0]}->{key[1]} ({why or why_not})")
+        elif key[0] == "Embedding":
+            kinds["Embedding"].append(f"{key[1]}x{key[2]} ({why})")
+        else:
+            kinds[key[0]].append(f"{key[1]} ({why or why_not})")
+    names = {"Linear": "torch nn.Linear (not sharded) for in->out",
+             "Embedding": "torch nn.Embedding (not sharded) for",
+             "nn.Conv2d": "torch nn.Conv2d (not sharded) for in x out channels",
+             "Conv1D": "transformers Conv1D (not sharded) for in->out"}
+    parts = [f"kept {names[k]} " + "; ".join(v) for k, v in kinds.items() if v]
+    if parts:
+        warnings.warn("auto_parallelize: " + " | ".join(parts), UserWarning, stacklevel=4)
+
+
 @contextlib.contextmanager
 def auto_parallelize(embeddings: bool = False):
     """Inside this context, `torch.nn.Linear(in, out, bias)` builds an axonn_c.Linear (easy
     layout) when `in` divides by the input-feature group (column) and `out` by the
-    output-feature group (row); other shapes stay torch nn.Linear, listed in one warning on rank
-    0 when the context exits. Requires axonn_c.init() first. Because axonn_c.Linear initialises
-    its full weight exactly like nn.Linear, a model built after torch.manual_seed(s) holds the
-    same full weights as the serial model built after the same seed.
+    output-feature group (row); `torch.nn.Conv2d` an axonn_c.Conv2d (in/out channels likewise,
+    groups=1); transformers' `Conv1D(nf, nx)` (GPT-2's projections; when transformers is
+    imported) an axonn_c.Conv1D. What stays torch's (other shapes, unsupported arguments) is
+    listed with the reason in one warning on rank 0 when the context exits. Requires
+    axonn_c.init() first. These layers initialise their full weights exactly like the torch
+    layers, so a model built after torch.manual_seed(s) holds the same full weights as the
+    serial model built after the same seed (unless the model re-initialises them in place: a
+    draw on a shard is not the serial draw; load the serial state dict then).
 
     `embeddings=True` also makes `nn.Embedding` build an axonn_c.Embedding (easy layout), and
     an output layer whose weight is assigned such an Embedding's weight inside the context
     (`head.weight = emb.weight`, a tied language-model head) shares it (docs/training.md).
     Off by default: a model that re-initialises its embedding in place (`nn.init.normal_(
     emb.weight, std=0.02)`, as GPT-2 does) would draw on each rank's shard, and the layer does
-    not run on run_concurrent's micro-batch threads yet.
+    not run on run_concurrent's micro-batch threads yet. Any other assignment of a sharded
+    weight to a module (a tie) is kept when the module is a layer of the same shard, else
+    refused (ValueError).
 
-    Inside the context, isinstance(m, nn.Linear) is true for both kinds of layer; afterwards
-    torch.nn.Linear is torch's class again and an axonn_c.Linear is not an instance of it
-    (test for `(nn.Linear, axonn_c.Linear)`). Modules that bound nn.Linear under another name
-    before the context (`from torch.nn import Linear`) are not affected.
+    Inside the context, isinstance(m, nn.Linear) (nn.Conv2d, nn.Embedding) is true for both
+    kinds of layer; afterwards torch's classes are back and an axonn_c layer is not an instance
+    of them (test for `(nn.Linear, axonn_c.Linear)`). Modules that bound nn.Linear under another
+    name before the context (`from torch.nn import Linear`) are not affected; transformers'
+    Conv1D is caught under any name (its constructor is patched, not its name).
     """
     grid()  # raises before init()
+    import torch.nn.modules.conv as conv_mod
     import torch.nn.modules.linear as linear_mod
     import torch.nn.modules.sparse as sparse_mod
 
     outer = session.thread.auto
     outer_emb = outer is not None and outer["embeddings"]
-    ctx = {"left": OrderedDict(), "embeddings": bool(embeddings) or outer_emb}
+    conv1d = _transformers_conv1d()
+    ctx = {"left": OrderedDict(), "embeddings": bool(embeddings) or outer_emb, "conv1d": conv1d}
     session.thread.auto = ctx
-    saved = (nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding)
+    saved = (nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding, nn.Conv2d,
+             conv_mod.Conv2d)
     nn.Linear = linear_mod.Linear = _AutoLinear
-    tie_hook = None
+    nn.Conv2d = conv_mod.Conv2d = _AutoConv2d
     if ctx["embeddings"]:
         nn.Embedding = sparse_mod.Embedding = _AutoEmbedding
-        if not outer_emb:
-            tie_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
-                _tie_on_registration)
+    tie_hook = None
+    if outer is None:
+        tie_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+            _tie_on_registration)
+    if conv1d is not None and conv1d.__dict__.get("__new__") is not _CONV1D_NEW:
+        # installed for good: outside the context it is object.__new__ (deleting an assigned
+        # __new__ leaves CPython's object.__new__ refusing the constructor's arguments)
+        conv1d.__new__ = _CONV1D_NEW
     try:
         yield
     finally:
-        nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding = saved
+        (nn.Linear, linear_mod.Linear, nn.Embedding, sparse_mod.Embedding, nn.Conv2d,
+         conv_mod.Conv2d) = saved
         if tie_hook is not None:
             tie_hook.remove()
         session.thread.auto = outer
@@ -463,20 +586,7 @@ def auto_parallelize(embeddings: bool = False):
             for k, v in ctx["left"].items():
                 outer["left"].setdefault(k, v)
         elif ctx["left"] and grid().rank == 0:
-            g = grid()
-            why_not = (f"in_features must divide by G_intra_c={g.G_intra_c} and out_features "
-                       f"by G_intra_r={g.G_intra_r}")
-            left = [(k, why) for k, why in ctx["left"].items() if k[0] != "Embedding"]
-            if left:
-                shapes = "; ".join(f"{i}->{o} ({why or why_not})" for (i, o), why in left)
-                warnings.warn(
-                    f"auto_parallelize: kept torch nn.Linear (not sharded) for in->out {shapes}",
-                    UserWarning, stacklevel=3)
-            tables = "; ".join(f"{k[1]}x{k[2]} ({why})" for k, why in ctx["left"].items()
-                               if k[0] == "Embedding")
-            if tables:
-                warnings.warn(f"auto_parallelize: kept torch nn.Embedding (not sharded) for "
-                              f"{tables}", UserWarning, stacklevel=3)
+            _report_left(ctx["left"])
 
 
 # ------------------------------------------------------------------------- optimize_communication

@@ -1,6 +1,7 @@
 """axonn_c.checkpoint with the other sharded layers (tests/test_checkpoint.py): a model of
-axonn_c.Embedding (odd vocabularies, both layouts), split norms and output layers tied to their
-tables (auto_parallelize), one AdamW step, saved on one
+axonn_c.Embedding (odd vocabularies, both layouts), split norms, output layers tied to their
+tables (auto_parallelize), Conv2d (transpose or not; boxes of [out, in, kh, kw], depth shards
+that cut the block's rows) and Conv1D (boxes of the transposed [in, out] weight), one AdamW step, saved on one
 grid (--mode save, rank 0 also writes the full state dict and the optimizer's full state) and
 loaded on another (--mode load): the full state dict and every optimizer state tensor, gathered,
 equal the saved ones bitwise.
@@ -26,6 +27,10 @@ class Layers(nn.Module):
         with axonn_c.auto_parallelize(embeddings=True):  # an output layer tied to its table
             self.lm = TinyLM(37, 12)
             self.lm2 = TinyLM(40, 12)
+        self.conv = axonn_c.Conv2d(4, 6, (3, 3), padding=1)
+        # output channels over col: an odd block on the save grid, its depth shards cut rows
+        self.conv_t = axonn_c.Conv2d(2, 6, (2, 3), transpose=True)
+        self.c1d = axonn_c.Conv1D(10, 12)
 
 
 def full_optimizer_state(model, opt):
@@ -58,10 +63,14 @@ def main():
     path, ref = os.path.join(args.dir, "ckpt"), os.path.join(args.dir, "full.pt")
     if args.mode == "save":
         ids = torch.arange(8) % 37
+        gen = torch.Generator().manual_seed(1)
         loss = (model.emb(ids).sum() + model.ln(model.emb_x(ids % 29)).square().sum()
                 + model.rms(torch.randn(8, model.rms.local, generator=torch.Generator()
                                         .manual_seed(0))).sum()
-                + model.lm(ids.view(2, 4)).square().sum() + model.lm2(ids.view(2, 4)).sum())
+                + model.lm(ids.view(2, 4)).square().sum() + model.lm2(ids.view(2, 4)).sum()
+                + model.conv(torch.randn(2, 4, 5, 5, generator=gen)).square().sum()
+                + model.conv_t(torch.randn(1, 2, 4, 4, generator=gen)).sum()
+                + model.c1d(torch.randn(3, 12, generator=gen)).square().sum())
         loss.backward()
         axonn_c.sync_gradients(model)
         opt.step()
