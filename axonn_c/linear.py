@@ -518,6 +518,10 @@ class Linear(nn.Module):
         # gradient of the same pass instead of being overwritten by it
         grads.hook(w, w._axonn_grad_groups)
         w._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
+        # what a tie must match to share this shard (auto_parallelize's registration hook):
+        # the layer kind, its serial weight shape and its layout
+        w._axonn_layout = (type(self).__name__, tuple(self.serial_weight_shape),
+                           self.expert_mode, self.transpose)
         if b is not None:
             b._axonn_grad_groups = ("depth", "data")
             b._axonn_norm_groups = (self._shard_shapes["gout"],)

@@ -375,7 +375,7 @@ class _AutoConv2d(_TorchConv2d, metaclass=_Conv2dMeta):
     def __new__(cls, *args, **kwargs):
         if cls is not _AutoConv2d:  # a user subclass defined inside the context
             return super().__new__(cls)
-        ctx = getattr(session.thread, "auto", None)
+        ctx = session.thread.auto
         if ctx is not None:
             try:
                 return Conv2d(*args, **kwargs)
@@ -405,7 +405,7 @@ def _conv1d_new(cls, nf=None, nx=None, *args, **kwargs):
     axonn_c.Conv1D when nx divides by the input-feature group and nf by the output-feature
     group, else transformers' layer (reported). (A returned object that is not an instance of
     cls skips cls.__init__.)"""
-    ctx = getattr(session.thread, "auto", None)
+    ctx = session.thread.auto
     if ctx is not None and cls is ctx["conv1d"] and nf is not None and nx is not None \
             and not args and not kwargs:
         if _fits_grid(int(nx), int(nf)):
@@ -462,6 +462,14 @@ def _tied_state(layer, state_dict, prefix: str) -> dict:
     return state_dict
 
 
+def _describe_layout(layout) -> str:
+    if layout is None:
+        return "not a layer weight"
+    kind, shape, expert, transpose = layout
+    return f"a {kind} weight of serial shape {list(shape)}, expert_mode={expert}, " \
+           f"transpose={transpose}"
+
+
 def _tie_on_registration(module, name, param):
     """(auto_parallelize's parameter-registration hook) `head.weight = emb.weight` with an
     axonn_c.Embedding's weight, as transformers' tie_weights does: the head becomes the
@@ -470,16 +478,20 @@ def _tie_on_registration(module, name, param):
     same shard shape, and refused otherwise: a torch layer would compute with a flat shard."""
     if param is None or not hasattr(param, "_axonn_norm_groups"):
         return None  # (a replicated parameter, or one being built)
+    if session.thread.auto is None:
+        return None  # (another thread, outside the context: not watched)
     emb = getattr(param, "_axonn_table", None)
     if emb is None:
         old = module._parameters.get(name)
-        if isinstance(module, (Linear, Embedding)) and old is not None and \
-                old.shape == param.shape:
-            return None  # the same layer kind and shard: one parameter, kept tied
+        layout = getattr(param, "_axonn_layout", None)
+        if layout is not None and old is not None and name == "weight" and \
+                getattr(old, "_axonn_layout", None) == layout:
+            return None  # the same layer kind, serial shape and layout: one shard, kept tied
         raise ValueError(
             f"auto_parallelize: cannot tie {type(module).__name__}.{name} to a sharded axonn_c "
-            f"parameter of shape {list(param.shape)} (this rank's flat shard): only a layer of "
-            "the same kind and shape built inside the context can share it")
+            f"parameter ({_describe_layout(layout)}, this rank's flat shard of "
+            f"{list(param.shape)}): only the weight of a layer of the same kind, serial shape "
+            "and layout (expert_mode, transpose) built inside the context can share it")
     if module is emb or name != "weight":
         return None
     if isinstance(module, Embedding) and (module.num_embeddings, module.embedding_dim,
@@ -630,25 +642,28 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                                                                               compression)
     saved = dict(session.overlap_overrides)
     saved_sched = tuple(session.sched_config)
-    session.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
-                                     overlap_reduce_scatter=overlap_reduce_scatter,
-                                     overlap_all_gather=overlap_all_gather,
-                                     fwd_chunks=0 if overlap_all_reduce else 1)
-    if overlap_data is not None:
-        session.overlap_overrides["overlap_data"] = overlap_data
-    if defer_wgrad is not None:
-        session.overlap_overrides["defer_wgrad"] = defer_wgrad
-    session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
-    configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
-    if policy is not None:
-        compression_policy.apply(policy)
-    try:
+    epoch = session.epoch  # an init() inside the context sets its own policy: not undone
+    try:  # (everything set here is undone on exit, also when setting it fails part-way)
+        session.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
+                                         overlap_reduce_scatter=overlap_reduce_scatter,
+                                         overlap_all_gather=overlap_all_gather,
+                                         fwd_chunks=0 if overlap_all_reduce else 1)
+        if overlap_data is not None:
+            session.overlap_overrides["overlap_data"] = overlap_data
+        if defer_wgrad is not None:
+            session.overlap_overrides["defer_wgrad"] = defer_wgrad
+        session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
+        configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
+        if policy is not None:
+            compression_policy.apply(policy)
         yield
     finally:
-        if policy is not None and is_initialized():
-            compression_policy.apply(saved_policy)
-        session.overlap_overrides.clear()
-        session.overlap_overrides.update(saved)
-        session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
-        if is_initialized():
-            configure_scheduler(*saved_sched)
+        try:
+            if policy is not None and is_initialized() and session.epoch == epoch:
+                compression_policy.apply(saved_policy)
+        finally:
+            session.overlap_overrides.clear()
+            session.overlap_overrides.update(saved)
+            session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
+            if is_initialized():
+                configure_scheduler(*saved_sched)

@@ -121,7 +121,25 @@ def test_auto_parallelize_keeps_ties_of_the_same_shard_and_refuses_others():
         ln = nn.LayerNorm(4)
         with pytest.raises(ValueError, match="cannot tie LayerNorm.weight to a sharded"):
             ln.weight = a.weight
+        # as many elements but another serial shape: refused, not silently kept
+        c, d = nn.Linear(8, 2), nn.Linear(2, 8)
+        with pytest.raises(ValueError, match=r"cannot tie Linear.weight.*serial shape \[2, 8\]"):
+            d.weight = c.weight
+        # the same shape in another layout
+        e = axonn_c.Linear(4, 4, transpose=True)
+        with pytest.raises(ValueError, match="transpose=True"):
+            a.weight = e.weight
     ln.weight = a.weight  # outside the context: not watched (torch's behaviour)
+
+
+def test_auto_parallelize_refuses_an_embedding_tied_to_a_linear_weight():
+    """nanoGPT ties the other way round (wte.weight = lm_head.weight): the Embedding's shard of
+    the table is not the Linear's shard of the same matrix, so it is refused."""
+    with axonn_c.auto_parallelize(embeddings=True):
+        wte, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+        with pytest.raises(ValueError, match="cannot tie Embedding.weight"):
+            wte.weight = head.weight
+        head.weight = wte.weight  # the supported direction: the head shares the table
 
 
 def test_transformers_conv1d_is_swapped_only_inside_the_context():

@@ -521,9 +521,10 @@ PyObject *axc_py_start_collective(axc_group_kind gk, const axc_coll *c, PyObject
 {
     axc_work *w = NULL;
     axc_status st;
+    axc_comm *comm = axc_py_comm(); /* (read with the GIL held) */
     /* without the GIL: a start can block (NCCL connects lazily, on a communicator's first
      * collective, until the peers issue theirs), and other threads may be the ones to issue */
-    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(axc_py_comm(), gk, c, &w);
+    Py_BEGIN_ALLOW_THREADS st = axc_comm_start(comm, gk, c, &w);
     Py_END_ALLOW_THREADS if (st != AXC_OK)
     {
         Py_XDECREF(keep);

@@ -58,8 +58,9 @@ static PyObject *py_sched_forget(PyObject *self, PyObject *args)
     int id;
     if (!PyArg_ParseTuple(args, "i", &id))
         return NULL;
-    if (axc_py_sched()) {
-        Py_BEGIN_ALLOW_THREADS axc_sched_forget(axc_py_sched(), id);
+    axc_sched *s = axc_py_sched(); /* (read with the GIL held) */
+    if (s) {
+        Py_BEGIN_ALLOW_THREADS axc_sched_forget(s, id);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;

@@ -118,7 +118,8 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
             st = AXC_ERR_NOMEM; /* the ops set the message */
             break;
         }
-        if (!rt->sched) {
+        axc_sched *sched = rt->sched; /* (read while the caller's lock is held) */
+        if (!sched) {
             st = axc_fail(AXC_ERR_STATE, "axonn_c is not initialised: call axonn_c.init(...) "
                                          "first");
             break;
@@ -131,7 +132,7 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
             st = axc_torch_cuda_current_stream(sum.device, &c.stream);
         if (st == AXC_OK) {
             void *b = blocking_begin(rt);
-            st = axc_sched_start_after_deferred(rt->sched, sum.group, &c);
+            st = axc_sched_start_after_deferred(sched, sum.group, &c);
             blocking_end(rt, b);
         }
     }

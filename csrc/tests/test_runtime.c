@@ -15,6 +15,10 @@ typedef struct counts {
     int allocs, releases, begins, ends, kept_released;
 } counts;
 static counts g_counts;
+/* set by a test: the next blocking_begin calls axc_runtime_start_due_sums on it (a re-entry
+ * while a start is under way), recording whether that started anything */
+static axc_runtime *g_reenter;
+static int g_reentry_started = -1;
 
 static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
                              void **owner)
@@ -44,6 +48,13 @@ static void *begin(void *ctx)
 {
     (void)ctx;
     g_counts.begins++;
+    if (g_reenter) {
+        axc_runtime *rt = g_reenter;
+        g_reenter = NULL;
+        int before = g_counts.begins;
+        axc_status st = axc_runtime_start_due_sums(rt);
+        g_reentry_started = st != AXC_OK || g_counts.begins != before;
+    }
     return &g_counts; /* handed back to end */
 }
 
@@ -80,26 +91,32 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
     CHECK(axc_runtime_is_open(rt) && axc_runtime_comm(rt) && axc_runtime_sched(rt));
     axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
     key.groups[0] = AXC_GROUP_DATA;
-    int id;
-    size_t off;
-    void *owner;
-    float *data;
-    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 4, &id, &off, &owner));
-    data = (float *)owner + off;
-    for (int i = 0; i < 4; i++)
-        data[i] = (float)(rank + 1) * (float)(i + 1);
-    CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
-    axc_buckets_close_all(axc_runtime_buckets(rt));
+    /* two full buckets of 16 floats: two sums due */
+    float *data[2];
+    for (int k = 0; k < 2; k++) {
+        int id;
+        size_t off;
+        void *owner;
+        CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 16, &id, &off, &owner));
+        data[k] = (float *)owner + off;
+        for (int i = 0; i < 16; i++)
+            data[k][i] = (float)(rank + 1) * (float)(i + 1 + 100 * k);
+        CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
+    }
     int before = g_counts.begins;
+    g_reenter = rt; /* the first start's wait re-enters: it must start nothing */
     CHECK_OK(axc_runtime_start_due_sums(rt));
-    CHECK_MSG(g_counts.begins == before + 1 && g_counts.begins == g_counts.ends,
-              "a sum's start lets go of the caller's lock once: %d -> %d begins, %d ends",
+    CHECK_MSG(g_reentry_started == 0, "a re-entrant start started sums (%d)", g_reentry_started);
+    CHECK_MSG(g_counts.begins == before + 2 && g_counts.begins == g_counts.ends,
+              "each sum's start lets go of the caller's lock once: %d -> %d begins, %d ends",
               before, g_counts.begins, g_counts.ends);
     CHECK_OK(axc_sched_finish(axc_runtime_sched(rt)));
-    for (int i = 0; i < 4; i++)
-        CHECK_MSG(data[i] == 3.0f * (float)(i + 1), "element %d: %g", i, (double)data[i]);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 16; i++)
+            CHECK_MSG(data[k][i] == 3.0f * (float)(i + 1 + 100 * k), "bucket %d element %d: %g",
+                      k, i, (double)data[k][i]);
     CHECK_OK(axc_runtime_start_due_sums(rt)); /* nothing due: nothing started */
-    CHECK(g_counts.begins == before + 1);
+    CHECK(g_counts.begins == before + 2);
     axc_buckets_reset(axc_runtime_buckets(rt));
     CHECK_OK(axc_runtime_close(rt));
     axc_runtime_destroy(rt);

@@ -59,9 +59,12 @@ axc_keeps *axc_runtime_keeps(const axc_runtime *rt);
 
 /* Starts every gradient sum the bucket engine has due, in its order, each after everything the
  * scheduler deferred so far, on torch's current stream of the sum's CUDA device. A call made
- * while another is starting sums (a re-entry through the engine's callbacks, or a thread that
- * got in while the first waited) returns at once: the first one starts them all, so every rank
- * starts them in the same order. AXC_ERR_STATE when sums are due and nothing is open. */
+ * while another is starting sums (a re-entry through the callbacks or hooks, or another
+ * thread that got in while the first let go of the lock) returns at once, without waiting:
+ * the first one starts them all, so every rank starts them in the same order. A caller that
+ * must see every sum started (the end of a pass) therefore runs on the thread that started
+ * them, or after it returned: the bindings call it from one backward pass at a time.
+ * AXC_ERR_STATE when sums are due and nothing is open. */
 axc_status axc_runtime_start_due_sums(axc_runtime *rt);
 
 #endif
