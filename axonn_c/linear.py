@@ -564,6 +564,16 @@ class Linear(nn.Module):
             self._check_placement()
         return self._shard_shapes
 
+    @property
+    def local_in_features(self) -> int:
+        """Input features of this rank's weight block (AxoNN's name)."""
+        return self._shapes["k_local"]
+
+    @property
+    def local_out_features(self) -> int:
+        """Output features of this rank's weight block (AxoNN's name)."""
+        return self._shapes["n_local"]
+
     # ---------------------------------------------------------------- shards <-> full tensors
 
     def _block_slices(self):

@@ -102,7 +102,25 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     call only scales: Linear weights and biases from the first step, the model's other
     parameters from the second (this call registers their gradient hooks, axonn_c/grads.py).
     """
-    validate.check_grad_attr(validate.check_module("sync_gradients: model", model),
+    _sync(model, mean, expert_mode, gradient_attr_name, vectorize, only=None)
+
+
+def sync_gradients_depth_parallel(model: nn.Module, mean: bool = False,
+                                  expert_mode: Optional[bool] = None,
+                                  gradient_attr_name: str = "grad",
+                                  vectorize: bool = True) -> None:
+    """AxoNN's older name: the part of sync_gradients over the depth group only (the parameters
+    whose gradients differ over depth: Linear biases, replicated parameters in the expert
+    layout). A later sync_gradients does not sum them over depth again. `mean=True` divides by
+    G_intra_d."""
+    _sync(model, mean, expert_mode, gradient_attr_name, vectorize, only=("depth",))
+
+
+def _sync(model: nn.Module, mean: bool, expert_mode: Optional[bool], gradient_attr_name: str,
+          vectorize: bool, only: Optional[Tuple[str, ...]]) -> None:
+    """sync_gradients; `only`: sum over these groups only (and mark the gradients so)."""
+    what = "sync_gradients" if only is None else "sync_gradients_depth_parallel"
+    validate.check_grad_attr(validate.check_module(f"{what}: model", model),
                              gradient_attr_name)
     grid()  # raises before init(): without a grid nothing would be summed
     if not session.grad_sync_enabled:
@@ -113,7 +131,8 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         tag_norm_groups(model)  # for clip_grad_norm_, which sees parameters only
     replicated = _replicated_groups(expert)
     replicate.same_replicated_state(model, replicated)  # first call: as DDP does (issue 28 item 5)
-    scale = 1.0 / _token_shards(expert) if mean else None
+    shards = _token_shards(expert) if only is None else group_size("depth")
+    scale = 1.0 / shards if mean else None
     if scale == 1.0:
         scale = None
     by_groups: Dict[Tuple[str, ...], List[nn.Parameter]] = OrderedDict()
@@ -126,9 +145,16 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
         # (another attribute, e.g. a main_grad copied from .grad, carries .grad's sums)
         done = grads.summed_over(p)
-        if done:  # summed over these during backward
+        if done:  # summed over these during backward (or by sync_gradients_depth_parallel)
             groups = tuple(g for g in groups if g not in done)
+        if only is not None:
+            groups = tuple(g for g in groups if g in only)
+            if groups and gradient_attr_name == "grad":
+                grads.mark_summed(p, tuple(done) + groups)
+        elif done:
             grads.mark_summed(p, ())
+        if only is not None and not groups:
+            continue
         by_groups.setdefault(groups, []).append(p)
     for groups, params in by_groups.items():
         tensors = [getattr(p, gradient_attr_name) for p in params]
@@ -137,9 +163,10 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
         else:
             for t in tensors:
                 grads.reduce_now([t], groups, scale)
-    # the step's gradient sums are done: the next pass is the first of the next step (the
-    # compression residuals are kept per pass of a step and bucket, csrc/grads/buckets.c)
-    _C.grad_buckets_new_step()
+    if only is None:
+        # the step's gradient sums are done: the next pass is the first of the next step (the
+        # compression residuals are kept per pass of a step and bucket, csrc/grads/buckets.c)
+        _C.grad_buckets_new_step()
 
 
 # ------------------------------------------------------------------------- clip_grad_norm_

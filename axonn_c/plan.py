@@ -91,6 +91,44 @@ def model_layers(model) -> list[dict]:
             for (i, o, t, b), n in counts.items()]
 
 
+def step_layers(model, tied_loss: bool = False) -> list[dict]:
+    """Every part of an axonn_c model that communicates in a training step, as layer dicts
+    for the communication model (`_C.model_volume(grid, rank, layers, step)`): each
+    axonn_c.Linear (its layout), axonn_c.Embedding (expert layout; `tied_loss`: its
+    cross_entropy also runs once per forward), each expert-layout axonn_c.LayerNorm/RMSNorm,
+    and one "replicated" entry for the parameters every rank holds whole (summed by
+    sync_gradients over world in the easy layout, over depth and data in the expert one).
+    Exact when the gradients summed over a group divide over it (bucket packing is then
+    additive); the first sync_gradients's broadcast of the replicated state is not counted."""
+    from .embedding import Embedding
+    from .linear import Linear
+    from .norm import LayerNorm, RMSNorm
+
+    layers, owned, expert = [], set(), False
+    for mod in model.modules():
+        own = [p for p in mod.parameters(recurse=False)]
+        if isinstance(mod, Linear):
+            expert |= mod.expert_mode
+            layers.append(dict(in_features=mod.in_features, out_features=mod.out_features,
+                               transpose=int(mod.transpose), bias=int(mod.bias is not None),
+                               easy=int(not mod.expert_mode)))
+        elif isinstance(mod, Embedding):
+            layers.append(dict(kind="embedding", in_features=mod.num_embeddings,
+                               out_features=mod.embedding_dim, transpose=int(mod.transpose),
+                               tied=int(tied_loss), easy=int(not mod.expert_mode)))
+        elif isinstance(mod, (LayerNorm, RMSNorm)) and mod.expert_mode:
+            layers.append(dict(kind="norm", out_features=mod.hidden, transpose=int(mod.transpose),
+                               stats=2 if isinstance(mod, LayerNorm) else 1,
+                               params=sum(p.numel() for p in own) * (mod.hidden // mod.local)))
+        else:
+            continue
+        owned.update(id(p) for p in own)
+    rest = sum(p.numel() for p in model.parameters() if id(p) not in owned)
+    if rest:
+        layers.append(dict(kind="replicated", params=rest, easy=int(not expert)))
+    return layers
+
+
 def make_desc(*, model=None, layers=None, **kw) -> dict:
     """Builds the description dict the C planner reads. Keyword names: blocks (or n_layers),
     hidden, heads, ffn, vocab, seq, global_batch, grad_acc, micro_batch, recompute

@@ -20,6 +20,8 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 SESSION_TAG = "-".join(filter(None, [os.environ.get("AXONN_C_SHM_TAG"),
                                      f"py{secrets.token_hex(4)}"]))
 _job_numbers = itertools.count()
+# AxoNN's own test files (run under torchrun by test_axonn_compat.py, not collected directly)
+collect_ignore = ["third_party"]
 
 
 def job_tag():

@@ -133,7 +133,7 @@ EXPECTED_STATE = {
     "grads.py": ["_st"],
     "linear.py": ["_cache"],
     "microbatches.py": ["_memory"],
-    "axonn.py": ["config", "is_initialized"],
+    "axonn.py": ["comm_handle", "config", "is_initialized"],
 }
 
 

@@ -19,9 +19,9 @@ def test_normal_layer_volume_by_hand():
     # in=8 out=12 on G_data=1 Gr=2 Gc=2 Gd=2, 16 tokens, no recompute: shard 12, rows 8
     v = _C.model_volume((1, 2, 2, 2), 0, [dict(in_features=8, out_features=12)],
                         dict(tokens=16, recompute=0))
-    assert v["sent"] == {"col": 96, "row": 64, "depth": 72, "data": 0}
+    assert v["sent"] == {"col": 96, "row": 64, "depth": 72, "data": 0, "intra": 0, "world": 0}
     assert v["recv"] == v["sent"]
-    assert v["calls"] == {"col": 1, "row": 1, "depth": 3, "data": 0}
+    assert v["calls"] == {"col": 1, "row": 1, "depth": 3, "data": 0, "intra": 0, "world": 0}
 
 
 def test_transposed_layer_in_ne_out_by_hand():
@@ -29,7 +29,7 @@ def test_transposed_layer_in_ne_out_by_hand():
     layer = dict(in_features=10, out_features=12, transpose=1)
     step = dict(tokens=14, recompute=0)
     v0 = _C.model_volume((2, 2, 3, 1), 0, [layer], step)
-    assert v0["sent"] == {"row": 56, "col": 92, "data": 80, "depth": 0}
+    assert v0["sent"] == {"row": 56, "col": 92, "data": 80, "depth": 0, "intra": 0, "world": 0}
     v_last = _C.model_volume((2, 2, 3, 1), 11, [layer], step)
     assert v_last["sent"]["col"] == 96  # col rank 2 owns the smaller 11-element piece
     # recompute doubles the forward all-reduce (row group for a transposed layer) only
@@ -70,7 +70,7 @@ def test_plan_80b_perlmutter_ranked():
         for k in ("G_data", "G_intra_r", "G_intra_c", "G_intra_d", "comm_time_s", "bytes",
                   "mem_gib", "fits"):
             assert k in e
-        assert set(e["bytes"]) == {"row", "col", "depth", "data"}
+        assert set(e["bytes"]) == {"row", "col", "depth", "data", "intra", "world"}
     # 32-way tensor parallelism cannot hold 76B parameters with Adam on 40 GiB
     assert all(e["G_intra_r"] * e["G_intra_c"] * e["G_intra_d"] >= 64 for e in fitting)
 
@@ -191,6 +191,46 @@ def test_model_bytes_equal_transport_counters(nproc):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "cases equal" in r.stdout
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_whole_step_bytes_equal_transport_counters(nproc):
+    """Issue 24 item 7: for a GPT in the easy layout (the demo GPT) and a tied expert-layout
+    stack (embedding, split norms, Linears, tied logits and loss), the model's bytes for a whole
+    step (plan.step_layers) equal the transport's counters on every group and every grid."""
+    from conftest import torchrun
+
+    out = torchrun(nproc, "step_bytes_worker.py", timeout=600)
+    n_grids = {2: 4, 4: 10}[nproc]
+    assert f"step_bytes_worker: {n_grids} grids equal on world {nproc}" in out, out
+
+
+def test_step_layers_describes_every_part():
+    """step_layers lists the Linears with their layout, the embedding, the split norms and one
+    entry for the replicated parameters; the model rejects what it does not describe."""
+    import axonn_c
+
+    axonn_c.finalize()
+    axonn_c.init()
+    try:
+        m = nn.Sequential(axonn_c.Embedding(10, 8, expert_mode=True),
+                          axonn_c.LayerNorm(8, expert_mode=True),
+                          axonn_c.Linear(8, 16, expert_mode=True), nn.LayerNorm(16))
+        layers = plan.step_layers(m, tied_loss=True)
+        assert [d.get("kind", "linear") for d in layers] == ["embedding", "norm", "linear",
+                                                            "replicated"]
+        assert layers[0]["tied"] == 1 and layers[1]["params"] == 16
+        assert layers[2]["easy"] == 0 and layers[3] == dict(kind="replicated", params=32, easy=0)
+        step = dict(tokens=8, grad_dtype="float32", dtype="float32")
+        vol = _C.model_volume((1, 1, 1, 1), 0, layers, step)
+        assert set(vol["sent"]) == {"col", "row", "depth", "data", "intra", "world"}
+        with pytest.raises(ValueError, match="unknown layer kind 'conv'"):
+            _C.model_volume((1, 1, 1, 1), 0, [dict(kind="conv")], step)
+        with pytest.raises(ValueError, match="expert layout only"):
+            _C.model_volume((1, 1, 1, 1), 0, [dict(layers[0], easy=1)], step)
+    finally:
+        axonn_c.finalize()
 
 
 @pytest.mark.multiproc

@@ -158,9 +158,8 @@ static axc_status push_grad_reductions(axc_model_coll *out, int cap, int *n,
 /* Easy layout (csrc/layers/linear.c): the row x col plane pools its tokens. With t rows per
  * rank, gin the input-feature group and gout the output-feature group: forward all-gather of X
  * over gout, all-to-all over gin, reduce-scatter of Y over gin, all-to-all over gout; backward
- * the mirror image. Collectives on groups of size 1 are skipped by the layer (volume 0). The
- * token-count exchange (one int64 all-gather over the intra group per forward) is not in the
- * four groups modelled here. */
+ * the mirror image. Collectives on groups of size 1 are skipped by the layer (volume 0). First,
+ * each forward exchanges the token counts (one int64 all-gather over the intra group). */
 static axc_status push_easy(axc_model_coll *out, int cap, int *n, const axc_grid *grid,
                             const axc_layer_desc *l, const axc_step_desc *s, const layer_geom *g,
                             int64_t fwd_repeat, int64_t bwd_repeat)
@@ -172,6 +171,8 @@ static axc_status push_easy(axc_model_coll *out, int cap, int *n, const axc_grid
     axc_dtype dt = s->dtype;
     if (n_in * n_out == 1)
         return AXC_OK; /* no feature sharding: nothing is redistributed */
+    AXC_TRY(push(out, cap, n, AXC_GROUP_INTRA, AXC_COLL_ALL_GATHER, 1, AXC_DT_I64, fwd_repeat,
+                 "fwd all-gather token counts"));
     AXC_TRY(push(out, cap, n, gout, AXC_COLL_ALL_GATHER, t * K, dt, fwd_repeat,
                  "fwd all-gather X"));
     AXC_TRY(push(out, cap, n, gin, AXC_COLL_ALL_TO_ALL, n_out * t * g->in_loc, dt, fwd_repeat,
@@ -191,13 +192,142 @@ static axc_status push_easy(axc_model_coll *out, int cap, int *n, const axc_grid
     return AXC_OK;
 }
 
+/* Tokens per rank per micro-batch of an expert-layout layer (split over data x depth). */
+static axc_status expert_rows(const axc_grid *g, const axc_step_desc *s, const char *what,
+                              int64_t *rows)
+{
+    if (s->tokens % s->grad_acc)
+        return axc_fail(AXC_ERR_INVALID, "tokens per step %lld not divisible by grad_acc=%d",
+                        (long long)s->tokens, s->grad_acc);
+    int64_t micro = s->tokens / s->grad_acc, split = (int64_t)g->G_data * g->G_d;
+    if (micro % split)
+        return axc_fail(AXC_ERR_INVALID, "%s: %lld tokens per micro-batch not divisible by "
+                        "G_data*G_intra_d=%lld", what, (long long)micro, (long long)split);
+    *rows = micro / split;
+    return AXC_OK;
+}
+
+/* Replicated parameters (axonn_c/parallel.py sync_gradients): one sum of `params` gradient
+ * elements per step, over world (easy layout) or depth then data (expert). */
+static axc_status replicated_colls(const axc_layer_desc *l, const axc_step_desc *s,
+                                   axc_model_coll *out, int cap, int *n)
+{
+    if (l->params < 1)
+        return axc_fail(AXC_ERR_INVALID, "replicated parameters: params must be >= 1, got %lld",
+                        (long long)l->params);
+    if (l->easy)
+        return push(out, cap, n, AXC_GROUP_WORLD, AXC_COLL_ALL_REDUCE, l->params, s->grad_dtype,
+                    1, "world all-reduce replicated grads");
+    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_ALL_REDUCE, l->params, s->grad_dtype, 1,
+                 "depth all-reduce replicated grads"));
+    return push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, l->params, s->grad_dtype, 1,
+                "data all-reduce replicated grads");
+}
+
+/* axonn_c.Embedding, expert layout (axonn_c/embedding.py): the table [V, H] split by
+ * vocabulary over the plane (Vp = ceil(V / (G_r G_c)) words a rank) and its block by depth.
+ * Per call (forward; with `tied` also logits + cross_entropy): the id check (an int64[2]
+ * all-reduce over intra), the depth all-gather of the block (reduce-scatter in backward).
+ * Forward's lookup is a partial sum over the plane: a reduce-scatter of [t, H] over the hidden
+ * group and an all-reduce of [t, H/n] over the other plane group (backward: an all-gather over
+ * the hidden group). The tied logits all-gather the hidden blocks (backward: that reduce-scatter
+ * and all-reduce), and the loss all-reduces the row maxima [t] and the sums [2, t] (float32)
+ * over row then col. The weight's gradient is summed over data once per step. */
+static axc_status embedding_colls(const axc_grid *grid, const axc_layer_desc *l,
+                                  const axc_step_desc *s, axc_model_coll *out, int cap, int *n)
+{
+    if (l->easy)
+        return axc_fail(AXC_ERR_INVALID, "the model has the Embedding's expert layout only "
+                        "(easy=1 is not modelled)");
+    if (l->in_features < 1 || l->out_features < 1)
+        return axc_fail(AXC_ERR_INVALID, "embedding shape vocab=%lld hidden=%lld must be >= 1",
+                        (long long)l->in_features, (long long)l->out_features);
+    axc_group_kind hid = l->transpose ? AXC_GROUP_ROW : AXC_GROUP_COL;
+    axc_group_kind other = l->transpose ? AXC_GROUP_COL : AXC_GROUP_ROW;
+    int nh = axc_grid_group_size(grid, hid);
+    if (l->out_features % nh)
+        return axc_fail(AXC_ERR_INVALID, "embedding hidden=%lld is not divisible by the %s "
+                        "group (%d ranks)", (long long)l->out_features, axc_group_name(hid), nh);
+    int64_t t;
+    AXC_TRY(expert_rows(grid, s, "embedding", &t));
+    int64_t plane = (int64_t)grid->G_r * grid->G_c;
+    int64_t block = (l->in_features + plane - 1) / plane * l->out_features;
+    int64_t shard = (block + grid->G_d - 1) / grid->G_d, th = t * (l->out_features / nh);
+    const int64_t N = s->grad_acc, f = N * (s->recompute ? 2 : 1); /* forward calls */
+    const int64_t calls = l->tied ? 2 : 1; /* lookup, and logits + loss */
+    AXC_TRY(push(out, cap, n, AXC_GROUP_INTRA, AXC_COLL_ALL_REDUCE, 2, AXC_DT_I64, f * calls,
+                 "fwd id check"));
+    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_ALL_GATHER, shard, s->dtype, f * calls,
+                 "fwd all-gather table"));
+    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, shard, s->dtype,
+                 N * calls, "bwd reduce-scatter dtable"));
+    /* the lookup's partial sums (forward), the logits' input gradient (backward) */
+    AXC_TRY(push(out, cap, n, hid, AXC_COLL_REDUCE_SCATTER, th, s->dtype, f + (l->tied ? N : 0),
+                 "reduce-scatter hidden"));
+    AXC_TRY(push(out, cap, n, other, AXC_COLL_ALL_REDUCE, th, s->dtype, f + (l->tied ? N : 0),
+                 "all-reduce hidden block"));
+    /* the lookup's output gradient (backward), the logits' input (forward) */
+    AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_GATHER, th, s->dtype, N + (l->tied ? f : 0),
+                 "all-gather hidden"));
+    if (l->tied) {
+        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, t, AXC_DT_F32, f,
+                     "fwd all-reduce loss max"));
+        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, t, AXC_DT_F32, f,
+                     "fwd all-reduce loss max"));
+        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, 2 * t, AXC_DT_F32, f,
+                     "fwd all-reduce loss sums"));
+        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, 2 * t, AXC_DT_F32, f,
+                     "fwd all-reduce loss sums"));
+    }
+    return push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, shard, s->grad_dtype, 1,
+                "data all-reduce dtable");
+}
+
+/* axonn_c.LayerNorm / RMSNorm, expert layout (axonn_c/norm.py): `stats` all-reduces of [t]
+ * over the hidden group per forward and as many in backward; the parameter blocks' gradients
+ * are summed over depth then data once per step. */
+static axc_status norm_colls(const axc_grid *grid, const axc_layer_desc *l,
+                             const axc_step_desc *s, axc_model_coll *out, int cap, int *n)
+{
+    if (l->easy)
+        return axc_fail(AXC_ERR_INVALID, "an easy-layout norm is replicated: describe its "
+                        "parameters as kind replicated");
+    if (l->stats < 1 || l->stats > 2)
+        return axc_fail(AXC_ERR_INVALID, "norm stats must be 1 (RMSNorm) or 2 (LayerNorm), "
+                        "got %d", l->stats);
+    axc_group_kind hid = l->transpose ? AXC_GROUP_ROW : AXC_GROUP_COL;
+    int nh = axc_grid_group_size(grid, hid);
+    if (l->out_features < 1 || l->out_features % nh || l->params < 0 || l->params % nh)
+        return axc_fail(AXC_ERR_INVALID, "norm hidden=%lld (params %lld) must be >= 1 and "
+                        "divisible by the %s group (%d ranks)", (long long)l->out_features,
+                        (long long)l->params, axc_group_name(hid), nh);
+    int64_t t;
+    AXC_TRY(expert_rows(grid, s, "norm", &t));
+    const int64_t N = s->grad_acc, f = N * (s->recompute ? 2 : 1);
+    AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_REDUCE, t, s->dtype, (f + N) * l->stats,
+                 "fwd+bwd all-reduce norm statistics"));
+    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_ALL_REDUCE, l->params / nh,
+                 s->grad_dtype, 1, "depth all-reduce norm grads"));
+    return push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, l->params / nh, s->grad_dtype,
+                1, "data all-reduce norm grads");
+}
+
 axc_status axc_model_layer_colls(const axc_grid *grid, const axc_layer_desc *l,
                                  const axc_step_desc *s, axc_model_coll *out, int cap, int *n)
 {
     AXC_TRY(check_step(s));
+    *n = 0;
+    switch (l->kind) {
+    case AXC_LAYER_LINEAR: break;
+    case AXC_LAYER_REPLICATED: return replicated_colls(l, s, out, cap, n);
+    case AXC_LAYER_EMBEDDING: return embedding_colls(grid, l, s, out, cap, n);
+    case AXC_LAYER_NORM: return norm_colls(grid, l, s, out, cap, n);
+    default:
+        return axc_fail(AXC_ERR_INVALID, "layer kind %d is not one of linear (0), replicated "
+                        "(1), embedding (2), norm (3)", l->kind);
+    }
     layer_geom g;
     AXC_TRY(layer_geometry(grid, l, s, &g));
-    *n = 0;
     const int64_t N = s->grad_acc;
     const int64_t passes = s->recompute ? 2 : 1; /* forward runs per micro-batch */
     /* depth all-gathers of W per micro-batch: one per forward pass and one for backward,
@@ -526,6 +656,8 @@ axc_status axc_model_evaluate(const axc_model_desc *d, const axc_machine *m, con
             return AXC_OK;
         }
         AXC_TRY(st);
+        if (l.kind != AXC_LAYER_LINEAR)
+            continue; /* (the memory model counts the Linear layers) */
         layer_geom g;
         AXC_TRY(layer_geometry(grid, &l, &s, &g));
         if (g.block > max_block)
@@ -535,9 +667,10 @@ axc_status axc_model_evaluate(const axc_model_desc *d, const axc_machine *m, con
     }
     e->valid = 1;
     /* time */
-    const int strides[AXC_MODEL_NGROUPS] = {1, grid->G_c, grid->G_c * grid->G_r,
-                                            grid->G_c * grid->G_r * grid->G_d};
-    const int sizes[AXC_MODEL_NGROUPS] = {grid->G_c, grid->G_r, grid->G_d, grid->G_data};
+    const int intra = grid->G_c * grid->G_r * grid->G_d;
+    const int strides[AXC_MODEL_NGROUPS] = {1, grid->G_c, grid->G_c * grid->G_r, intra, 1, 1};
+    const int sizes[AXC_MODEL_NGROUPS] = {grid->G_c, grid->G_r, grid->G_d, grid->G_data, intra,
+                                          world};
     e->comm_time = 0.0;
     for (int gk = 0; gk < AXC_MODEL_NGROUPS; gk++) {
         double beta, alpha;

@@ -7,7 +7,9 @@
 
 #include "axc/model.h"
 
-static const char *const group_keys[AXC_MODEL_NGROUPS] = {"col", "row", "depth", "data"};
+static const char *const group_keys[AXC_MODEL_NGROUPS] = {"col",   "row",   "depth",
+                                                          "data",  "intra", "world"};
+static const char *const kind_names[] = {"linear", "replicated", "embedding", "norm"};
 
 /* ---- reading dict fields (absent or None keeps the default) ---- */
 
@@ -101,7 +103,8 @@ static int parse_step(PyObject *d, axc_step_desc *s)
                     g = i;
             if (g < 0) {
                 PyErr_Format(PyExc_ValueError,
-                             "unknown group '%s' in 'ratio' (expected col, row, depth, data)", k);
+                             "unknown group '%s' in 'ratio' (expected col, row, depth, data, "
+                             "intra, world)", k);
                 return -1;
             }
             double x = val == Py_None ? 1.0 : PyFloat_AsDouble(val);
@@ -123,8 +126,24 @@ static int parse_layer(PyObject *d, axc_layer_desc *l)
         get_i64(d, "out_features", &l->out_features) < 0 ||
         get_int(d, "transpose", &l->transpose) < 0 || get_int(d, "bias", &l->bias) < 0 ||
         get_int(d, "cache_weights", &l->cache_weights) < 0 || get_int(d, "easy", &l->easy) < 0 ||
-        get_i64(d, "count", &l->count) < 0)
+        get_i64(d, "count", &l->count) < 0 || get_int(d, "tied", &l->tied) < 0 ||
+        get_int(d, "stats", &l->stats) < 0 || get_i64(d, "params", &l->params) < 0)
         return -1;
+    PyObject *k = PyDict_GetItemString(d, "kind"); /* borrowed */
+    if (k && k != Py_None) {
+        const char *name = PyUnicode_AsUTF8(k);
+        if (!name)
+            return -1;
+        l->kind = -1;
+        for (int i = 0; i < (int)(sizeof kind_names / sizeof kind_names[0]); i++)
+            if (strcmp(name, kind_names[i]) == 0)
+                l->kind = i;
+        if (l->kind < 0) {
+            PyErr_Format(PyExc_ValueError, "unknown layer kind '%s' (expected linear, "
+                         "replicated, embedding or norm)", name);
+            return -1;
+        }
+    }
     return 0;
 }
 

@@ -415,8 +415,93 @@ static void test_easy_layout(void)
     CHECK(axc_model_layer_volume(&g, 0, &l, &s, &w) == AXC_ERR_INVALID);
 }
 
+/* The easy Linear's token counts: one int64 all-gather over intra (4 ranks) per forward:
+ * 3 * 8 B each way. Replicated parameters, 10 fp32 gradients: easy, a world all-reduce (rank 0
+ * owns piece 3 of 10: 2*(10-3)*4 = 56 B); expert, depth then data (piece 5 of 10 over 2:
+ * 40 B each). */
+static void test_token_counts_and_replicated(void)
+{
+    axc_grid g = grid_of(1, 2, 2, 1);
+    axc_layer_desc l = {8, 12, 0, 0, 0, 1, 1};
+    axc_volume v = volume(&g, 3, l, step_of(16, 1, 0));
+    CHECK(v.sent[AXC_GROUP_INTRA] == 24 && v.recv[AXC_GROUP_INTRA] == 24);
+    CHECK(v.calls[AXC_GROUP_INTRA] == 1);
+    axc_layer_desc r = {0};
+    r.kind = AXC_LAYER_REPLICATED;
+    r.count = 1;
+    r.params = 10;
+    r.easy = 1;
+    axc_step_desc s = step_of(16, 1, 0);
+    s.grad_dtype = AXC_DT_F32;
+    v = volume(&g, 0, r, s);
+    CHECK(v.sent[AXC_GROUP_WORLD] == 56 && v.calls[AXC_GROUP_WORLD] == 1);
+    CHECK(v.sent[AXC_GROUP_ROW] == 0 && v.sent[AXC_GROUP_INTRA] == 0);
+    axc_grid dd = grid_of(2, 1, 1, 2);
+    r.easy = 0;
+    v = volume(&dd, 0, r, s);
+    CHECK(v.sent[AXC_GROUP_DEPTH] == 40 && v.sent[AXC_GROUP_DATA] == 40);
+    CHECK(v.sent[AXC_GROUP_WORLD] == 0);
+    r.params = 0;
+    axc_volume w;
+    memset(&w, 0, sizeof w);
+    CHECK(axc_model_layer_volume(&g, 0, &r, &s, &w) == AXC_ERR_INVALID);
+    r.kind = 9;
+    CHECK(axc_model_layer_volume(&g, 0, &r, &s, &w) == AXC_ERR_INVALID);
+}
+
+/* Expert Embedding V=10 H=8 on Gr=2 Gc=2 Gd=1, 4 tokens, fp32, tied: Vp=3, block=shard=24,
+ * t=4, hidden over col (4 per rank: t*H/2 = 16 elements).
+ * col: lookup reduce-scatter 16 (64 B) + logits' backward reduce-scatter 16 (64 B) + the
+ *      lookup's backward and the logits' forward all-gathers 16 (64 B each) + loss max [4]
+ *      (piece 2: 2*2*4 = 16 B) + loss sums [8] (piece 4: 32 B) = 304 B;
+ * row: the two all-reduces of [4, 4] (piece 8: 64 B each) + max 16 B + sums 32 B = 176 B;
+ * intra: two int64[2] all-reduces over 4 ranks (rank 0's piece 1: 2*1*8 = 16 B each);
+ * data: 0 (one replica). Norm (LayerNorm, H=8, params 16, split over col): 2 fwd + 2 bwd
+ * all-reduces of [4] over col (piece 2: 16 B each), the 8-element gradient block over depth
+ * and data (size 1: 0 B). */
+static void test_embedding_and_norm(void)
+{
+    axc_grid g = grid_of(1, 2, 2, 1);
+    axc_step_desc s = step_of(4, 1, 0);
+    s.dtype = s.grad_dtype = AXC_DT_F32;
+    axc_layer_desc e = {0};
+    e.kind = AXC_LAYER_EMBEDDING;
+    e.in_features = 10;
+    e.out_features = 8;
+    e.count = 1;
+    e.tied = 1;
+    axc_volume v = volume(&g, 0, e, s);
+    CHECK(v.sent[AXC_GROUP_COL] == 304 && v.recv[AXC_GROUP_COL] == 304);
+    CHECK(v.sent[AXC_GROUP_ROW] == 176);
+    CHECK(v.sent[AXC_GROUP_INTRA] == 32 && v.calls[AXC_GROUP_INTRA] == 2);
+    CHECK(v.sent[AXC_GROUP_DEPTH] == 0 && v.sent[AXC_GROUP_DATA] == 0);
+    e.tied = 0; /* the lookup alone: its reduce-scatter, all-reduce and backward all-gather */
+    v = volume(&g, 0, e, s);
+    CHECK(v.sent[AXC_GROUP_COL] == 128 && v.sent[AXC_GROUP_ROW] == 64);
+    e.easy = 1;
+    axc_volume w;
+    memset(&w, 0, sizeof w);
+    CHECK(axc_model_layer_volume(&g, 0, &e, &s, &w) == AXC_ERR_INVALID);
+    axc_layer_desc n = {0};
+    n.kind = AXC_LAYER_NORM;
+    n.out_features = 8;
+    n.params = 16;
+    n.stats = 2;
+    n.count = 1;
+    v = volume(&g, 0, n, s);
+    CHECK(v.sent[AXC_GROUP_COL] == 64 && v.calls[AXC_GROUP_COL] == 4);
+    CHECK(v.sent[AXC_GROUP_ROW] == 0);
+    n.stats = 3;
+    CHECK(axc_model_layer_volume(&g, 0, &n, &s, &w) == AXC_ERR_INVALID);
+    n.stats = 1;
+    n.out_features = 7;
+    CHECK(axc_model_layer_volume(&g, 0, &n, &s, &w) == AXC_ERR_INVALID);
+}
+
 int main(void)
 {
+    test_token_counts_and_replicated();
+    test_embedding_and_norm();
     test_easy_layout();
     test_normal_layer();
     test_transposed_layer();

@@ -16,8 +16,9 @@ import axonn_c
 from common import grids
 from axonn_c import _C, comm
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GROUPS = ("col", "row", "depth", "data")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "int64": torch.int64}
+GROUPS = ("col", "row", "depth", "data", "intra", "world")
 
 LAYERS = [
     dict(in_features=12, out_features=24),
@@ -26,6 +27,12 @@ LAYERS = [
     dict(in_features=12, out_features=60, bias=1, cache_weights=1),
     dict(in_features=12, out_features=24, easy=1),
     dict(in_features=24, out_features=36, transpose=1, bias=1, easy=1),
+    dict(kind="replicated", params=10, easy=1),
+    dict(kind="replicated", params=10),
+    dict(kind="embedding", in_features=10, out_features=12, tied=1),
+    dict(kind="embedding", in_features=7, out_features=12, transpose=1),
+    dict(kind="norm", out_features=12, params=24, stats=2),
+    dict(kind="norm", out_features=12, params=12, stats=1, transpose=1),
 ]
 STEPS = [
     dict(tokens=48, grad_acc=1, recompute=0),
@@ -60,7 +67,7 @@ def main():
     for grid in grids(world):
         g = axonn_c.init(G_data=grid[0], G_intra_r=grid[1], G_intra_c=grid[2], G_intra_d=grid[3])
         sizes = {"col": g.G_intra_c, "row": g.G_intra_r, "depth": g.G_intra_d,
-                 "data": g.G_data}
+                 "data": g.G_data, "intra": g.G_intra, "world": g.world_size}
         try:
             for layer, step in itertools.product(LAYERS, STEPS):
                 try:

@@ -19,18 +19,37 @@
 extern "C" {
 #endif
 
-/* The four communicating groups, indexed like axc_group_kind (col, row, depth, data). */
-#define AXC_MODEL_NGROUPS 4
+/* The communicating groups, indexed like axc_group_kind (col, row, depth, data, intra, world):
+ * the easy Linear's token counts go over intra, replicated gradients (easy layout) over world. */
+#define AXC_MODEL_NGROUPS 6
 
-/* One linear layer W[out, in]; `count` identical copies of it run per step (e.g. per block). */
+/* What a layer description describes (axc_layer_desc.kind). */
+typedef enum axc_layer_kind {
+    AXC_LAYER_LINEAR = 0,     /* axonn_c.Linear W[out_features, in_features] */
+    AXC_LAYER_REPLICATED = 1, /* parameters every rank holds whole (`params` elements): their
+                                 gradients are summed once per step, over world (easy) or
+                                 depth then data (expert) */
+    AXC_LAYER_EMBEDDING = 2,  /* axonn_c.Embedding(in_features words, out_features hidden),
+                                 expert layout; `tied`: also its logits + cross_entropy */
+    AXC_LAYER_NORM = 3,       /* axonn_c.LayerNorm (stats 2) / RMSNorm (stats 1) over
+                                 out_features, expert layout; `params`: its full parameter
+                                 elements (weight, bias) */
+} axc_layer_kind;
+
+/* One layer; `count` identical copies of it run per step (e.g. per block). */
 typedef struct axc_layer_desc {
     int64_t in_features, out_features;
-    int transpose;     /* 1: input features split over the row group, output over col */
+    int transpose;     /* 1: input features split over the row group, output over col
+                          (embedding, norm: the hidden dimension over row instead of col) */
     int bias;          /* 1: a bias whose gradient is reduced over depth and data (per step) */
     int cache_weights; /* 1: the gathered weight is kept from the first forward to backward */
     int64_t count;     /* how many such layers (>= 1) */
     int easy;          /* 1: easy layout (every rank its own tokens, full features; the layer
                           redistributes over the row x col plane), 0: expert layout */
+    int kind;          /* axc_layer_kind (0: a Linear) */
+    int tied;          /* embedding: its logits and cross_entropy run too (the tied output) */
+    int stats;         /* norm: all-reduced statistics per call (LayerNorm 2, RMSNorm 1) */
+    int64_t params;    /* replicated: elements; norm: full parameter elements (H or 2H) */
 } axc_layer_desc;
 
 /* How one optimizer step runs. */
