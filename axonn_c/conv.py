@@ -102,6 +102,7 @@ class Conv2d(Linear):
         # (left, right, top, bottom) as F.pad takes them; 'same' puts the odd one on the right
         self._pad4 = (totals[1] // 2, totals[1] - totals[1] // 2,
                       totals[0] // 2, totals[0] - totals[0] // 2)
+        self._tag_layout()  # (now that its serial shape is known)
 
     @property
     def serial_weight_shape(self) -> Tuple[int, ...]:
@@ -211,6 +212,7 @@ class Conv1D(Linear):
         with torch.no_grad():
             self.bias.zero_()
         self.nf, self.nx = nf, nx
+        self._tag_layout()  # (now that its serial shape is known)
 
     @property
     def serial_weight_shape(self) -> Tuple[int, ...]:

@@ -518,14 +518,21 @@ class Linear(nn.Module):
         # gradient of the same pass instead of being overwritten by it
         grads.hook(w, w._axonn_grad_groups)
         w._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
-        # what a tie must match to share this shard (auto_parallelize's registration hook):
-        # the layer kind, its serial weight shape and its layout
-        w._axonn_layout = (type(self).__name__, tuple(self.serial_weight_shape),
-                           self.expert_mode, self.transpose)
+        self._tag_layout()
         if b is not None:
             b._axonn_grad_groups = ("depth", "data")
             b._axonn_norm_groups = (self._shard_shapes["gout"],)
             grads.hook(b, b._axonn_grad_groups)  # summed during backward
+
+    def _tag_layout(self) -> None:
+        """What a tie must match to share this weight's shard (auto_parallelize's registration
+        hook): the layer kind, its serial weight shape and its layout."""
+        try:
+            shape = tuple(self.serial_weight_shape)
+        except AttributeError:  # a subclass still being built tags itself when it is done
+            return
+        self.weight._axonn_layout = (type(self).__name__, shape, self.expert_mode,
+                                     self.transpose)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 import axonn_c as _pkg
 
 from .. import comm
+from ..conv import Conv2d as _Conv2d
 from ..embedding import Embedding as _Embedding
 from ..state import group_size
 
@@ -104,16 +105,7 @@ class _Join(torch.autograd.Function):
         return _split_dim(g, ctx.dim, ctx.group).contiguous(), None, None
 
 
-def _conv_base():
-    base = getattr(_pkg, "Conv2d", None)
-    if base is None:
-        raise NotImplementedError(
-            "axonn_c.intra_layer.Conv2d wraps axonn_c.Conv2d (the parallel convolution of issue "
-            "24 item 4), which this build of axonn_c does not have yet")
-    return base
-
-
-class Conv2d(nn.Module):
+class Conv2d(_Conv2d):
     """axonn.intra_layer.Conv2d's arguments over axonn_c.Conv2d (expert layout inside).
 
     `forward(x, scatter_input=True, gather_output=True)`: AxoNN's old easy API, where every
@@ -122,52 +114,38 @@ class Conv2d(nn.Module):
     the output channels and batch back. With both False, `x` is this rank's expert-layout block
     `[B/G_d, C/G_in, H, W]` and so is the output `[B/G_d, OC/G_out, H', W']`. `weight` is
     axonn_c.Conv2d's flat depth shard of the [local_out_channels, local_in_channels, k, k]
-    block. `expert_mode` is accepted for symmetry with Linear and Embedding: the layer computes
-    in the expert layout either way."""
+    block; the state dict's keys are `weight` and `bias`, as AxoNN's. `expert_mode` is accepted
+    for symmetry with Linear and Embedding: the layer computes in the expert layout either
+    way."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, *args,
                  transpose: bool = False, bias: bool = True, skip_bias_add: bool = False,
                  init_method=None, stride=1, padding=0, dilation=1, groups: int = 1,
                  expert_mode: bool = True):
-        super().__init__()
-        base = _conv_base()
         if args:
             raise TypeError(f"Conv2d: unexpected positional arguments {args!r}")
         if skip_bias_add:
             raise NotImplementedError("Conv2d: skip_bias_add=True is not supported")
-        kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias,
-                  transpose=transpose, expert_mode=True)
-        if init_method is not None:
-            kw["init_method"] = init_method
-        self.conv = base(in_channels, out_channels, kernel_size, **kw)
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size = kernel_size
-        self.transpose, self.expert_mode = bool(transpose), bool(expert_mode)
+        del expert_mode  # (always the expert layout inside, see above)
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+                         dilation=dilation, groups=groups, bias=bias, transpose=transpose,
+                         expert_mode=True, init_method=init_method)
         self.in_group, self.out_group = ("row", "col") if transpose else ("col", "row")
-        self.local_in_channels = in_channels // group_size(self.in_group)
-        self.local_out_channels = out_channels // group_size(self.out_group)
 
     @property
-    def weight(self) -> Tensor:
-        return self.conv.weight
+    def local_in_channels(self) -> int:
+        return self.in_channels // group_size(self.in_group)
 
     @property
-    def bias(self) -> Optional[Tensor]:
-        return self.conv.bias
-
-    def _load_from_state_dict(self, state_dict, prefix, *args):
-        # AxoNN's keys are `weight`/`bias` on the layer itself
-        for name in ("weight", "bias"):
-            if prefix + name in state_dict:
-                state_dict[prefix + "conv." + name] = state_dict.pop(prefix + name)
-        super()._load_from_state_dict(state_dict, prefix, *args)
+    def local_out_channels(self) -> int:
+        return self.out_channels // group_size(self.out_group)
 
     def forward(self, x: Tensor, scatter_input: bool = True, gather_output: bool = True,
                 cache_weights_in_all_gather: bool = False) -> Tensor:
         del cache_weights_in_all_gather  # (init(cache_weights=)/optimize_communication's)
         if scatter_input:
             x = _Scatter.apply(_Scatter.apply(x, 1, self.in_group), 0, "depth")
-        y = self.conv(x)
+        y = super().forward(x)
         if gather_output:
             y = _Join.apply(_Join.apply(y, 1, self.out_group), 0, "depth")
         return y

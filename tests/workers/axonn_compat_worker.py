@@ -1,8 +1,7 @@
 """AxoNN's names in axonn_c's compatibility layer, on 4 ranks (launched by
 tests/test_axonn_compat.py): axonn.init again with other sizes, comm_handle's groups laid out
 like the grid, Drop/Gather, sync_gradients_depth_parallel, clear_weights_cache,
-intra_layer.Embedding in AxoNN's layouts, and intra_layer.Conv2d (against nn.Conv2d when
-axonn_c has a Conv2d, else its NotImplementedError)."""
+intra_layer.Embedding in AxoNN's layouts, and intra_layer.Conv2d against nn.Conv2d."""
 import os
 import sys
 
@@ -112,13 +111,6 @@ def check_embedding(sizes, expert):
 
 def check_conv():
     ax.init(G_intra_r=2, G_intra_c=2)
-    if not hasattr(axonn_c, "Conv2d"):
-        try:
-            Conv2d(4, 8, 3)
-        except NotImplementedError as e:
-            check("axonn_c.Conv2d" in str(e), f"message names axonn_c.Conv2d: {e}")
-            return "conv: NotImplementedError (axonn_c has no Conv2d)"
-        check(False, "Conv2d without axonn_c.Conv2d raises NotImplementedError")
     torch.manual_seed(7)
     layer = Conv2d(4, 8, 3, padding=1)
     ref = torch.nn.Conv2d(4, 8, 3, padding=1)
