@@ -101,6 +101,8 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
         if (old.G_data, old.G_intra_r, old.G_intra_c, old.G_intra_d) != (
                 G_data, G_intra_r, G_intra_c, G_intra_d):
             runtime.finalize()
+            # (an init that fails below leaves no stale description of the old grid)
+            is_initialized, comm_handle = False, None
     g = runtime.init(G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c,
                      G_intra_d=G_intra_d, G_inter=G_inter, **kwargs)
     config.G_inter, config.G_data = G_inter, g.G_data

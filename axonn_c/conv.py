@@ -145,8 +145,8 @@ class Conv2d(Linear):
         if x.dim() not in (3, 4):
             raise ValueError(f"axonn_c.Conv2d expects [N, C, H, W] or [C, H, W], got input of "
                              f"shape {list(x.shape)}")
-        if x.dim() == 3:  # unbatched, as nn.Conv2d
-            return self.forward(x.unsqueeze(0)).squeeze(0)
+        if x.dim() == 3:  # unbatched, as nn.Conv2d (this class's forward: a subclass's may
+            return Conv2d.forward(self, x.unsqueeze(0)).squeeze(0)  # take other arguments)
         want = self.local_in_channels if self.expert_mode else self.in_channels
         if x.shape[1] != want:
             layout = (f"expert layout: in_channels/{self._shapes['gin']} group = "

@@ -692,5 +692,5 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
             session.overlap_overrides.clear()
             session.overlap_overrides.update(saved)
             session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
-            if is_initialized():
+            if is_initialized() and session.epoch == epoch:
                 configure_scheduler(*saved_sched)

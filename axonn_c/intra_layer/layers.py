@@ -143,6 +143,9 @@ class Conv2d(_Conv2d):
     def forward(self, x: Tensor, scatter_input: bool = True, gather_output: bool = True,
                 cache_weights_in_all_gather: bool = False) -> Tensor:
         del cache_weights_in_all_gather  # (init(cache_weights=)/optimize_communication's)
+        if x.dim() != 4:
+            raise ValueError(f"intra_layer.Conv2d expects a batch [N, C, H, W], got input of "
+                             f"shape {list(x.shape)}")
         if scatter_input:
             x = _Scatter.apply(_Scatter.apply(x, 1, self.in_group), 0, "depth")
         y = super().forward(x)

@@ -119,6 +119,11 @@ def check_conv():
     y = layer(x)
     check(torch.allclose(y, ref(x), atol=1e-5), "Conv2d easy forward vs nn.Conv2d")
     check((layer.local_in_channels, layer.local_out_channels) == (2, 4), "local channels")
+    try:  # AxoNN's layer takes a batch; an unbatched input is refused, not split wrongly
+        layer(x[0])
+        check(False, "an unbatched input to intra_layer.Conv2d raises")
+    except ValueError as e:
+        check("[N, C, H, W]" in str(e), f"the message names the expected shape: {e}")
     return "conv: compared with nn.Conv2d"
 
 
