@@ -100,13 +100,24 @@ def step_layers(model, tied_loss: bool = False) -> list[dict]:
     sync_gradients over world in the easy layout, over depth and data in the expert one).
     Exact when the gradients summed over a group divide over it (bucket packing is then
     additive); the first sync_gradients's broadcast of the replicated state is not counted."""
+    from .conv import Conv2d
     from .embedding import Embedding
     from .linear import Linear
     from .norm import LayerNorm, RMSNorm
 
     layers, owned, expert = [], set(), False
+    embeddings = [m for m in model.modules() if isinstance(m, Embedding) and m.expert_mode]
+    if tied_loss and len(embeddings) > 1:
+        raise NotImplementedError(
+            f"step_layers(tied_loss=True): the model has {len(embeddings)} expert-layout "
+            "Embeddings; which one is the tied output layer is not known (describe the layers "
+            "yourself, with tied=1 on that one)")
     for mod in model.modules():
         own = [p for p in mod.parameters(recurse=False)]
+        if isinstance(mod, Conv2d):  # (rows are N*H'*W' per image: not the step's tokens)
+            raise NotImplementedError(
+                f"step_layers: {mod!r} is a convolution, which the communication model does "
+                "not describe yet (its GEMM rows are the output pixels, not the step's tokens)")
         if isinstance(mod, Linear):
             expert |= mod.expert_mode
             layers.append(dict(in_features=mod.in_features, out_features=mod.out_features,

@@ -229,6 +229,13 @@ def test_step_layers_describes_every_part():
             _C.model_volume((1, 1, 1, 1), 0, [dict(kind="conv")], step)
         with pytest.raises(ValueError, match="expert layout only"):
             _C.model_volume((1, 1, 1, 1), 0, [dict(layers[0], easy=1)], step)
+        # what step_layers cannot describe is refused, not described wrongly
+        with pytest.raises(NotImplementedError, match="convolution"):
+            plan.step_layers(nn.Sequential(axonn_c.Conv2d(4, 8, 3)))
+        two = nn.Sequential(axonn_c.Embedding(10, 8, expert_mode=True),
+                            axonn_c.Embedding(6, 8, expert_mode=True))
+        with pytest.raises(NotImplementedError, match="2 expert-layout Embeddings"):
+            plan.step_layers(two, tied_loss=True)
     finally:
         axonn_c.finalize()
 
