@@ -306,24 +306,26 @@ def _fits_grid(in_features: int, out_features: int, transpose: bool = False) -> 
     return in_features % g_in == 0 and out_features % g_out == 0
 
 
-class _LinearMeta(type(_TorchLinear)):
-    """isinstance(x, nn.Linear) inside auto_parallelize() holds for both the layers it builds."""
+class _StandInMeta(type(_TorchLinear)):
+    """isinstance(x, nn.Linear) (nn.Embedding, nn.Conv2d) inside auto_parallelize() holds for
+    both kinds of layer the stand-in builds: a stand-in class names them in `_stands_for` (its
+    own, not inherited: a user subclass made inside the context checks as usual)."""
 
     def __instancecheck__(cls, obj):
-        if cls is _AutoLinear:
-            return isinstance(obj, (_TorchLinear, Linear))
-        return super().__instancecheck__(obj)
+        kinds = cls.__dict__.get("_stands_for")
+        return isinstance(obj, kinds) if kinds else super().__instancecheck__(obj)
 
     def __subclasscheck__(cls, sub):
-        if cls is _AutoLinear:
-            return issubclass(sub, (_TorchLinear, Linear))
-        return super().__subclasscheck__(sub)
+        kinds = cls.__dict__.get("_stands_for")
+        return issubclass(sub, kinds) if kinds else super().__subclasscheck__(sub)
 
 
-class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
+class _AutoLinear(_TorchLinear, metaclass=_StandInMeta):
     """Stands for torch.nn.Linear inside auto_parallelize(): `nn.Linear(in, out, ...)` returns an
     axonn_c.Linear when the shapes fit the grid, else a plain torch nn.Linear. Classes that
     subclass nn.Linear inside the context are built normally."""
+
+    _stands_for = (_TorchLinear, Linear)
 
     def __new__(cls, in_features=None, out_features=None, bias=True, device=None, dtype=None,
                 *args, **kwargs):
@@ -346,24 +348,12 @@ class _AutoLinear(_TorchLinear, metaclass=_LinearMeta):
 _TorchEmbedding = nn.Embedding
 
 
-class _EmbeddingMeta(type(_TorchEmbedding)):
-    """isinstance(x, nn.Embedding) inside auto_parallelize() holds for both kinds of table."""
-
-    def __instancecheck__(cls, obj):
-        if cls is _AutoEmbedding:
-            return isinstance(obj, (_TorchEmbedding, Embedding))
-        return super().__instancecheck__(obj)
-
-    def __subclasscheck__(cls, sub):
-        if cls is _AutoEmbedding:
-            return issubclass(sub, (_TorchEmbedding, Embedding))
-        return super().__subclasscheck__(sub)
-
-
-class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
+class _AutoEmbedding(_TorchEmbedding, metaclass=_StandInMeta):
     """Stands for torch.nn.Embedding inside auto_parallelize(): builds an axonn_c.Embedding (easy
     layout; any vocabulary, padded inside), or torch's layer for what it does not support
     (max_norm, scale_grad_by_freq, sparse), reported with the reason."""
+
+    _stands_for = (_TorchEmbedding, Embedding)
 
     def __new__(cls, num_embeddings=None, embedding_dim=None, *args, **kwargs):
         if cls is not _AutoEmbedding:  # a user subclass defined inside the context
@@ -380,24 +370,12 @@ class _AutoEmbedding(_TorchEmbedding, metaclass=_EmbeddingMeta):
 _TorchConv2d = nn.Conv2d
 
 
-class _Conv2dMeta(type(_TorchConv2d)):
-    """isinstance(x, nn.Conv2d) inside auto_parallelize() holds for both kinds of convolution."""
-
-    def __instancecheck__(cls, obj):
-        if cls is _AutoConv2d:
-            return isinstance(obj, (_TorchConv2d, Conv2d))
-        return super().__instancecheck__(obj)
-
-    def __subclasscheck__(cls, sub):
-        if cls is _AutoConv2d:
-            return issubclass(sub, (_TorchConv2d, Conv2d))
-        return super().__subclasscheck__(sub)
-
-
-class _AutoConv2d(_TorchConv2d, metaclass=_Conv2dMeta):
+class _AutoConv2d(_TorchConv2d, metaclass=_StandInMeta):
     """Stands for torch.nn.Conv2d inside auto_parallelize(): builds an axonn_c.Conv2d (easy
     layout) when it supports the arguments and the channels divide the grid, else torch's layer,
     reported with the reason."""
+
+    _stands_for = (_TorchConv2d, Conv2d)
 
     def __new__(cls, *args, **kwargs):
         if cls is not _AutoConv2d:  # a user subclass defined inside the context
