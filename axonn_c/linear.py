@@ -363,32 +363,10 @@ class _EagerLinear(torch.autograd.Function):
         return dx, dw, (db if ctx.has_bias else None), None
 
 
-class _PlainLinear(torch.autograd.Function):
-    """An eager call with nothing cross-layer to do (Linear._plain_call): forward and backward
-    are one C call each through the layer's handle, which allocates the outputs."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, call):
-        y, saved = call.forward(x, w, b, *_dev_stream(x))
-        ctx.save_for_backward(x, saved, w)
-        ctx.call, ctx.has_bias = call, b is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, saved, w = ctx.saved_tensors
-        dx, dw, db = ctx.call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
-                                       *_dev_stream(dy))
-        return dx, dw, (db if ctx.has_bias else None), None
-
-
-# torch's C apply without Function.apply's Python wrapper (functorch unwrapping, default
-# arguments): a few microseconds per call that _PlainLinear does not need
-_plain_apply = super(torch.autograd.Function, _PlainLinear).apply
-
-
-# whether the handle reads torch's current CUDA stream itself (torch's C shim: no Python call)
+# whether the layer's C handle reads the device and torch's current CUDA stream itself (torch's
+# C shim; a torch without CUDA has no CUDA tensors to ask a stream for)
 _TORCH_STREAMS = _C.LinearCall.torch_streams()
+_C_PICKS_STREAM = _TORCH_STREAMS or not torch.cuda.is_available()
 
 
 def _dev_stream(t: Tensor) -> tuple:
@@ -397,6 +375,47 @@ def _dev_stream(t: Tensor) -> tuple:
     if d < 0:
         return -1, 0
     return d, (None if _TORCH_STREAMS else _stream(t))
+
+
+_CAPTURE_REFUSAL = (
+    "axonn_c.Linear cannot be captured in a CUDA graph with the cross-layer scheduler on (its "
+    "prefetch order, gradient buckets and deferred dW GEMMs are decided at run time): set "
+    "overlap_all_gather, overlap_reduce_scatter, overlap_data and defer_wgrad to False "
+    "(init(overlap=False) or optimize_communication) for the captured region")
+
+
+class _PlainLinear(torch.autograd.Function):
+    """An eager call with nothing cross-layer to do (Linear._plain_call): forward and backward
+    are one C call each through the layer's handle, which allocates the outputs and (where it
+    can: _C_PICKS_STREAM) reads the device and torch's current stream itself."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, call):
+        y, saved = (call.forward(x, w, b) if _C_PICKS_STREAM
+                    else call.forward(x, w, b, *_dev_stream(x)))
+        ctx.save_for_backward(x, saved, w)
+        ctx.call = call
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, saved, w = ctx.saved_tensors
+        if _C_PICKS_STREAM:
+            dx, dw, db = ctx.call.backward(dy, x, saved, w, ctx.needs_input_grad[0])
+        else:
+            dx, dw, db = ctx.call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
+                                           *_dev_stream(dy))
+        return dx, dw, db, None  # (db None: the handle was made without a bias)
+
+
+# whether autocast is on for any device type (one C call; the general path looks at the input's
+# device type)
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")))
+
+# torch's C apply without Function.apply's Python wrapper (functorch unwrapping, default
+# arguments): a few microseconds per call that _PlainLinear does not need
+_plain_apply = super(torch.autograd.Function, _PlainLinear).apply
 
 
 def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg, place: tuple) -> Tensor:
@@ -681,19 +700,21 @@ class Linear(nn.Module):
         # the common eager call, checked in one go (the general path below does the same checks
         # one by one, with the messages): the layer's C handle, knobs unchanged since it was
         # made, a flat input of its dtype and device, nothing pending, no autocast, no chunk
-        # pipelining or micro-batch thread
+        # pipelining or micro-batch thread. (Ordered cheapest first; the parameters read from
+        # _parameters, not through nn.Module's __getattr__, which costs more than the rest.)
         m = self._plain_memo
         # (an exact torch.Tensor: anything else, a subclass with its own data_ptr() included,
         # is checked by the general path; the same parameter objects and skip_bias_add the memo
         # was made with)
-        if (m is not None and type(x) is Tensor and not torch.compiler.is_compiling()
-                and m[0] == (session.epoch, session.knobs_version)):
-            w, b, dt, dev = self.weight, self.bias, x.dtype, x.device
+        if (m is not None and type(x) is Tensor and m[0] == (session.epoch, session.knobs_version)
+                and not torch.compiler.is_compiling()):
+            ps, dt, t = self._parameters, x.dtype, session.thread
+            w, b = ps["weight"], ps.get("bias")
             if (w is m[5] and b is m[6] and self.skip_bias_add is m[7] and dt is m[1]
-                    and dt is w.dtype and dev == w.device and x.dim() == 2
-                    and x.shape[1] == m[2] and x.is_contiguous()
-                    and not torch.is_autocast_enabled(dev.type) and grads.idle()
-                    and not hold_flags(self) and not microbatch_active()):
+                    and dt is w.dtype and x.dim() == 2 and x.shape[1] == m[2]
+                    and x.is_contiguous() and x.get_device() == w.get_device()
+                    and not _any_autocast() and t.hold_target is None and not t.hold_depth
+                    and t.microbatch is None and grads.idle()):
                 if self.skip_bias_add:
                     return (_plain_apply(x, w, None, m[3]),
                             self._full_bias_for_output(b) if b is not None else None)
@@ -752,12 +773,7 @@ class Linear(nn.Module):
                 hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
         if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
                 and torch.cuda.is_current_stream_capturing()):
-            raise RuntimeError(
-                "axonn_c.Linear cannot be captured in a CUDA graph with the cross-layer "
-                "scheduler on (its prefetch order, gradient buckets and deferred dW GEMMs are "
-                "decided at run time): set overlap_all_gather, overlap_reduce_scatter, "
-                "overlap_data and defer_wgrad to False (init(overlap=False) or "
-                "optimize_communication) for the captured region")
+            raise RuntimeError(_CAPTURE_REFUSAL)
         plain = None if torch.compiler.is_compiling() else self._plain_call(
             x.dtype, use_bias, (ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw), hold)
         if plain is not None:  # nothing cross-layer to do: one C call each way
@@ -821,16 +837,17 @@ class Linear(nn.Module):
         if (memo is not None and memo[0] == key and memo[1] is dtype
                 and memo[4] == (use_bias, knobs)):
             return memo[3]
+        # (a knob that asks for the scheduler: the handle refuses a CUDA graph capture, as the
+        # general path does)
+        refuse = _CAPTURE_REFUSAL if (ov_ag or ov_rs or ov_data or defer_dw) else None
         call = _C.LinearCall((*self._cfg[:3], bool(use_bias), self._cfg[4], str(dtype)[6:],
-                              bool(ov_ar), bool(ov_rs), chunks))
+                              bool(ov_ar), bool(ov_rs), chunks), refuse)
         w = self.weight
         if use_bias == (self.bias is not None and not self.skip_bias_add) and w.dtype is dtype:
-            # (forward's check: input features, device; a CUDA layer with a knob that a graph
-            # capture must refuse takes the general path)
+            # (forward's check: input features, device)
             want = self._shapes["k_local"] if self.expert_mode else self.in_features
-            capture_check = w.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
-            self._plain_memo = None if capture_check else (
-                key, dtype, want, call, (use_bias, knobs), w, self.bias, self.skip_bias_add)
+            self._plain_memo = (key, dtype, want, call, (use_bias, knobs), w, self.bias,
+                                self.skip_bias_add)
         return call
 
     _sched_key = None

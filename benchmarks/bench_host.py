@@ -157,8 +157,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--fin", type=int, default=16)
     ap.add_argument("--fout", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=300, help="calls per timed round")
+    # many short rounds, each variant's best kept: on a machine other jobs share, some rounds
+    # of each variant fall in a quiet moment (the estimate of the floor cost is steadier than
+    # with a few long rounds)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--iters", type=int, default=100, help="calls per timed round")
     ap.add_argument("--json", help="write the rows here (rank 0)")
     ap.add_argument("--clock", default="process", choices=("process", "wall"),
                     help="CPU time of this process, or wall time (CUDA: use wall)")

@@ -6,6 +6,7 @@
  * take this path (Linear._plain_call) and keeps the handle per init() and knob setting. */
 #include <stdint.h>
 
+#include "axc/cuda_rt.h"
 #include "axc/linear.h"
 #include "axc/torch_shim.h"
 #include "py_common.h"
@@ -17,22 +18,54 @@ axc_comm *axc_py_linear_comm(void);
 
 typedef struct {
     PyObject_HEAD axc_linear_desc d;
+    /* the error a call on a CUDA stream being captured into a graph raises (the layer's knobs
+     * ask for the cross-layer scheduler, whose decisions are made at run time); NULL: allowed */
+    PyObject *refuse_capture;
 } LinearCall;
 
-static PyObject *s_shape, *s_data_ptr, *s_new_empty, *s_contiguous, *s_numel;
+static PyObject *s_shape, *s_data_ptr, *s_new_empty, *s_contiguous, *s_numel, *s_get_device;
+static PyObject *g_empty_like; /* torch.empty_like: parses one argument, half new_empty's cost */
 
 /* LinearCall((in, out, transpose, has_bias, layout, dtype, overlap_all_reduce,
- *             overlap_reduce_scatter, fwd_chunks)) */
+ *             overlap_reduce_scatter, fwd_chunks)[, refuse_capture: str or None]) */
 static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *t;
+    PyObject *t, *refuse = Py_None;
     if (kwargs && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "LinearCall takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &t) || axc_py_parse_linear_desc(t, &self->d) < 0)
+    if (!PyArg_ParseTuple(args, "O!|O", &PyTuple_Type, &t, &refuse) ||
+        axc_py_parse_linear_desc(t, &self->d) < 0)
         return -1;
+    if (refuse != Py_None && !PyUnicode_Check(refuse)) {
+        PyErr_SetString(PyExc_TypeError, "LinearCall: refuse_capture must be a str or None");
+        return -1;
+    }
+    Py_XSETREF(self->refuse_capture, refuse == Py_None ? NULL : Py_NewRef(refuse));
     return 0;
+}
+
+static void call_dealloc(LinearCall *self)
+{
+    Py_XDECREF(self->refuse_capture);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* -1 with the handle's refusal raised when `stream` of `device` is being captured into a CUDA
+ * graph and the handle refuses that */
+static int check_capture(const LinearCall *self, int device, void *stream)
+{
+    if (device < 0 || !self->refuse_capture)
+        return 0;
+    const axc_cuda_api *api = NULL;
+    int status = AXC_CUDA_CAPTURE_NONE;
+    if (axc_cuda_load(&api) != AXC_OK || !api->StreamIsCapturing ||
+        api->StreamIsCapturing(stream, &status) != AXC_CUDA_SUCCESS ||
+        status == AXC_CUDA_CAPTURE_NONE)
+        return 0; /* (a runtime that cannot tell: the GEMM's own capture check reports it) */
+    PyErr_SetObject(PyExc_RuntimeError, self->refuse_capture);
+    return -1;
 }
 
 /* The CUDA stream a call runs on: the one given, or for None torch's current stream of
@@ -49,6 +82,38 @@ static int stream_of(PyObject *arg, int device, void **stream)
         return -1;
     }
     return 0;
+}
+
+/* The call's device and stream: explicit (device, stream) arguments, or when they are left out
+ * the tensor's device and, on CUDA, torch's current stream (the common call: no Python helper
+ * computes them per call). */
+static int device_stream_of(PyObject *t, PyObject *const *given, int *device, void **stream)
+{
+    if (given) {
+        *device = (int)PyLong_AsLong(given[0]);
+        return PyErr_Occurred() ? -1 : stream_of(given[1], *device, stream);
+    }
+    PyObject *d = PyObject_CallMethodNoArgs(t, s_get_device);
+    if (!d)
+        return -1;
+    *device = (int)PyLong_AsLong(d);
+    Py_DECREF(d);
+    return PyErr_Occurred() ? -1 : stream_of(Py_None, *device, stream);
+}
+
+/* torch.empty_like(t): a contiguous t's layout */
+static PyObject *empty_like(PyObject *t)
+{
+    if (!g_empty_like) {
+        PyObject *torch = PyImport_ImportModule("torch");
+        if (!torch)
+            return NULL;
+        g_empty_like = PyObject_GetAttrString(torch, "empty_like");
+        Py_DECREF(torch);
+        if (!g_empty_like)
+            return NULL;
+    }
+    return PyObject_CallOneArg(g_empty_like, t);
 }
 
 static void *ptr_of(PyObject *t, int *err)
@@ -112,18 +177,20 @@ static int check_shard(const LinearCall *self, PyObject *w, const axc_linear_sha
     return 0;
 }
 
-/* forward(x, w, b, device, stream) -> (y, saved or None); x: [rows, features], contiguous;
- * device -1: CPU; stream None: torch's current stream of the device */
+/* forward(x, w, b[, device, stream]) -> (y, saved or None); x: [rows, features], contiguous;
+ * device -1: CPU; stream None: torch's current stream of the device; both left out: x's device
+ * and torch's current stream */
 static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 5) {
-        PyErr_SetString(PyExc_TypeError, "LinearCall.forward(x, w, b, device, stream)");
+    if (n != 3 && n != 5) {
+        PyErr_SetString(PyExc_TypeError, "LinearCall.forward(x, w, b[, device, stream])");
         return NULL;
     }
     PyObject *x = a[0], *w = a[1], *b = a[2];
-    int device = (int)PyLong_AsLong(a[3]);
+    int device = -1;
     void *stream = NULL;
-    if (PyErr_Occurred() || stream_of(a[4], device, &stream) < 0)
+    if (device_stream_of(x, n == 5 ? a + 3 : NULL, &device, &stream) < 0 ||
+        check_capture(self, device, stream) < 0)
         return NULL;
     axc_comm *comm = axc_py_linear_comm();
     if (!comm)
@@ -177,19 +244,20 @@ done:
     return out;
 }
 
-/* backward(dy, x, saved, w, need_dx, device, stream) -> (dx or None, dw, db or None) */
+/* backward(dy, x, saved, w, need_dx[, device, stream]) -> (dx or None, dw, db or None) */
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 7) {
+    if (n != 5 && n != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "LinearCall.backward(dy, x, saved, w, need_dx, device, stream)");
+                        "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream])");
         return NULL;
     }
     PyObject *x = a[1], *saved = a[2], *w = a[3];
     int need_dx = PyObject_IsTrue(a[4]);
-    int device = (int)PyLong_AsLong(a[5]);
+    int device = -1;
     void *stream = NULL;
-    if (need_dx < 0 || PyErr_Occurred() || stream_of(a[6], device, &stream) < 0)
+    if (need_dx < 0 || device_stream_of(a[0], n == 7 ? a + 5 : NULL, &device, &stream) < 0 ||
+        check_capture(self, device, stream) < 0)
         return NULL;
     axc_comm *comm = axc_py_linear_comm();
     if (!comm)
@@ -214,16 +282,11 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     PyObject *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *out = NULL;
     if (!dy)
         return NULL;
-    PyObject *shape = PyObject_GetAttr(x, s_shape);
-    if (!shape)
+    /* (x and w are contiguous: the forward and the shard check saw to it) */
+    dx = need_dx ? empty_like(x) : (Py_INCREF(Py_None), Py_None);
+    if (!dx || !(dw = empty_like(w)))
         goto done;
-    dx = need_dx ? PyObject_CallMethodOneArg(x, s_new_empty, shape) : (Py_INCREF(Py_None), Py_None);
-    Py_DECREF(shape);
-    if (!dx || !(shape = PyObject_GetAttr(w, s_shape)))
-        goto done;
-    dw = PyObject_CallMethodOneArg(w, s_new_empty, shape);
-    Py_DECREF(shape);
-    if (!dw || !(db = d->has_bias ? new_empty(dy, s.n_local, 0, 0) : (Py_INCREF(Py_None), Py_None)) ||
+    if ( !(db = d->has_bias ? new_empty(dy, s.n_local, 0, 0) : (Py_INCREF(Py_None), Py_None)) ||
         !(ws = s.workspace_elems ? new_empty(dy, s.workspace_elems, 0, 0)
                                  : (Py_INCREF(Py_None), Py_None)))
         goto done;
@@ -272,9 +335,9 @@ static PyMethodDef call_methods[] = {
     {"torch_streams", call_torch_streams, METH_NOARGS | METH_STATIC,
      "Whether the calls can read torch's current CUDA stream themselves (stream None)."},
     {"forward", (PyCFunction)(void (*)(void))call_forward, METH_FASTCALL,
-     "forward(x, w, b, device, stream) -> (y, saved or None)"},
+     "forward(x, w, b[, device, stream]) -> (y, saved or None)"},
     {"backward", (PyCFunction)(void (*)(void))call_backward, METH_FASTCALL,
-     "backward(dy, x, saved, w, need_dx, device, stream) -> (dx, dw, db)"},
+     "backward(dy, x, saved, w, need_dx[, device, stream]) -> (dx, dw, db)"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject LinearCallType = {
@@ -284,6 +347,7 @@ static PyTypeObject LinearCallType = {
     .tp_doc = "One axonn_c.Linear's description, parsed once, for its plain eager calls.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)call_init,
+    .tp_dealloc = (destructor)call_dealloc,
     .tp_methods = call_methods,
 };
 
@@ -293,7 +357,8 @@ int axc_py_linear_add_types(PyObject *module)
         !(s_data_ptr = PyUnicode_InternFromString("data_ptr")) ||
         !(s_new_empty = PyUnicode_InternFromString("new_empty")) ||
         !(s_contiguous = PyUnicode_InternFromString("contiguous")) ||
-        !(s_numel = PyUnicode_InternFromString("numel")))
+        !(s_numel = PyUnicode_InternFromString("numel")) ||
+        !(s_get_device = PyUnicode_InternFromString("get_device")))
         return -1;
     if (PyType_Ready(&LinearCallType) < 0)
         return -1;
