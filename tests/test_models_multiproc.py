@@ -1,6 +1,6 @@
 """axonn_c.models.GPT on 1, 2, 4 and 8 ranks against the serial GPT-2 (transformers'
-GPT2LMHeadModel when installed, else the worker's plain torch one): loss, gradients, AdamW
-steps, state dicts, axonn_c.checkpoint across grids, bf16 autocast, dropout masks
+GPT2LMHeadModel when installed, else the worker's plain torch one): loss, gradients, 8 AdamW
+steps (the per-step loss, mean over ranks, within 1e-4), state dicts, axonn_c.checkpoint across grids, bf16 autocast, dropout masks
 (tests/workers/models_worker.py); examples/train_gpt.py --layout expert; benchmarks/bench_gpt.py
 (its byte counts)."""
 import json
