@@ -22,23 +22,10 @@ get the same rule from the benchmark: DDP through a comm hook whose bucket all-r
 no earlier than that, torch_tp through a dispatch mode that holds each functional collective
 that long after issuing it (both on the ring bytes below).
 
-Peak memory per rank (`peak_step_rss_mb`): the process's peak resident set during the layout's
-steps (Linux VmHWM, reset before each step through /proc/self/clear_refs) minus the resident set
-before the step, plus the layout's own state (parameters, gradients, AdamW's two moments). All
-four models live in one process, so the baseline (torch, the other models) is taken out; the
-allocator keeps freed memory, so this is a lower bound of what the step itself needs.
-
-The same global batch (--batch sequences of --seq tokens) and AdamW step in all three; the
-models have the same blocks (examples/gpt.py's head is untied: vocab x hidden more parameters,
-sharded as a Linear in the easy layout). The three take their steps in turn (step i of each,
-then step i + 1), so that load from other jobs on the machine falls on all of them alike.
-Reported per layout (the loss is rank 0's on its own share of the batch, which differs by
-layout): the median step time over --steps timed steps (after --warmup),
-tokens/s, and the bytes each rank sent per step (axonn_c.comm_stats for the axonn_c layouts,
-with the communication model's prediction for the expert one, plan.step_layers; for the gloo
-layouts the ring equivalent of each collective they issue: an all-reduce sends 2 (n-1)/n of its
-bytes, an all-gather, reduce-scatter or all-to-all (n-1)/n). On a shared CPU the times are
-noisy: compare within one run, and read the load printed with them.
+Peak memory per rank (`peak_mb`): the most live tensor bytes during one more step of each layout
+after the timed ones (parameters, gradients, AdamW's state, activations, the layers' workspaces
+and temporaries), as torch.distributed._tools.mem_tracker.MemTracker counts them (a dispatch
+mode: what torch allocates, not the allocator's cached or the process's other memory).
 """
 import argparse
 import json
@@ -196,39 +183,21 @@ def build_torch_tp(a, tp: int, world: int, link: SimLink):
     return model, mesh["dp"].get_group(), FunctionalCollectives(link, sizes)
 
 
+def tracked_peak(step, i, model, opt):
+    """The peak of the live tensor bytes over one step (parameters, gradients, optimizer
+    state, activations, temporaries) as torch.distributed._tools.mem_tracker.MemTracker counts
+    them on this rank."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    mt = MemTracker()
+    mt.track_external(model, opt)
+    with mt:
+        step(i)
+    return max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
+
+
 def local(t):
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-class PeakRSS:
-    """The process's resident-set peak over a stretch of code, less the resident set at its
-    start (Linux; None elsewhere)."""
-
-    @staticmethod
-    def _status(key):
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith(key):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    def __enter__(self):
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current VmRSS
-            self.start = self._status("VmRSS:")
-        except OSError:
-            self.start = None
-        self.extra = None
-        return self
-
-    def __exit__(self, *exc):
-        peak = self._status("VmHWM:")
-        if self.start is not None and peak is not None:
-            self.extra = peak - self.start
 
 
 def build(a, g, world, links):
@@ -282,7 +251,7 @@ def build(a, g, world, links):
             return loss.item()
 
         params = sum(local(p).numel() for p in model.parameters())
-        steps[name] = (step, params)
+        steps[name] = (step, params, model, opt)
     return steps, expert
 
 
@@ -295,33 +264,32 @@ def run(a, sizes, world):
     steps, expert = build(a, g, world, links)
     times = {name: [] for name in steps}
     sent = {name: [0, 0] for name in steps}
-    peak = {name: 0 for name in steps}
     loss = {}
     for i in range(a.warmup + a.steps):
-        for name, (step, _) in steps.items():
+        for name, (step, *_) in steps.items():
             axonn_c.reset_comm_stats()
             link = links.get(name)
             if link is not None:
                 link.sent = link.calls = 0
-            with PeakRSS() as mem:
-                t0 = time.perf_counter()
-                loss[name] = step(i)
-                dt = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            loss[name] = step(i)
+            dt = time.perf_counter() - t0
             if i >= a.warmup:
                 times[name].append(dt)
                 b, c = (link.sent, link.calls) if link is not None else sent_and_calls()
                 sent[name][0] += b
                 sent[name][1] += c
-                if mem.extra is not None:
-                    peak[name] = max(peak[name], mem.extra)
     out = {}
-    for name, (_, params) in steps.items():
-        state = 4 * params * 4  # fp32 parameters, gradients, AdamW's two moments
+    # peak memory: one more step of each under torch's MemTracker (after the timed ones: its
+    # dispatch mode slows a step)
+    tracked = {name: tracked_peak(step, a.warmup + a.steps, model, opt)
+               for name, (step, _, model, opt) in steps.items()}
+    for name, (_, params, *_) in steps.items():
         out[name] = dict(step_s=statistics.median(times[name]), last_loss=loss[name],
                          params_per_rank=params,
                          bytes_sent_per_step=sent[name][0] / a.steps,
                          collectives_per_step=sent[name][1] / a.steps,
-                         peak_step_rss_mb=(peak[name] + state) / 1e6)
+                         peak_mb=tracked[name] / 1e6)
     # the communication model's bytes for the expert layout's step (equal to the counters)
     pred = axonn_c._C.model_volume(tuple(sizes), g.rank, axonn_plan.step_layers(
         expert, seq=a.seq), dict(tokens=a.batch * a.seq, grad_acc=1, recompute=0,
@@ -375,7 +343,7 @@ def main():
             print(f"{name:9s} {r['step_s']:9.4f} {r['tokens_per_s']:10.0f} "
                   f"{r['bytes_sent_per_step'] / 1e6:18.3f} "
                   f"{r['collectives_per_step']:11.0f} {r['params_per_rank']:12d} "
-                  f"{r['peak_step_rss_mb']:8.1f} {r['last_loss']:8.4f}", flush=True)
+                  f"{r['peak_mb']:8.2f} {r['last_loss']:8.4f}", flush=True)
         print(f"expert: the communication model predicts "
               f"{results['expert']['predicted_bytes_sent_per_step'] / 1e6:.3f} MB sent per step")
         if a.json:
