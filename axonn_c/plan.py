@@ -91,27 +91,39 @@ def model_layers(model) -> list[dict]:
             for (i, o, t, b), n in counts.items()]
 
 
-def step_layers(model, tied_loss: bool = False) -> list[dict]:
+def step_layers(model, tied_loss: bool = False, seq: int | None = None) -> list[dict]:
     """Every part of an axonn_c model that communicates in a training step, as layer dicts
     for the communication model (`_C.model_volume(grid, rank, layers, step)`): each
     axonn_c.Linear (its layout), axonn_c.Embedding (expert layout; `tied_loss`: its
     cross_entropy also runs once per forward), each expert-layout axonn_c.LayerNorm/RMSNorm,
     and one "replicated" entry for the parameters every rank holds whole (summed by
     sync_gradients over world in the easy layout, over depth and data in the expert one).
+    An axonn_c.models.GPT needs `seq` (tokens per sequence): its positional table looks up
+    `seq` rows a rank, its tied token table's loss is shifted (one row a sequence fewer); its
+    attention itself moves nothing (whole heads and whole sequences on each rank).
     Exact when the gradients summed over a group divide over it (bucket packing is then
     additive); the first sync_gradients's broadcast of the replicated state is not counted."""
     from .conv import Conv2d
     from .embedding import Embedding
     from .linear import Linear
+    from .models import GPT
     from .norm import LayerNorm, RMSNorm
 
     layers, owned, expert = [], set(), False
     embeddings = [m for m in model.modules() if isinstance(m, Embedding) and m.expert_mode]
-    if tied_loss and len(embeddings) > 1:
+    tied = positions = None
+    if isinstance(model, GPT):
+        if seq is None or int(seq) < 1:
+            raise ValueError(f"step_layers: an axonn_c.models.GPT needs seq (tokens per "
+                             f"sequence, >= 1), got {seq!r}")
+        tied, positions = model.transformer.wte, model.transformer.wpe
+    elif tied_loss and len(embeddings) > 1:
         raise NotImplementedError(
             f"step_layers(tied_loss=True): the model has {len(embeddings)} expert-layout "
             "Embeddings; which one is the tied output layer is not known (describe the layers "
             "yourself, with tied=1 on that one)")
+    elif tied_loss and embeddings:
+        tied = embeddings[0]
     for mod in model.modules():
         own = [p for p in mod.parameters(recurse=False)]
         if isinstance(mod, Conv2d):  # (rows are N*H'*W' per image: not the step's tokens)
@@ -126,7 +138,9 @@ def step_layers(model, tied_loss: bool = False) -> list[dict]:
         elif isinstance(mod, Embedding):
             layers.append(dict(kind="embedding", in_features=mod.num_embeddings,
                                out_features=mod.embedding_dim, transpose=int(mod.transpose),
-                               tied=int(tied_loss), easy=int(not mod.expert_mode)))
+                               tied=int(mod is tied), easy=int(not mod.expert_mode),
+                               rows=int(seq) if mod is positions else 0,
+                               seq=int(seq) if mod is tied and positions is not None else 0))
         elif isinstance(mod, (LayerNorm, RMSNorm)) and mod.expert_mode:
             layers.append(dict(kind="norm", out_features=mod.hidden, transpose=int(mod.transpose),
                                stats=2 if isinstance(mod, LayerNorm) else 1,

@@ -194,15 +194,17 @@ def test_model_bytes_equal_transport_counters(nproc):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_whole_step_bytes_equal_transport_counters(nproc):
-    """Issue 24 item 7: for a GPT in the easy layout (the demo GPT) and a tied expert-layout
-    stack (embedding, split norms, Linears, tied logits and loss), the model's bytes for a whole
-    step (plan.step_layers) equal the transport's counters on every group and every grid."""
+@pytest.mark.parametrize("nproc,grids", [(2, "all"), (4, "all"), (8, "1x2x2x2,2x2x2x1")])
+def test_whole_step_bytes_equal_transport_counters(nproc, grids):
+    """Issue 24 item 7, issue 25: for a GPT in the easy layout (the demo GPT), a tied
+    expert-layout stack (embedding, split norms, Linears, tied logits and loss) and the
+    reference GPT (axonn_c.models.GPT: positional table, attention, shifted loss), the model's
+    bytes for a whole step (plan.step_layers) equal the transport's counters on every group and
+    every grid (at 8 ranks: the issue's acceptance grids)."""
     from conftest import torchrun
 
-    out = torchrun(nproc, "step_bytes_worker.py", timeout=600)
-    n_grids = {2: 4, 4: 10}[nproc]
+    out = torchrun(nproc, "step_bytes_worker.py", "--grids", grids, timeout=600)
+    n_grids = {2: 4, 4: 10, 8: 2}[nproc]
     assert f"step_bytes_worker: {n_grids} grids equal on world {nproc}" in out, out
 
 
@@ -236,6 +238,31 @@ def test_step_layers_describes_every_part():
                             axonn_c.Embedding(6, 8, expert_mode=True))
         with pytest.raises(NotImplementedError, match="2 expert-layout Embeddings"):
             plan.step_layers(two, tied_loss=True)
+        # the reference GPT: its positional table looks up seq rows, its tied table's loss is
+        # shifted; without seq it is refused
+        from dataclasses import dataclass
+
+        from axonn_c.models import GPT
+
+        @dataclass
+        class Cfg:
+            vocab_size: int = 20
+            n_positions: int = 8
+            n_embd: int = 8
+            n_layer: int = 1
+            n_head: int = 2
+
+        gpt = GPT(Cfg())
+        with pytest.raises(ValueError, match="needs seq"):
+            plan.step_layers(gpt)
+        layers = plan.step_layers(gpt, seq=6)
+        emb = [d for d in layers if d.get("kind") == "embedding"]
+        assert [(d["in_features"], d["tied"], d["rows"], d["seq"]) for d in emb] == [
+            (20, 1, 0, 6), (8, 0, 6, 0)]
+        assert not [d for d in layers if d.get("kind") == "replicated"]  # every part is split
+        assert _C.model_volume((1, 1, 1, 1), 0, layers, dict(step, tokens=12))
+        with pytest.raises(ValueError, match="seq=6 does not divide"):
+            _C.model_volume((1, 1, 1, 1), 0, layers, dict(step, tokens=8))
     finally:
         axonn_c.finalize()
 

@@ -248,11 +248,23 @@ static axc_status embedding_colls(const axc_grid *grid, const axc_layer_desc *l,
     if (l->out_features % nh)
         return axc_fail(AXC_ERR_INVALID, "embedding hidden=%lld is not divisible by the %s "
                         "group (%d ranks)", (long long)l->out_features, axc_group_name(hid), nh);
+    if (l->rows < 0 || l->seq < 0 || (l->rows > 0 && l->tied) || (l->seq > 0 && !l->tied))
+        return axc_fail(AXC_ERR_INVALID, "embedding rows=%lld seq=%lld: rows (a positional "
+                        "table's lookups) is for an untied embedding, seq (the shifted loss) for "
+                        "a tied one, both >= 0", (long long)l->rows, (long long)l->seq);
     int64_t t;
     AXC_TRY(expert_rows(grid, s, "embedding", &t));
+    /* rows looked up (forward), rows of the loss (the shift drops one per sequence) */
+    int64_t tl = l->rows > 0 ? l->rows : t, tloss = t;
+    if (l->seq > 0) {
+        if (t % l->seq)
+            return axc_fail(AXC_ERR_INVALID, "embedding seq=%lld does not divide the %lld tokens "
+                            "per rank", (long long)l->seq, (long long)t);
+        tloss = t - t / l->seq;
+    }
     int64_t plane = (int64_t)grid->G_r * grid->G_c;
     int64_t block = (l->in_features + plane - 1) / plane * l->out_features;
-    int64_t shard = (block + grid->G_d - 1) / grid->G_d, th = t * (l->out_features / nh);
+    int64_t shard = (block + grid->G_d - 1) / grid->G_d, hn = l->out_features / nh;
     const int64_t N = s->grad_acc, f = N * (s->recompute ? 2 : 1); /* forward calls */
     const int64_t calls = l->tied ? 2 : 1; /* lookup, and logits + loss */
     AXC_TRY(push(out, cap, n, AXC_GROUP_INTRA, AXC_COLL_ALL_REDUCE, 2, AXC_DT_I64, f * calls,
@@ -261,22 +273,28 @@ static axc_status embedding_colls(const axc_grid *grid, const axc_layer_desc *l,
                  "fwd all-gather table"));
     AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, shard, s->dtype,
                  N * calls, "bwd reduce-scatter dtable"));
-    /* the lookup's partial sums (forward), the logits' input gradient (backward) */
-    AXC_TRY(push(out, cap, n, hid, AXC_COLL_REDUCE_SCATTER, th, s->dtype, f + (l->tied ? N : 0),
-                 "reduce-scatter hidden"));
-    AXC_TRY(push(out, cap, n, other, AXC_COLL_ALL_REDUCE, th, s->dtype, f + (l->tied ? N : 0),
-                 "all-reduce hidden block"));
-    /* the lookup's output gradient (backward), the logits' input (forward) */
-    AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_GATHER, th, s->dtype, N + (l->tied ? f : 0),
-                 "all-gather hidden"));
+    /* the lookup: partial sums (forward), its output gradient gathered (backward) */
+    AXC_TRY(push(out, cap, n, hid, AXC_COLL_REDUCE_SCATTER, tl * hn, s->dtype, f,
+                 "fwd reduce-scatter lookup"));
+    AXC_TRY(push(out, cap, n, other, AXC_COLL_ALL_REDUCE, tl * hn, s->dtype, f,
+                 "fwd all-reduce lookup block"));
+    AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_GATHER, tl * hn, s->dtype, N,
+                 "bwd all-gather lookup"));
     if (l->tied) {
-        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, t, AXC_DT_F32, f,
+        /* the logits' input gathered (forward), its gradient summed back (backward) */
+        AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_GATHER, t * hn, s->dtype, f,
+                     "fwd all-gather logits input"));
+        AXC_TRY(push(out, cap, n, hid, AXC_COLL_REDUCE_SCATTER, t * hn, s->dtype, N,
+                     "bwd reduce-scatter logits input"));
+        AXC_TRY(push(out, cap, n, other, AXC_COLL_ALL_REDUCE, t * hn, s->dtype, N,
+                     "bwd all-reduce logits input block"));
+        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, tloss, AXC_DT_F32, f,
                      "fwd all-reduce loss max"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, t, AXC_DT_F32, f,
+        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, tloss, AXC_DT_F32, f,
                      "fwd all-reduce loss max"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, 2 * t, AXC_DT_F32, f,
+        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, 2 * tloss, AXC_DT_F32, f,
                      "fwd all-reduce loss sums"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, 2 * t, AXC_DT_F32, f,
+        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, 2 * tloss, AXC_DT_F32, f,
                      "fwd all-reduce loss sums"));
     }
     return push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, shard, s->grad_dtype, 1,

@@ -127,7 +127,8 @@ static int parse_layer(PyObject *d, axc_layer_desc *l)
         get_int(d, "transpose", &l->transpose) < 0 || get_int(d, "bias", &l->bias) < 0 ||
         get_int(d, "cache_weights", &l->cache_weights) < 0 || get_int(d, "easy", &l->easy) < 0 ||
         get_i64(d, "count", &l->count) < 0 || get_int(d, "tied", &l->tied) < 0 ||
-        get_int(d, "stats", &l->stats) < 0 || get_i64(d, "params", &l->params) < 0)
+        get_int(d, "stats", &l->stats) < 0 || get_i64(d, "params", &l->params) < 0 ||
+        get_i64(d, "rows", &l->rows) < 0 || get_i64(d, "seq", &l->seq) < 0)
         return -1;
     PyObject *k = PyDict_GetItemString(d, "kind"); /* borrowed */
     if (k && k != Py_None) {

@@ -456,7 +456,8 @@ static void test_token_counts_and_replicated(void)
  *      (piece 2: 2*2*4 = 16 B) + loss sums [8] (piece 4: 32 B) = 304 B;
  * row: the two all-reduces of [4, 4] (piece 8: 64 B each) + max 16 B + sums 32 B = 176 B;
  * intra: two int64[2] all-reduces over 4 ranks (rank 0's piece 1: 2*1*8 = 16 B each);
- * data: 0 (one replica). Norm (LayerNorm, H=8, params 16, split over col): 2 fwd + 2 bwd
+ * data: 0 (one replica). With seq=2 the loss covers 2 rows (max 8 B, sums 16 B a group); an
+ * untied table with rows=2 looks up 2 rows (col 32 + 32 B, row 32 B). Norm (LayerNorm, H=8, params 16, split over col): 2 fwd + 2 bwd
  * all-reduces of [4] over col (piece 2: 16 B each), the 8-element gradient block over depth
  * and data (size 1: 0 B). */
 static void test_embedding_and_norm(void)
@@ -475,12 +476,31 @@ static void test_embedding_and_norm(void)
     CHECK(v.sent[AXC_GROUP_ROW] == 176);
     CHECK(v.sent[AXC_GROUP_INTRA] == 32 && v.calls[AXC_GROUP_INTRA] == 2);
     CHECK(v.sent[AXC_GROUP_DEPTH] == 0 && v.sent[AXC_GROUP_DATA] == 0);
+    axc_volume w;
+    memset(&w, 0, sizeof w);
+    e.seq = 2; /* the shifted loss: 4 - 4/2 = 2 rows, the loss's all-reduces halve (24 B less) */
+    v = volume(&g, 0, e, s);
+    CHECK(v.sent[AXC_GROUP_COL] == 280 && v.sent[AXC_GROUP_ROW] == 152);
+    CHECK(v.sent[AXC_GROUP_INTRA] == 32);
+    e.seq = 3; /* does not divide the 4 tokens */
+    CHECK(axc_model_layer_volume(&g, 0, &e, &s, &w) == AXC_ERR_INVALID);
+    e.seq = 0;
+    e.rows = 2; /* rows is for an untied (positional) table */
+    CHECK(axc_model_layer_volume(&g, 0, &e, &s, &w) == AXC_ERR_INVALID);
+    e.rows = 0;
     e.tied = 0; /* the lookup alone: its reduce-scatter, all-reduce and backward all-gather */
     v = volume(&g, 0, e, s);
     CHECK(v.sent[AXC_GROUP_COL] == 128 && v.sent[AXC_GROUP_ROW] == 64);
+    e.rows = 2; /* a positional table: 2 lookups a rank whatever the tokens */
+    v = volume(&g, 0, e, s);
+    CHECK(v.sent[AXC_GROUP_COL] == 64 && v.sent[AXC_GROUP_ROW] == 32);
+    e.seq = 2; /* seq is for a tied one */
+    CHECK(axc_model_layer_volume(&g, 0, &e, &s, &w) == AXC_ERR_INVALID);
+    e.seq = 0;
+    e.rows = -1;
+    CHECK(axc_model_layer_volume(&g, 0, &e, &s, &w) == AXC_ERR_INVALID);
+    e.rows = 0;
     e.easy = 1;
-    axc_volume w;
-    memset(&w, 0, sizeof w);
     CHECK(axc_model_layer_volume(&g, 0, &e, &s, &w) == AXC_ERR_INVALID);
     axc_layer_desc n = {0};
     n.kind = AXC_LAYER_NORM;

@@ -13,3 +13,35 @@ def grids(world):
     for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):
         if world % (gd * gr * gc) == 0:
             yield (world // (gd * gr * gc), gr, gc, gd)
+
+
+def close(got, want, what, tol=1e-5):
+    got, want = got.detach().double(), want.detach().double()
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: shape {list(got.shape)}, expected {list(want.shape)}")
+    scale = want.abs().max().item() if want.numel() else 1.0
+    if not torch.allclose(got, want, rtol=tol, atol=tol * max(scale, 0.1)):
+        raise AssertionError(f"{what}: max |diff| {(got - want).abs().max().item():.3e}")
+
+
+def train_as_serial(g, ref, par, what, batches, loss_fn, steps, lr):
+    """`steps` AdamW steps of the serial model `ref` on the mean of every rank's loss and of the
+    parallel `par` on this rank's (sync_gradients(mean=True)): each step's loss equals serial's
+    within 1e-4, and at the end full_state_dict(par) equals ref's state dict within 1e-4.
+    `batches(step)` gives one input per rank, `loss_fn(model, input)` a scalar loss."""
+    import axonn_c  # (here: the other workers import this module before they set up axonn_c)
+
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=lr)
+    opt_p = torch.optim.AdamW(par.parameters(), lr=lr)
+    for step in range(steps):
+        inputs = batches(step)
+        losses = [loss_fn(ref, x) for x in inputs]
+        (sum(losses) / g.world_size).backward()
+        loss = loss_fn(par, inputs[g.rank])
+        close(loss, losses[g.rank], f"{what} step {step} loss", 1e-4)
+        loss.backward()
+        axonn_c.sync_gradients(par, mean=True)
+        opt_r.step(), opt_p.step(), opt_r.zero_grad(), opt_p.zero_grad()
+    full = axonn_c.full_state_dict(par)
+    for k, v in ref.state_dict().items():
+        close(full[k], v, f"{what} full_state_dict {k}", 1e-4)

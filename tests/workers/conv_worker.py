@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import axonn_c
-from common import grids
-from layers_worker import close
+from common import close, grids, train_as_serial
 
 
 def weight_shard(layer, full):
@@ -150,22 +149,14 @@ def check_unet(g, seed, steps=10):
     if n_par < len(convs) and g.rank == 0 and (len(kept) != 1 or "nn.Conv2d" not in kept[0]):
         raise AssertionError(f"{what}: expected one warning naming the kept convolutions, got "
                              f"{kept}")
-    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    opt_p = torch.optim.AdamW(par.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        xs = [torch.randn(2, 3, 8, 8, generator=gen) for _ in range(g.world_size)]
-        ts = [x.mean(1, keepdim=True).tanh() for x in xs]
-        losses = [F.mse_loss(ref(x), t) for x, t in zip(xs, ts)]
-        (sum(losses) / g.world_size).backward()
-        loss = F.mse_loss(par(xs[g.rank]), ts[g.rank])
-        close(loss, losses[g.rank], f"{what} step {step} loss", 1e-4)
-        loss.backward()
-        axonn_c.sync_gradients(par, mean=True)
-        opt_r.step(), opt_p.step(), opt_r.zero_grad(), opt_p.zero_grad()
-    full = axonn_c.full_state_dict(par)
-    for k, v in ref.state_dict().items():
-        close(full[k], v, f"{what} full_state_dict {k}", 1e-4)
+
+    def batches(step):  # an image batch for every rank; the target derived from it
+        return [torch.randn(2, 3, 8, 8, generator=gen) for _ in range(g.world_size)]
+
+    train_as_serial(g, ref, par, what, batches,
+                    lambda m, x: F.mse_loss(m(x), x.mean(1, keepdim=True).tanh()),
+                    steps=steps, lr=1e-2)
     return n_par
 
 

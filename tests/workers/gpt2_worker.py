@@ -11,7 +11,7 @@ import sys
 import torch
 
 import axonn_c
-from layers_worker import close
+from common import train_as_serial
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
@@ -41,27 +41,19 @@ def check_llama(g, seed, steps=10):
         raise AssertionError(f"{what}: {n} of 14 projections parallel")
     if par.lm_head.weight is not par.model.embed_tokens.weight:
         raise AssertionError(f"{what}: lm_head is no longer tied to embed_tokens")
-    train_as_serial(g, ref, par, what, seed, steps)
+    load_and_train(g, ref, par, what, seed, steps)
 
 
-def train_as_serial(g, ref, par, what, seed, steps):
+def load_and_train(g, ref, par, what, seed, steps):
     """Loads the serial weights, then `steps` AdamW steps of both: equal losses, equal weights."""
     par.load_state_dict(ref.state_dict())
-    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    opt_p = torch.optim.AdamW(par.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        ids = [torch.randint(0, V, (2, T), generator=gen) for _ in range(g.world_size)]
-        losses = [ref(input_ids=i, labels=i).loss for i in ids]
-        (sum(losses) / g.world_size).backward()
-        loss = par(input_ids=ids[g.rank], labels=ids[g.rank]).loss
-        close(loss, losses[g.rank], f"{what} step {step} loss", 1e-4)
-        loss.backward()
-        axonn_c.sync_gradients(par, mean=True)
-        opt_r.step(), opt_p.step(), opt_r.zero_grad(), opt_p.zero_grad()
-    full = axonn_c.full_state_dict(par)
-    for k, v in ref.state_dict().items():
-        close(full[k], v, f"{what} full_state_dict {k}", 1e-4)
+
+    def batches(step):  # every rank's token ids (its own labels)
+        return [torch.randint(0, V, (2, T), generator=gen) for _ in range(g.world_size)]
+
+    train_as_serial(g, ref, par, what, batches, lambda m, i: m(input_ids=i, labels=i).loss,
+                    steps=steps, lr=1e-3)
 
 
 def check_gpt2(g, seed, steps=10):
@@ -79,7 +71,7 @@ def check_gpt2(g, seed, steps=10):
         raise AssertionError(f"{what}: wte is {type(par.transformer.wte).__name__}")
     if par.lm_head.weight is not par.transformer.wte.weight:
         raise AssertionError(f"{what}: lm_head is no longer tied to wte")
-    train_as_serial(g, ref, par, what, seed, steps)
+    load_and_train(g, ref, par, what, seed, steps)
 
 
 def main():

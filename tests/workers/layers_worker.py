@@ -11,16 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import axonn_c
-from common import grids
-
-
-def close(got, want, what, tol=1e-5):
-    got, want = got.detach().double(), want.detach().double()
-    if got.shape != want.shape:
-        raise AssertionError(f"{what}: shape {list(got.shape)}, expected {list(want.shape)}")
-    scale = want.abs().max().item() if want.numel() else 1.0
-    if not torch.allclose(got, want, rtol=tol, atol=tol * max(scale, 0.1)):
-        raise AssertionError(f"{what}: max |diff| {(got - want).abs().max().item():.3e}")
+from common import close, grids, train_as_serial
 
 
 def table_shard(full, emb):
@@ -193,22 +184,16 @@ def check_auto_parallelize_tied(g, V, H, seed):
     assert isinstance(par.wte, axonn_c.Embedding), what + ": nn.Embedding not swapped"
     assert par.head.weight is par.wte.weight, what + ": tie lost"
     assert len(list(par.parameters())) == len(list(ref.parameters())), what + ": parameters"
-    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    opt_p = torch.optim.AdamW(par.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(seed)
-    for step in range(3):
+
+    def batches(step):  # (ids, targets) for every rank
         ids = [torch.randint(0, V, (2, 3), generator=gen) for _ in range(g.world_size)]
         tgt = [torch.randint(0, V, (2, 3), generator=gen) for _ in range(g.world_size)]
-        losses = [F.cross_entropy(ref(i).view(-1, V), t.view(-1)) for i, t in zip(ids, tgt)]
-        (sum(losses) / g.world_size).backward()
-        loss = F.cross_entropy(par(ids[g.rank]).view(-1, V), tgt[g.rank].view(-1))
-        close(loss, losses[g.rank], f"{what} step {step} loss", 1e-4)
-        loss.backward()
-        axonn_c.sync_gradients(par, mean=True)
-        opt_r.step(), opt_p.step(), opt_r.zero_grad(), opt_p.zero_grad()
-    full = axonn_c.full_state_dict(par)
-    for k, v in ref.state_dict().items():
-        close(full[k], v, f"{what} full_state_dict {k}", 1e-4)
+        return list(zip(ids, tgt))
+
+    train_as_serial(g, ref, par, what, batches,
+                    lambda m, b: F.cross_entropy(m(b[0]).view(-1, V), b[1].view(-1)),
+                    steps=3, lr=1e-2)
     par.load_state_dict(ref.state_dict())  # serial tensors, the tied entry twice
     close(par.wte.full_weight(), ref.wte.weight, what + " load_state_dict", 0)
 

@@ -300,7 +300,7 @@ def check_dropout(sizes, cfg):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grids", default="all")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--dir", required=True)
     p.add_argument("--checkpoint", action="store_true", help="GPT(checkpoint=True)")
     p.add_argument("--overlap", action="store_true", help="init(overlap=True): the scheduler, "

@@ -7,12 +7,18 @@ depth, data, intra, world), equal the communication model's prediction for the m
 - expert layout: a tied stack, axonn_c.Embedding -> blocks of split LayerNorm, Linear,
   transposed Linear (residual) -> split LayerNorm -> the tied logits and cross_entropy.
 
+- the reference GPT (axonn_c.models.GPT, expert layout): positional and tied token tables,
+  split LayerNorms, QKV/out-projection and FC1/FC2 pairs, attention (no traffic: whole heads),
+  the tied logits and the shifted vocabulary-parallel loss (plan.step_layers(model, seq=...)).
+
 One step = forward, loss, backward, sync_gradients; a first step runs before the counters are
 reset (sync_gradients's first call broadcasts the replicated state). Launched by
-tests/test_plan.py under torchrun.
+tests/test_plan.py under torchrun (`--grids 1x2x2x2,...`: those grids only).
 """
+import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import axonn_c  # noqa: E402
 from axonn_c import plan  # noqa: E402
+from axonn_c.models import GPT as ReferenceGPT  # noqa: E402
 from common import grids  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
 
@@ -101,15 +108,49 @@ def expert_stack(g, grid4):
         opt.zero_grad(set_to_none=True)
 
 
+@dataclass
+class RefConfig:  # GPT2Config's field names; 8 heads split over a row group of up to 8
+    vocab_size: int = 50  # (not a multiple of the plane: the table is padded)
+    n_positions: int = 16
+    n_embd: int = 32
+    n_layer: int = 2
+    n_head: int = 8
+
+
+def reference_gpt(g, grid4):
+    cfg, b, s = RefConfig(), 2, 12
+    torch.manual_seed(2)
+    model = ReferenceGPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    shards = g.G_data * g.G_intra_d
+    mine = slice((g.data_rank * g.G_intra_d + g.depth_rank) * b,
+                 (g.data_rank * g.G_intra_d + g.depth_rank + 1) * b)
+    for step in range(2):
+        ids = torch.randint(0, cfg.vocab_size, (shards * b, s))
+        axonn_c.reset_comm_stats()
+        model(ids[mine], labels=ids[mine]).loss.backward()
+        axonn_c.sync_gradients(model, mean=True)
+        if step == 1:
+            compare("reference GPT", g, grid4, plan.step_layers(model, seq=s), shards * b * s)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--grids", default="all", help="G_data x r x c x d items: 1x2x2x2,...")
+    a = p.parse_args()
     world = int(os.environ["WORLD_SIZE"])
+    todo = list(grids(world)) if a.grids == "all" else [
+        tuple(int(v) for v in item.split("x")) for item in a.grids.split(",")]
     checked = 0
-    for grid4 in grids(world):
+    for grid4 in todo:
         g = axonn_c.init(G_data=grid4[0], G_intra_r=grid4[1], G_intra_c=grid4[2],
                          G_intra_d=grid4[3])
         try:
             easy_gpt(g, grid4)
             expert_stack(g, grid4)
+            reference_gpt(g, grid4)
             checked += 1
         finally:
             axonn_c.finalize()

@@ -50,6 +50,10 @@ typedef struct axc_layer_desc {
     int tied;          /* embedding: its logits and cross_entropy run too (the tied output) */
     int stats;         /* norm: all-reduced statistics per call (LayerNorm 2, RMSNorm 1) */
     int64_t params;    /* replicated: elements; norm: full parameter elements (H or 2H) */
+    int64_t rows;      /* embedding, not tied: ids looked up per rank per micro-batch when > 0
+                          (a positional table: the sequence length), else the rank's tokens */
+    int64_t seq;       /* tied embedding: > 0 when the loss drops the last token of each
+                          sequence of `seq` tokens (the shifted causal-LM loss) */
 } axc_layer_desc;
 
 /* How one optimizer step runs. */
