@@ -53,9 +53,6 @@ from .state import first_hook, group_size, grid_sizes, is_initialized, microbatc
     overlap_knob, session
 
 
-
-
-
 def check_unsynced(p: Tensor) -> None:
     """A .grad already summed over ranks (an overlapped backward, or run_concurrent's reducer)
     cannot take unsummed micro-batch gradients: sync_gradients() must run first."""
