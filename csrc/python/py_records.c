@@ -64,11 +64,20 @@ static PyObject *groups_tuple(const axc_groups *g)
     return t;
 }
 
-/* the object a weak reference names (borrowed), or NULL when it is gone */
+/* the object a weak reference names, or NULL when it is gone: only compared, never used (so
+ * the reference 3.13's PyWeakref_GetRef returns can go at once) */
 static PyObject *referent(PyObject *wr)
 {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *o = NULL;
+    if (PyWeakref_GetRef(wr, &o) < 0)
+        PyErr_Clear();
+    Py_XDECREF(o);
+    return o;
+#else
     PyObject *o = PyWeakref_GetObject(wr);
     return o == Py_None ? NULL : o;
+#endif
 }
 
 /* p's marked groups when the mark still names p.grad, else none; -1 with an exception */
