@@ -247,7 +247,7 @@ class _Lookahead:
     it makes belong to the next pass (grads.chunk_counts), not to the one running."""
 
     def __init__(self, steps, casts, pass_):
-        self.steps, self.out, self.counts = steps, None, {}
+        self.steps, self.out, self.counts = steps, None, grads.new_chunk_counts()
         self.done, self.casts, self.pass_ = False, casts, pass_
 
     def _next(self) -> bool:

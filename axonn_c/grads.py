@@ -25,7 +25,7 @@ regulariser or a tied use) arrives after the layer's deferred gradient was prepa
 accumulation node waits for every producer): it becomes a record of its own, reduced like the
 deferred one and added after it when backward ends (_add_after_pending).
 
-What a backward already summed each `.grad` over is remembered here (summed_over/mark_summed),
+What a backward already summed each `.grad` over is remembered in C (summed_over/mark_summed),
 not on the Parameter: a Parameter's __dict__ travels with torch.save and copy.copy, where the
 copy's .grad is not the one that was summed.
 
@@ -33,26 +33,24 @@ Chunk calls (axonn_c.Sequential) accumulate a weight's gradient over the chunks 
 the dW GEMM (chunk_prepare/chunk_done): one record per weight and pass, complete after the
 chunk count the forwards announced (expect_chunk); its bucket starts its sum only then.
 
-What is here is bookkeeping (which tensor goes where, keeping buffers alive until the C side
-is done); every collective is started and waited for by csrc/sched/sched.c.
+The records of pending gradients, the taken .grads, the chunk records and counts and the
+summed-over marks live in C (csrc/grads/records.c, bound by csrc/python/py_records.c), which
+also applies them at the end of a pass; every collective is started and waited for by
+csrc/sched/sched.c. What is here decides what to record from torch's side of things.
 """
 from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.graph import get_gradient_edge
-from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
 from .state import first_hook, group_size, grid_sizes, is_initialized, microbatch_active, \
     overlap_knob, session
-
-
-
 
 
 def check_unsynced(p: Tensor) -> None:
@@ -80,76 +78,12 @@ def no_grad_sync():
         session.grad_sync_enabled = prev
 
 
-def summed_over(p: Tensor) -> Tuple[str, ...]:
-    """The groups over which p.grad was summed during an earlier backward (sync_gradients skips
-    them). An entry counts only while p.grad is the tensor it was made for: a .grad that was set
-    to None (zero_grad) or replaced since, or a copy's, holds nothing summed."""
-    e = _st.summed.get(p)
-    if e is None or p.grad is None or e[0]() is not p.grad:
-        return ()
-    return e[1]
-
-
-def mark_summed(p: Tensor, groups: Tuple[str, ...]) -> None:
-    """Records that p.grad (as it is now) is summed over `groups` (() forgets)."""
-    if not groups or p.grad is None:
-        _st.summed.pop(p, None)
-    else:
-        _st.summed[p] = (weakref.ref(p.grad), tuple(groups))
-
-
-class _Record:
-    __slots__ = ("param", "dw", "keep", "replace", "reduced")
-
-    def __init__(self, param, dw, keep, replace, reduced):
-        self.param, self.dw, self.keep = param, dw, keep
-        self.replace, self.reduced = replace, reduced
-
-
-def _groups_of(r: _Record) -> Tuple[str, ...]:
-    """The groups a record's gradient is summed over (a hooked parameter's record names them; a
-    deferred weight's says whether "data")."""
-    return r.reduced if isinstance(r.reduced, tuple) else (("data",) if r.reduced else ())
-
-
-class _ChunkRecord:
-    """A weight gradient `dw` that several chunk calls of one pass accumulate into
-    (axonn_c.Sequential): `left` calls to go (the forwards' count; <= 0: unknown, complete at
-    finish())."""
-    __slots__ = ("dw", "bucket", "left")
-
-    def __init__(self, dw: Tensor, bucket: Optional[int], left: int):
-        self.dw, self.bucket, self.left = dw, bucket, left
-
-
-class _State:
-    """Everything pending between a backward pass's gradients and their completion (one
-    instance, `_st`; reset at init/finalize)."""
-
-    def __init__(self):
-        # param -> (the .grad it was recorded for, the groups that .grad is summed over)
-        self.summed = WeakIdKeyDictionary()
-        self.clear()
-
-    def clear(self):
-        self.records: List[_Record] = []
-        self.params_pending: set = set()
-        # param -> (its .grad or None, the scratch tensor put in its place) for a parameter
-        # whose pending record replaces .grad and that gets another gradient through autograd
-        # in the same pass (_add_after_pending): autograd then adds in place into the scratch,
-        # not into the .grad that a deferred dW GEMM may still read (its fold). finish() drops
-        # both; an abandoned pass puts the .grad back unless the scratch was replaced meanwhile.
-        self.taken: Dict[Tensor, Tuple[Optional[Tensor], Tensor]] = {}
-        # chunk calls (axonn_c.Sequential) made with grad by the forwards since the last
-        # finish(), and the records those calls' backwards accumulate into, by weight parameter
-        self.chunk_calls: Dict[Tensor, int] = {}
-        self.chunk_open: Dict[Tensor, _ChunkRecord] = {}
-        self.counting_ahead = False  # inside chunk_counts: a forward run ahead
-        self.queued_task = None  # graph task whose end runs _end_of_backward
-        self.pass_alive = None  # weakref to the callback queued for that pass: dead once gone
-
-
-_st = _State()
+# The groups over which p.grad was summed during an earlier backward (sync_gradients skips
+# them). A mark counts only while p.grad is the tensor it was made for: a .grad that was set to
+# None (zero_grad) or replaced since, or a copy's, holds nothing summed.
+summed_over = _C.grad_summed_over
+# mark_summed(p, groups): p.grad (as it is now) is summed over `groups` (() forgets)
+mark_summed = _C.grad_mark_summed
 
 
 def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)
@@ -193,7 +127,7 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     added), and the bucket dw is in when it is reduced over the data group (`overlap_data`: the
     layer's knob), else None."""
     drop_if_abandoned()  # e.g. a second backward over a retained graph after one that raised
-    if param in _st.params_pending:  # the layer ran twice in this backward (shared weights)
+    if _C.grad_pending(param):  # the layer ran twice in this backward (shared weights)
         finish()
     prev = param.grad
     flagged = "data" in summed_over(param)
@@ -212,43 +146,40 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
 def add(param: Tensor, dw: Tensor, keep, replace: bool, bucket: Optional[int]) -> None:
     """Records a deferred gradient (in `bucket` when it is reduced over data, from prepare);
     `keep`: tensors the C side reads until finish()."""
-    _st.records.append(_Record(param, dw, keep, replace, bucket is not None))
-    _st.params_pending.add(param)
-    if bucket is not None:
-        _C.grad_bucket_written(bucket)
+    _C.grad_record(param, dw, keep, replace, () if bucket is None else ("data",), bucket)
     queue_finish()
 
 
 def expect_chunk(param: Tensor) -> None:
     """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
     accumulate into param's gradient in this pass."""
-    if (not _st.counting_ahead and torch._C._current_graph_task_id() != -1
+    if (torch._C._current_graph_task_id() != -1 and not _C.grad_counting_ahead()
             and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
         # a forward inside backward under saved-tensor hooks: torch.utils.checkpoint's
         # recomputation (use_reentrant=False), whose graph never runs backward (the original
         # forward's nodes do, and counted their calls); counting it would leave the records
         # open until the end of backward
         return
-    _st.chunk_calls[param] = _st.chunk_calls.get(param, 0) + 1
+    _C.grad_expect_chunk(param)
+
+
+new_chunk_counts = _C.grad_chunk_counts  # a table of chunk call counts for chunk_counts()
 
 
 @contextlib.contextmanager
-def chunk_counts(into: Dict[Tensor, int]):
-    """Counts the chunk calls made inside into `into`: a forward run ahead inside another pass's
-    backward (axonn_c.forward_backward), whose calls belong to the next pass, not to the one
-    that finish() ends; add_chunk_counts hands them over once that pass is over."""
-    saved, was = _st.chunk_calls, _st.counting_ahead
-    _st.chunk_calls, _st.counting_ahead = into, True
+def chunk_counts(into):
+    """Counts the chunk calls made inside into `into` (new_chunk_counts()): a forward run ahead
+    inside another pass's backward (axonn_c.forward_backward), whose calls belong to the next
+    pass, not to the one that finish() ends; add_chunk_counts hands them over once that pass is
+    over."""
+    saved = _C.grad_count_into(into)
     try:
         yield
     finally:
-        _st.chunk_calls, _st.counting_ahead = saved, was
+        _C.grad_count_into(saved)
 
 
-def add_chunk_counts(counts: Dict[Tensor, int]) -> None:
-    for p, k in counts.items():
-        _st.chunk_calls[p] = _st.chunk_calls.get(p, 0) + k
-    counts.clear()
+add_chunk_counts = _C.grad_add_counts  # (the table is left empty)
 
 
 def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor]]:
@@ -256,15 +187,13 @@ def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Op
     to: the gradient so far, or for the pass's later chunks dw itself). The chunks of a pass
     accumulate in the GEMM, without a per-chunk dW tensor for autograd to sum; the record
     completes (its bucket may then start its sum) after the last chunk's backward, chunk_done."""
-    c = _st.chunk_open.get(param)
-    if c is not None:
-        return c.dw, c.dw
+    dw = _C.grad_chunk_dw(param)
+    if dw is not None:
+        return dw, dw
     dw, fold, replace, bucket = prepare(param, n, overlap_data)
-    if bucket is not None:  # its sums wait for the pass's last chunk (chunk_done)
-        _C.grad_bucket_hold(bucket)
-    _st.records.append(_Record(param, dw, (fold,), replace, bucket is not None))
-    _st.params_pending.add(param)
-    _st.chunk_open[param] = _ChunkRecord(dw, bucket, _st.chunk_calls.pop(param, 0))
+    _C.grad_record(param, dw, (fold,), replace, () if bucket is None else ("data",), None)
+    # its calls counted so far; its bucket's sums wait for the pass's last chunk (chunk_done)
+    _C.grad_chunk_open(param, bucket)
     queue_finish()
     return dw, fold
 
@@ -272,15 +201,12 @@ def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Op
 def chunk_done(param: Tensor) -> None:
     """A chunk call's backward has written its part: after the last one the record is complete
     and its bucket, if full, starts its sum."""
-    c = _st.chunk_open.get(param)
-    if c is None:
-        return
-    c.left -= 1
-    if c.left != 0:  # more chunks to come (or an unknown count: finish() completes it)
-        return
-    del _st.chunk_open[param]
-    if c.bucket is not None:
-        _C.grad_bucket_unhold(c.bucket)
+    _C.grad_chunk_done(param)  # (an unknown count: finish() completes it)
+
+
+def chunk_open(param: Tensor) -> bool:
+    """Whether param has a chunk record of this pass still waiting for chunk calls."""
+    return _C.grad_chunk_dw(param) is not None
 
 
 # What in-flight work reads or writes is kept alive in C (csrc/grads/keeps.c), each until its
@@ -350,7 +276,7 @@ def _on_grad(ref, g: Tensor) -> None:
     p = ref()
     if g is None:  # (a Linear weight whose gradient this pass deferred: nothing reached autograd)
         return
-    if idle() and not _st.summed and not _sums_now(p):  # the common case: nothing to do
+    if idle() and not _C.grad_marks() and not _sums_now(p):  # the common case: nothing to do
         return
     # (grad mode is on in a hook exactly when backward builds a graph: create_graph=True)
     create_graph = torch.is_grad_enabled()
@@ -358,10 +284,7 @@ def _on_grad(ref, g: Tensor) -> None:
         _take_grad(p, g, create_graph)
 
 
-def idle() -> bool:
-    """Nothing pending: no record, bucket, held result or taken .grad."""
-    return not (_st.records or _st.taken or _C.keeps_count("result")
-                or _C.grad_buckets_open())
+idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad
 
 
 def _sums_now(p: Optional[Tensor]) -> bool:
@@ -386,7 +309,7 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
     drop_if_abandoned()
     # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
     # reentrant checkpoint): this one is added after it, or it is completed first
-    if p in _st.params_pending:
+    if _C.grad_pending(p):
         if not create_graph and _add_after_pending(p, g):
             return
         finish()
@@ -408,9 +331,7 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
         # that if the pass raises (the record dropped) .grad is a consistent unsummed total for
         # sync_gradients, not a summed one with an unsummed part in it
         _unreduce(p)
-    _st.records.append(_Record(p, view, None, True, groups))
-    _st.params_pending.add(p)
-    _C.grad_bucket_written(bucket)
+    _C.grad_record(p, view, None, True, groups, bucket)
     queue_finish()
 
 
@@ -422,23 +343,24 @@ def _add_after_pending(p: Tensor, g: Tensor) -> bool:
     to a .grad already summed in an earlier pass, or for an unusual gradient: the caller then
     completes the pending work first (also under create_graph=True, where autograd accumulates
     out of place, replacing the scratch)."""
-    r = next((r for r in reversed(_st.records) if r.param is p), None)
-    if r is None or not r.replace or g.dtype != p.dtype or g.layout != torch.strided:
+    last = _C.grad_last_record(p)  # (replace, groups) of p's last record
+    if last is None or not last[0] or g.dtype != p.dtype or g.layout != torch.strided:
         return False
-    if p not in _st.taken:
+    if not _C.grad_taken(p):
+        # autograd then adds in place into the scratch, not into the .grad that a deferred dW
+        # GEMM may still read (its fold); finish() drops both, an abandoned pass puts the .grad
+        # back unless the scratch was replaced meanwhile
         prev = p.grad
         scratch = torch.empty_like(p if prev is None else prev)  # (finish() replaces it)
-        _st.taken[p] = (prev, scratch)
+        _C.grad_take(p, prev, scratch)
         p.grad = scratch
-    groups = _groups_of(r)
+    groups, bucket = last[1], None
     if groups:
         part, bucket = _bucket_view(p.numel(), p, groups)
         part.copy_(g.reshape(-1))
     else:  # (summed with the rest by sync_gradients; a copy: autograd may keep g as .grad)
         part = g.detach().reshape(-1).clone()
-    _st.records.append(_Record(p, part, None, False, r.reduced))
-    if groups:
-        _C.grad_bucket_written(bucket)
+    _C.grad_record(p, part, None, False, groups, bucket)
     return True
 
 
@@ -476,15 +398,14 @@ def queue_finish() -> None:
     """Runs finish() when the current backward pass ends (once per pass). Keyed by the pass's
     graph-task id, so a pass that raised (its callbacks dropped) does not block later ones."""
     task = torch._C._current_graph_task_id()
-    if task != _st.queued_task:
+    if task != _C.grad_pass():
         cb = _EndOfBackward()
         torch.autograd.Variable._execution_engine.queue_callback(cb)
-        _st.queued_task = task
-        _st.pass_alive = weakref.ref(cb)
+        _C.grad_set_pass(task, weakref.ref(cb))
 
 
 def _end_of_backward() -> None:
-    _st.queued_task = None
+    _C.grad_set_pass(None)  # (its callback, alive while it runs, still tells the pass is on)
     finish()
     _C.sched_step_end()
 
@@ -492,40 +413,11 @@ def _end_of_backward() -> None:
 @torch.no_grad()
 def finish() -> None:
     """Completes every deferred gradient: closes open buckets, waits for the collectives, sets
-    .grad. Called at the end of backward, by sync_gradients, and before a layer's second
-    backward within one pass."""
+    .grad (or adds to it) record by record and marks what each .grad is summed over; on a failed
+    sum the records' .grads become None. Called at the end of backward, by sync_gradients, and
+    before a layer's second backward within one pass."""
     drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
-    _st.chunk_calls.clear()
-    if idle():  # (held results no hook awaited count)
-        return
-    taken = dict(_st.taken)
-    _st.taken.clear()
-    records = list(_st.records)
-    _st.records.clear()
-    _st.params_pending.clear()
-    _st.chunk_open.clear()
-    try:
-        _C.grad_buckets_finish()  # every bucket's sums, then everything deferred completes
-    except BaseException:
-        for r in records:  # do not leave half-reduced values where a gradient is expected
-            r.param.grad = None
-        raise
-    finally:
-        release_done()  # (the tasks run even when one fails)
-    for r in records:
-        p = r.param
-        taken.pop(p, None)
-        # a hooked parameter's record names its groups; a deferred weight's, whether "data"
-        groups = _groups_of(r)
-        if r.replace or p.grad is None:
-            p.grad = r.dw.view_as(p)
-        else:  # (added to a .grad summed like it: see prepare and _add_after_pending)
-            groups = tuple(dict.fromkeys(summed_over(p) + groups))
-            p.grad.add_(r.dw.view_as(p))
-        mark_summed(p, groups)
-    for p, (prev, scratch) in taken.items():  # (taken for a record that was never made)
-        if p.grad is scratch:
-            p.grad = prev
+    _C.grad_records_finish()
 
 
 def drop_if_abandoned() -> None:
@@ -538,28 +430,19 @@ def drop_if_abandoned() -> None:
     finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
     thread, keeps its records. Not on a micro-batch thread: those own no pass, and the caller's
     run_concurrent reducer may be summing through the buckets meanwhile."""
-    if (idle() or microbatch_active()
-            or (_st.pass_alive is not None and _st.pass_alive() is not None)):
+    if idle() or microbatch_active() or _C.grad_pass_alive():
         return
-    _st.queued_task = None
+    _C.grad_set_pass(None)
     try:
-        _C.sched_finish()  # (the records hold what the queued dW GEMMs write: cleared after)
+        _C.sched_finish()  # (the records hold what the queued dW GEMMs write: dropped after)
         _C.sched_step_abort()  # the half step's layer order is not learned
     finally:
-        _st.records.clear()
-        _st.params_pending.clear()
-        _C.grad_buckets_drop()  # not summed: partial buckets
-        _st.chunk_open.clear()
-        _st.chunk_calls.clear()
-        for p, (prev, scratch) in _st.taken.items():  # the gradient accumulated before the pass
-            if p.grad is scratch:
-                p.grad = prev
-        _st.taken.clear()
-        release_done()
+        # records, chunk records and counts and partial buckets dropped; taken .grads put back
+        _C.grad_records_drop()
 
 
 def reset() -> None:
     """Forgets everything pending (at init/finalize: nothing is in flight)."""
-    _st.clear()
+    _C.grad_records_clear()
     _C.grad_buckets_drop()
     _C.keeps_clear()

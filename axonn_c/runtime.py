@@ -238,10 +238,13 @@ def scheduler_stats(reset: bool = False) -> dict:
     pending; and the gradient buckets': buckets (made), buckets_early (whose sums started
     during backward), buckets_after_holds (of those, at the last chunk of a pass),
     buckets_at_end (started when backward ended); and what is kept alive for work in flight:
-    kept_tasks, kept_results, kept_outputs. `reset` zeroes the counters (peaks restart from
+    kept_tasks, kept_results, kept_outputs; and the pending gradient records: grad_records (of
+    this pass), chunk_records_open (chunk records still waiting for calls), summed_marks
+    (parameters whose .grad is marked summed). `reset` zeroes the counters (peaks restart from
     what is alive)."""
     stats = _C.sched_stats(reset)
     stats.update(_C.grad_buckets_stats(reset))
     for kind in ("task", "result", "output"):
         stats[f"kept_{kind}s"] = _C.keeps_count(kind)
+    stats.update(_C.grad_records_stats())
     return stats

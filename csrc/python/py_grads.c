@@ -179,9 +179,7 @@ static PyObject *py_take(PyObject *self, PyObject *args)
     return Py_BuildValue("(Ni)", piece, id);
 }
 
-typedef axc_status (*bucket_fn)(axc_buckets *, int);
-
-static PyObject *on_bucket(PyObject *arg, bucket_fn fn)
+PyObject *axc_py_bucket_op(PyObject *arg, bucket_fn fn)
 {
     int id = (int)PyLong_AsLong(arg);
     if (PyErr_Occurred())
@@ -201,29 +199,34 @@ static PyObject *on_bucket(PyObject *arg, bucket_fn fn)
 static PyObject *py_written(PyObject *self, PyObject *arg)
 {
     (void)self;
-    return on_bucket(arg, axc_buckets_written);
+    return axc_py_bucket_op(arg, axc_buckets_written);
 }
 
 /* grad_bucket_hold(bucket) / grad_bucket_unhold(bucket): a chunk record accumulating into it */
 static PyObject *py_hold(PyObject *self, PyObject *arg)
 {
     (void)self;
-    return on_bucket(arg, axc_buckets_hold);
+    return axc_py_bucket_op(arg, axc_buckets_hold);
 }
 
 static PyObject *py_unhold(PyObject *self, PyObject *arg)
 {
     (void)self;
-    return on_bucket(arg, axc_buckets_unhold);
+    return axc_py_bucket_op(arg, axc_buckets_unhold);
+}
+
+static PyObject *py_finish(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return axc_py_grad_buckets_finish();
 }
 
 /* grad_buckets_finish(): every bucket starts its sums, everything deferred completes
  * (sched_finish), and the buffers are let go (the pieces handed out keep theirs alive). On an
  * error the work already started still completes before the buffers go. */
-static PyObject *py_finish(PyObject *self, PyObject *noargs)
+PyObject *axc_py_grad_buckets_finish(void)
 {
-    (void)self;
-    (void)noargs;
     axc_sched *s = axc_py_sched();
     if (!s) {
         axc_buckets_reset(buckets());
@@ -381,7 +384,7 @@ static axc_keeps *keeps(void) { return axc_runtime_keeps(axc_py_runtime()); }
 
 /* Releases what finished work kept (the scheduler's counters, read with the GIL released:
  * its lock may be held by a thread waiting for the GIL). */
-static void release_done(void)
+void axc_py_keeps_release_done(void)
 {
     axc_sched *s = axc_py_sched();
     if (!s)
@@ -422,7 +425,7 @@ static PyObject *py_keep_alive(PyObject *self, PyObject *args)
     axc_keeps *k = keeps();
     if (!k)
         return NULL;
-    release_done();
+    axc_py_keeps_release_done();
     Py_INCREF(obj);
     axc_status st = axc_keeps_add(k, kind, number, obj);
     if (st != AXC_OK)
@@ -435,7 +438,7 @@ static PyObject *py_keeps_release_done(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    release_done();
+    axc_py_keeps_release_done();
     Py_RETURN_NONE;
 }
 

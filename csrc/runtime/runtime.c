@@ -1,5 +1,5 @@
-/* The runtime (axc/runtime.h): one session's communicator, scheduler, gradient buckets and
- * keep-alives, and the start of due bucket sums. */
+/* The runtime (axc/runtime.h): one session's communicator, scheduler, gradient buckets,
+ * keep-alives and gradient records, and the start of due bucket sums. */
 #include "axc/runtime.h"
 
 #include <stdlib.h>
@@ -12,6 +12,7 @@ struct axc_runtime {
     axc_sched *sched; /* over comm */
     axc_buckets *buckets;
     axc_keeps *keeps;
+    axc_grad_records *records;
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
 };
@@ -39,6 +40,8 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
     axc_status st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
     if (st == AXC_OK)
         st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
+    if (st == AXC_OK)
+        st = axc_records_create(&rt->records, ops->release_kept, ops->kept_ctx);
     if (st != AXC_OK) {
         axc_runtime_destroy(rt);
         return st;
@@ -52,6 +55,7 @@ void axc_runtime_destroy(axc_runtime *rt)
     if (!rt)
         return;
     axc_runtime_close(rt);
+    axc_records_destroy(rt->records);
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
     axc_buckets_destroy(rt->buckets);
@@ -103,6 +107,8 @@ axc_comm *axc_runtime_comm(const axc_runtime *rt) { return rt ? rt->comm : NULL;
 axc_sched *axc_runtime_sched(const axc_runtime *rt) { return rt ? rt->sched : NULL; }
 axc_buckets *axc_runtime_buckets(const axc_runtime *rt) { return rt ? rt->buckets : NULL; }
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt) { return rt ? rt->keeps : NULL; }
+
+axc_grad_records *axc_runtime_records(const axc_runtime *rt) { return rt ? rt->records : NULL; }
 
 axc_status axc_runtime_start_due_sums(axc_runtime *rt)
 {

@@ -163,11 +163,17 @@ static void one_rank(void)
         CHECK_OK(axc_runtime_close(rt));
         CHECK(!axc_runtime_is_open(rt) && !axc_runtime_sched(rt));
     }
-    /* what is kept is released when the runtime goes */
-    static int obj;
+    /* what is kept, and what the gradient records and marks hold, is released when the
+     * runtime goes */
+    static int obj, param, dw, stamp;
     CHECK_OK(axc_keeps_add(axc_runtime_keeps(rt), AXC_KEEP_TASK, 1, &obj));
+    axc_grad_records *recs = axc_runtime_records(rt);
+    CHECK(recs != NULL);
+    CHECK_OK(axc_records_add(recs, &(axc_grad_record){.key = 1, .param = &param, .dw = &dw}));
+    axc_groups data = {.n = 1, .g = {AXC_GROUP_DATA}};
+    CHECK_OK(axc_records_mark(recs, 1, &stamp, &data));
     axc_runtime_destroy(rt);
-    CHECK(g_counts.kept_released == 1);
+    CHECK(g_counts.kept_released == 4);
     CHECK_MSG(g_counts.begins == g_counts.ends, "%d begins, %d ends", g_counts.begins,
               g_counts.ends);
     axc_runtime_destroy(NULL);

@@ -297,7 +297,8 @@ def check_chunk_records(g):
     assert sum(autograd_dw) <= 1, f"{what}: chunk dW reached autograd: {autograd_dw}"
     if g.G_data > 1:
         assert early > 0, f"{what}: no weight bucket's sum started at its last chunk"
-    assert not axonn_c.grads._st.chunk_open and axonn_c._C.grad_buckets_open() == 0, what
+    assert axonn_c.scheduler_stats()["chunk_records_open"] == 0, what
+    assert axonn_c._C.grad_buckets_open() == 0, what
 
 
 def check_checkpoint(g):
@@ -317,7 +318,7 @@ def check_checkpoint(g):
 
     def done(param):
         real_done(param)
-        completed.append(param not in axonn_c.grads._st.chunk_open)
+        completed.append(not axonn_c.grads.chunk_open(param))
 
     for early_stop in (True, False, True):
         model, ref, kin, kout = chain_case(14, chunks=2)

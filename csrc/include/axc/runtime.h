@@ -3,8 +3,9 @@
  * - The communicator of the current init() and the scheduler over it (none between finalize()
  *   and the next init: axc_runtime_open / axc_runtime_close, which tear down in order: the
  *   scheduler drains before the communicator goes).
- * - The gradient bucket engine and the keep-alive queues, made with the runtime and kept across
- *   inits (their buffers and owners come from the embedding program: torch tensors, Python
+ * - The gradient bucket engine, the keep-alive queues and the records of pending gradients with
+ *   the summed-over marks (axc/records.h), made with the runtime and kept across inits (their
+ *   buffers and owners come from the embedding program: torch tensors, Python
  *   references, through the ops it passes in).
  * - The step that starts the bucket sums that came due, in the engine's order, through the
  *   scheduler, on every rank alike.
@@ -19,6 +20,7 @@
 #include "axc/buckets.h"
 #include "axc/comm.h"
 #include "axc/keeps.h"
+#include "axc/records.h"
 #include "axc/sched.h"
 #include "axc/status.h"
 
@@ -33,7 +35,8 @@ typedef struct axc_runtime_hooks {
 
 typedef struct axc_runtime_ops {
     axc_bucket_ops buckets;                         /* the gradient buffers and residuals */
-    void (*release_kept)(void *ctx, void *owner);   /* drops what a keep-alive queue held */
+    void (*release_kept)(void *ctx, void *owner);   /* drops what a keep-alive queue or the
+                                                     * gradient records held */
     void *kept_ctx;
     axc_runtime_hooks hooks;
     size_t bucket_bytes;                            /* the initial gradient bucket size */
@@ -56,6 +59,7 @@ axc_comm *axc_runtime_comm(const axc_runtime *rt);   /* NULL when not open */
 axc_sched *axc_runtime_sched(const axc_runtime *rt); /* NULL when not open */
 axc_buckets *axc_runtime_buckets(const axc_runtime *rt);
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt);
+axc_grad_records *axc_runtime_records(const axc_runtime *rt);
 
 /* Starts every gradient sum the bucket engine has due, in its order, each after everything the
  * scheduler deferred so far, on torch's current stream of the sum's CUDA device. A call made
