@@ -100,3 +100,12 @@ def test_compression_policy_errors(world_of_one):
     assert axonn_c.compression_state() == {"residuals": {}}
     with pytest.raises(TypeError, match="expected the dict compression_state"):
         axonn_c.load_compression_state({"residual": {}})
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("nproc,n_grids", [(2, 4), (4, 10)])
+def test_compressed_step_wire_bytes_equal_model(nproc, n_grids):
+    # every grid of the world: a training step's wire bytes per group as counted == predicted
+    # by plan.step_volume for data int8/int4 and codecs on depth/row/col, overlap off and on
+    out = torchrun(nproc, "compress_bytes_worker.py", timeout=900)
+    assert f"compress_bytes_worker: {n_grids} grids equal on world {nproc}" in out, out
