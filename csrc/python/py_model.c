@@ -108,9 +108,14 @@ static int parse_step_codecs(PyObject *d, axc_step_desc *s)
         int g = group_of_key(k, "compression"), block = 0;
         if (g < 0)
             return -1;
-        if (!PyArg_ParseTuple(val, "si;'compression' values are (codec name, block)", &name,
-                              &block))
+        if (!PyTuple_Check(val) ||
+            !PyArg_ParseTuple(val, "si;'compression' values are (codec name, block)", &name,
+                              &block)) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "'compression'['%s'] must be (codec name, block), "
+                             "got %s", k, Py_TYPE(val)->tp_name);
             return -1;
+        }
         axc_status st = axc_codec_from_name(name, &s->codec[g]);
         if (st == AXC_OK)
             st = axc_codec_check(s->codec[g], block, NULL);
