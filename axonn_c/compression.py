@@ -108,6 +108,37 @@ def apply(policy: Policy) -> None:
             _C.set_layer_codec(dim, codec, block)
 
 
+def layer_policy(compression, what: str = "Linear.compression") -> Optional[Policy]:
+    """A layer's own policy (Linear.compression): None (init's/optimize_communication's), or the
+    dimensions it names among depth/row/col (a codec name alone is refused: it would mean
+    data's). "data" is refused: the data-parallel gradient sums are packed into buckets shared
+    by every layer (csrc/grads/buckets.c), so their codec is the job's."""
+    if compression is None:
+        return None
+    if isinstance(compression, str) or (isinstance(compression, dict) and "codec" in compression):
+        raise ValueError(f"{what}: name the dimensions, e.g. {{'depth': 'bf16', 'row': 'int8'}}"
+                         f" (some of {list(LAYER_DIMENSIONS)}), got {compression!r}")
+    by_dim = _by_dimension(compression)
+    if "data" in by_dim:
+        raise ValueError(f"{what}: 'data' cannot be set per layer (the data-parallel gradient "
+                         "sums share buckets across layers): set it with "
+                         "init(compression=...) or optimize_communication(compression=...); "
+                         f"a layer takes some of {list(LAYER_DIMENSIONS)}")
+    return {dim: _spec(dim, value) for dim, value in by_dim.items()}
+
+
+def layer_codec_ints(own: Policy) -> tuple:
+    """(depth codec, depth block, row codec, row block, col codec, col block) as the C layer
+    takes them (csrc/python/py_linear.c): the layer's own where it names a dimension (None: off),
+    the session's policy elsewhere."""
+    out = []
+    for dim in LAYER_DIMENSIONS:
+        spec = own[dim] if dim in own else session.compression.get(dim)
+        codec, block = (spec[0], spec[1]) if spec else ("none", 0)
+        out += [CODECS.index(codec), block]
+    return tuple(out)
+
+
 def compression_state() -> dict:
     """The error-feedback residuals of the compressed gradient sums on this rank ({slot:
     float32 tensor}, copies), for a checkpoint: load them with load_compression_state on the
