@@ -96,6 +96,18 @@ def merge_policy(base: Policy, compression) -> Policy:
     return merged
 
 
+def check_transport(policy: Policy, backend) -> None:
+    """Refuses, before any rank touches the store, a data codec that no gradient sum of this job
+    could run: with backend="nccl" alone every bucket is a CUDA one, and a build without the
+    codec kernels cannot compress it (the first backward would fail). (The layers' codecs stay
+    exact where a transport cannot compress; CPU gradients compress on shm.)"""
+    if "data" in policy and backend == "nccl" and not _C.codec_cuda_compiled():
+        raise ValueError(
+            f"compression['data'] = {policy['data'][0]!r} needs the CUDA codec kernels with "
+            "backend='nccl', and this build has none (built without nvcc): rebuild with nvcc, "
+            "or pass compression=None")
+
+
 def apply(policy: Policy) -> None:
     """Hands the policy to the gradient buckets and the communicator, and records it as the
     session's (the residuals stay: init clears them when the grid is new)."""

@@ -140,3 +140,12 @@ def test_layer_compression_errors(world_of_one):
     assert layer.compression == {"depth": "bf16", "row": None}
     x = torch.randn(3, 8)
     assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.full_weight(), layer.bias))
+
+
+def test_data_codec_without_kernels_refused_at_init(world_of_one, monkeypatch):
+    # backend="nccl" alone sums CUDA buckets: without the codec kernels, refused before init
+    monkeypatch.setattr(_C, "codec_cuda_compiled", lambda: False)
+    with pytest.raises(ValueError, match=r"compression\['data'\] = 'int8' needs the CUDA codec "
+                                         r"kernels with backend='nccl'"):
+        axonn_c.init(backend="nccl", compression="int8")
+    assert not axonn_c.is_initialized()
