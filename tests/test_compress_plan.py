@@ -19,10 +19,10 @@ def test_data_codec_bytes_by_hand():
     # one bucket of 64*96 + 96 = 6240 gradients over 4 data ranks: piece 1560
     plain = entry((4, 1, 1, 1))
     assert plain["bytes"]["data"] == 2 * (6240 - 1560) * 4
-    # int4, default block 128: 13 fp32 scales + 780 B per piece, 3 peers, reduce-scatter +
+    # int4, default block 64: 25 fp32 scales + 780 B per piece, 3 peers, reduce-scatter +
     # all-gather
     assert entry((4, 1, 1, 1), compression={"data": "int4"})["bytes"]["data"] == \
-        2 * 3 * (13 * 4 + 780)
+        2 * 3 * (25 * 4 + 780)
     # int8 with blocks of 64: 25 scales + 1560 B; a codec name alone is data's
     assert entry((4, 1, 1, 1), compression={"codec": "int8", "block": 64})["bytes"]["data"] == \
         2 * 3 * (25 * 4 + 1560)
