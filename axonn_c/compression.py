@@ -96,6 +96,18 @@ def merge_policy(base: Policy, compression) -> Policy:
     return merged
 
 
+def check_transport(policy: Policy, backend) -> None:
+    """Refuses, before any rank touches the store, a data codec that no gradient sum of this job
+    could run: with backend="nccl" alone every bucket is a CUDA one, and a build without the
+    codec kernels cannot compress it (the first backward would fail). (The layers' codecs stay
+    exact where a transport cannot compress; CPU gradients compress on shm.)"""
+    if "data" in policy and backend == "nccl" and not _C.codec_cuda_compiled():
+        raise ValueError(
+            f"compression['data'] = {policy['data'][0]!r} needs the CUDA codec kernels with "
+            "backend='nccl', and this build has none (built without nvcc): rebuild with nvcc, "
+            "or pass compression=None")
+
+
 def apply(policy: Policy) -> None:
     """Hands the policy to the gradient buckets and the communicator, and records it as the
     session's (the residuals stay: init clears them when the grid is new)."""
@@ -106,6 +118,37 @@ def apply(policy: Policy) -> None:
         for dim in LAYER_DIMENSIONS:
             codec, block, _ = policy.get(dim, ("none", 0, False))
             _C.set_layer_codec(dim, codec, block)
+
+
+def layer_policy(compression, what: str = "Linear.compression") -> Optional[Policy]:
+    """A layer's own policy (Linear.compression): None (init's/optimize_communication's), or the
+    dimensions it names among depth/row/col (a codec name alone is refused: it would mean
+    data's). "data" is refused: the data-parallel gradient sums are packed into buckets shared
+    by every layer (csrc/grads/buckets.c), so their codec is the job's."""
+    if compression is None:
+        return None
+    if isinstance(compression, str) or (isinstance(compression, dict) and "codec" in compression):
+        raise ValueError(f"{what}: name the dimensions, e.g. {{'depth': 'bf16', 'row': 'int8'}}"
+                         f" (some of {list(LAYER_DIMENSIONS)}), got {compression!r}")
+    by_dim = _by_dimension(compression)
+    if "data" in by_dim:
+        raise ValueError(f"{what}: 'data' cannot be set per layer (the data-parallel gradient "
+                         "sums share buckets across layers): set it with "
+                         "init(compression=...) or optimize_communication(compression=...); "
+                         f"a layer takes some of {list(LAYER_DIMENSIONS)}")
+    return {dim: _spec(dim, value) for dim, value in by_dim.items()}
+
+
+def layer_codec_ints(own: Policy) -> tuple:
+    """(depth codec, depth block, row codec, row block, col codec, col block) as the C layer
+    takes them (csrc/python/py_linear.c): the layer's own where it names a dimension (None: off),
+    the session's policy elsewhere."""
+    out = []
+    for dim in LAYER_DIMENSIONS:
+        spec = own[dim] if dim in own else session.compression.get(dim)
+        codec, block = (spec[0], spec[1]) if spec else ("none", 0)
+        out += [CODECS.index(codec), block]
+    return tuple(out)
 
 
 def compression_state() -> dict:

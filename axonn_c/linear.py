@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _C, comm, grads, replicate, validate
+from . import compression as compression_policy
 from .comm import _stream
 from .state import OVERLAP_KNOBS, grid, grid_sizes, microbatch_active, refuse_cuda, session
 
@@ -42,6 +43,7 @@ _cache = _Caches()
 #       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad,
 #       hold])
 _SCHED, _OV_DATA, _LAYER, _DEFER_DW, _HOLD = 8, 9, 10, 11, 12
+_CODECS = 13  # [13:19]: the layer's own codecs (Linear.compression), compression.layer_codec_ints
 # hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/chunking.py): a direct child leaves
 # its forward all-reduce of y (HOLD_FWD) and its dX all-reduce (HOLD_BWD) in flight for the next
 # consumer to await; every Linear call while a container pipelines on this thread is one of
@@ -73,7 +75,7 @@ def _desc(cfg, dtype: torch.dtype) -> tuple:
         defer_dw = len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW])
         d = _cache.desc[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
                                 str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks, bool(scheduled),
-                                defer_dw)
+                                defer_dw) + ((tuple(cfg[_CODECS:]),) if len(cfg) > _CODECS else ())
     return d
 
 
@@ -774,18 +776,22 @@ class Linear(nn.Module):
         if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
                 and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(_CAPTURE_REFUSAL)
-        plain = None if torch.compiler.is_compiling() else self._plain_call(
+        codecs = self._codecs()
+        plain = None if torch.compiler.is_compiling() or codecs else self._plain_call(
             x.dtype, use_bias, (ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw), hold)
         if plain is not None:  # nothing cross-layer to do: one C call each way
             y = _PlainLinear.apply(x2, w, b if use_bias else None, plain)
         elif torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
+            if codecs:
+                raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
+                                          "supported under torch.compile yet")
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks)
             y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
         else:
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast
             scheduled = ov_ag and w is self.weight
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
-                   int(scheduled), ov_data, self._layer_id(), defer_dw, hold)
+                   int(scheduled), ov_data, self._layer_id(), defer_dw, hold) + codecs
             y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
@@ -800,6 +806,26 @@ class Linear(nn.Module):
     overlap_all_gather = _knob("overlap_all_gather")  # prefetch this layer's depth all-gather
     overlap_data = _knob("overlap_data")  # data-parallel reduction of dW during backward
     defer_wgrad = _knob("defer_wgrad")  # dW GEMM run under a later layer's dX reduction
+
+    @property
+    def compression(self):
+        """This layer's own codecs for its collectives over depth/row/col (docs/compression.md),
+        e.g. {"depth": "bf16", "row": {"codec": "int8", "block": 128}}: the dimensions named
+        replace init()'s/optimize_communication()'s policy for this layer (None or "none"
+        turns one off), the others follow it. None (the default): the session's policy."""
+        return self.__dict__.get("_compression_arg")
+
+    @compression.setter
+    def compression(self, value):
+        own = compression_policy.layer_policy(value)  # (raises before anything changes)
+        self.__dict__["_compression_arg"] = value
+        self.__dict__["_own_compression"] = own
+        self.__dict__["_plain_memo"] = None  # (a layer with its own codecs takes the general path)
+
+    def _codecs(self) -> tuple:
+        """The C layer's codec ints when this layer has its own policy, else ()."""
+        own = self.__dict__.get("_own_compression")
+        return () if own is None else compression_policy.layer_codec_ints(own)
 
     def _overlap_knobs(self) -> tuple:
         if (self.overlap_all_reduce is None and self.overlap_reduce_scatter is None

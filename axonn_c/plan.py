@@ -27,7 +27,8 @@ _DTYPES = MappingProxyType({"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": 
 # keys of a transformer description (the C side reads the same names)
 _TRANSFORMER_KEYS = ("blocks", "hidden", "heads", "ffn", "vocab")
 _COMMON_KEYS = ("seq", "global_batch", "grad_acc", "micro_batch", "recompute", "dtype",
-                "grad_dtype", "fwd_chunks", "ratio", "optimizer_states", "cache_weights")
+                "grad_dtype", "fwd_chunks", "ratio", "optimizer_states", "cache_weights",
+                "compression", "bucket_bytes", "bucket_reverse")
 
 
 def _C():
@@ -154,17 +155,77 @@ def step_layers(model, tied_loss: bool = False, seq: int | None = None) -> list[
     return layers
 
 
+def codecs_of(compression) -> dict:
+    """init(compression=...)'s policy (None, a codec name or spec: data's, or a dict by
+    dimension; axonn_c/compression.py checks it) as the model's {group: (codec, block)}."""
+    from .compression import parse_policy
+
+    return {dim: (codec, block) for dim, (codec, block, _) in parse_policy(compression).items()}
+
+
+def parse_cli_compression(items) -> dict:
+    """--compression's DIM=CODEC[:BLOCK] items (also comma-separated) as a policy dict."""
+    policy: dict = {}
+    for item in (part for arg in items or () for part in arg.split(",") if part):
+        dim, sep, spec = item.partition("=")
+        if not sep or not spec:
+            raise ValueError(f"--compression {item!r}: expected DIM=CODEC[:BLOCK], e.g. "
+                             "data=int4 or depth=int8:128")
+        codec, _, block = spec.partition(":")
+        try:
+            policy[dim] = {"codec": codec, "block": int(block) if block else 0}
+        except ValueError:
+            raise ValueError(f"--compression {item!r}: the block size {block!r} is not an "
+                             "integer") from None
+    return policy
+
+
+def step_volume(model, grid, rank: int, tokens: int, *, compression=None, overlap=False,
+                bucket_bytes=None, tied_loss=False, layers=None, **step) -> dict:
+    """What global rank `rank` sends and receives per group in one training step (forward,
+    backward, sync_gradients) of `model` on `grid` (G_data, G_intra_r, G_intra_c, G_intra_d):
+    {"sent": {group: bytes}, "recv": ..., "calls": ..., "hops": ...}, the wire bytes that
+    comm_stats() counts. `tokens`: of the whole job in the step. `compression`: init's policy
+    (the depth/row/col codecs apply to the Linear layers' own collectives; the data codec to
+    the gradient buckets, whose packing decides the wire bytes). `overlap`: init(overlap=):
+    backward sums the data gradients in buckets of `bucket_bytes` (init(bucket_size=), 4 MiB
+    by default), last layer first, and the scheduler keeps the last Linear's forward gather
+    for its backward (docs/scheduler.md); else sync_gradients sums them, in model order, in
+    buckets of grads.SYNC_BUCKET_BYTES. `step`: grad_acc, recompute, dtype, grad_dtype, fwd_chunks.
+    `layers`: step_layers(model, tied_loss) unless given."""
+    from .grads import SYNC_BUCKET_BYTES
+    from .state import Session
+
+    if bucket_bytes is None:
+        bucket_bytes = Session.bucket_bytes if overlap else SYNC_BUCKET_BYTES
+    if layers is None:
+        layers = step_layers(model, tied_loss=tied_loss)
+    if overlap:  # the scheduler keeps the last forward layer's gather for its backward
+        last = max((i for i, l in enumerate(layers) if l.get("kind", "linear") == "linear"),
+                   default=None)
+        if last is not None:
+            layers = list(layers)
+            layers[last] = dict(layers[last], cache_weights=1)
+    desc = dict(step, tokens=tokens, compression=codecs_of(compression),
+                bucket_bytes=bucket_bytes, bucket_reverse=int(bool(overlap)))
+    for k in ("dtype", "grad_dtype"):
+        if k in desc:
+            desc[k] = _dtype(desc[k], k)
+    return _C().model_volume(tuple(grid), rank, layers, desc)
+
+
 def make_desc(*, model=None, layers=None, **kw) -> dict:
     """Builds the description dict the C planner reads. Keyword names: blocks (or n_layers),
     hidden, heads, ffn, vocab, seq, global_batch, grad_acc, micro_batch, recompute
     ('full'/'none' or bool), dtype, grad_dtype ('bf16'/'fp16'/'fp32'), fwd_chunks, ratio
-    ({group: codec ratio}) or compression ({group: ratio}), cache_weights, optimizer
-    ('adam'/'sgd')."""
+    ({group: codec ratio}, an estimate), compression (init(compression=...)'s policy: exact
+    wire bytes), bucket_bytes and bucket_reverse (how the data gradients are packed:
+    step_volume), cache_weights, optimizer ('adam'/'sgd')."""
     desc: dict = {}
     if "n_layers" in kw:
         kw["blocks"] = kw.pop("n_layers")
-    if "compression" in kw:
-        kw["ratio"] = kw.pop("compression")
+    if kw.get("compression") is not None:
+        kw["compression"] = codecs_of(kw["compression"])
     opt = kw.pop("optimizer", "adam")
     if opt not in ("adam", "sgd"):
         raise ValueError(f"optimizer={opt!r}: expected 'adam' or 'sgd'")
@@ -432,7 +493,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cache-weights", action="store_true",
                    help="keep gathered weights from forward to backward")
     r.add_argument("--compress-data", type=float, default=1.0, metavar="RATIO",
-                   help="codec ratio (compressed/raw bytes) of the data-parallel gradients")
+                   help="estimated codec ratio (compressed/raw bytes) of the data-parallel "
+                   "gradients (--compression gives exact bytes)")
+    r.add_argument("--compression", nargs="+", metavar="DIM=CODEC[:BLOCK]",
+                   help="init(compression=...)'s policy, e.g. data=int4 depth=bf16 "
+                   "row=int8:128 (codecs none bf16 fp8 int8 int4; BLOCK a power of two, "
+                   "default the codec's): exact wire bytes")
+    r.add_argument("--bucket-size", type=int, default=None, metavar="BYTES",
+                   help="data gradient bucket size (init(bucket_size=)); with --compression "
+                   "the packing decides the data group's wire bytes (default: "
+                   "sync_gradients' 32 MiB buckets, model order)")
     r.add_argument("--fwd-chunks", type=int, default=1,
                    help="over-decomposition of the forward all-reduce")
     r.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
@@ -448,6 +518,10 @@ def _parser() -> argparse.ArgumentParser:
                         "write a profile to --out")
     c.add_argument("--out", default="machine.json", help="profile written by --calibrate")
     return p
+
+
+# (= grads.SYNC_BUCKET_BYTES, which imports torch: the CLI's planning does not need it)
+SYNC_BUCKET_BYTES_CLI = 32 * 1024 * 1024
 
 
 def main(argv=None) -> int:
@@ -482,7 +556,9 @@ def main(argv=None) -> int:
                        grad_acc=None if args.micro_batch else args.grad_acc,
                        recompute=args.recompute, dtype=args.dtype, grad_dtype=args.grad_dtype,
                        cache_weights=args.cache_weights, fwd_chunks=args.fwd_chunks,
-                       ratio={"data": args.compress_data}, optimizer=args.optimizer)
+                       ratio={"data": args.compress_data}, optimizer=args.optimizer,
+                       compression=parse_cli_compression(args.compression) or None,
+                       bucket_bytes=args.bucket_size or SYNC_BUCKET_BYTES_CLI)
         dt = time.perf_counter() - t0
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -496,7 +572,8 @@ def main(argv=None) -> int:
     print(f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, ffn {ffn}, "
           f"vocab {args.vocab or 'none'} ({params / 1e9:.1f}B params in linear layers); "
           f"seq {args.seq}, global batch {args.global_batch}; recompute {args.recompute}, "
-          f"{args.dtype} weights, {args.grad_dtype} data-parallel gradients")
+          f"{args.dtype} weights, {args.grad_dtype} data-parallel gradients"
+          + (f"; compression {' '.join(args.compression)}" if args.compression else ""))
     print(f"machine: {prof['name']} ({prof['gpus_per_node']} GPUs/node, {prof['mem_gib']:g} GiB, "
           f"{prof['inter_node_gbps']:g} GB/s per node); {args.gpus} GPUs: {len(entries)} grids, "
           f"{n_valid} divide, {n_fit} fit in memory ({dt * 1e3:.0f} ms)")
@@ -534,6 +611,8 @@ def _bad_cli_numbers(args) -> str | None:
             return f"--{name.replace('_', '-')} must be in [{lo}, {hi}], got {value}"
     if not (math.isfinite(args.compress_data) and args.compress_data > 0):
         return f"--compress-data must be a finite ratio > 0, got {args.compress_data}"
+    if args.bucket_size is not None and args.bucket_size < 4:
+        return f"--bucket-size must be >= 4 bytes, got {args.bucket_size}"
     return None
 
 

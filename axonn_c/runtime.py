@@ -137,6 +137,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             raise TypeError(f"{name} must be an int, got {value!r}")
     if backend not in (None, "auto", "shm", "nccl"):
         raise ValueError(f"backend={backend!r}: expected None, 'shm' or 'nccl'")
+    compression_policy.check_transport(policy, backend)
     if _C.is_initialized():
         _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                 G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,

@@ -31,6 +31,9 @@ def run_one(args, compression, out_json):
 
     spec = {"codec": "int4", "error_feedback": False} if compression == "int4-noef" else \
         compression
+    if compression and ":" in compression:  # CODEC:BLOCK (--settings), error feedback default
+        codec, block = compression.split(":")
+        spec = {"codec": codec, "block": int(block)}
     real_init = axonn_c.init
 
     def init(*a, **kw):  # the demo's init, with this setting (the CLI takes codec names only)
@@ -64,6 +67,9 @@ def main():
                    help="simulated link bandwidth in GB/s (0: the real shm speed)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="overlap the gradient sums with backward (off: the sums are exposed)")
+    p.add_argument("--settings", default=",".join(s or "none" for _, s in SETTINGS),
+                   help="comma-separated settings: none, bf16, int8, int4, int4-noef, or "
+                   "CODEC:BLOCK (e.g. int4:64, to measure a block size)")
     p.add_argument("--out", default="")
     p.add_argument("--one", nargs=2, metavar=("SETTING", "JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -75,7 +81,10 @@ def main():
         env["AXONN_C_SIM_GBPS"] = str(args.sim_gbps)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, setting in SETTINGS:
+        named = {s or "none": n for n, s in SETTINGS}
+        for setting in args.settings.split(","):
+            name = named.get(setting, setting)
+            setting = None if setting == "none" else setting
             out = Path(tmp) / "one.json"
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                    str(args.ranks), "--master_addr", "127.0.0.1", "--master_port",

@@ -100,3 +100,52 @@ def test_compression_policy_errors(world_of_one):
     assert axonn_c.compression_state() == {"residuals": {}}
     with pytest.raises(TypeError, match="expected the dict compression_state"):
         axonn_c.load_compression_state({"residual": {}})
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("nproc,n_grids", [(2, 4), (4, 10)])
+def test_compressed_step_wire_bytes_equal_model(nproc, n_grids):
+    # every grid of the world: a training step's wire bytes per group as counted == predicted
+    # by plan.step_volume for data int8/int4 and codecs on depth/row/col, overlap off and on
+    out = torchrun(nproc, "compress_bytes_worker.py", timeout=900)
+    assert f"compress_bytes_worker: {n_grids} grids equal on world {nproc}" in out, out
+
+
+@pytest.mark.multiproc
+def test_layer_own_compression():
+    # Linear.compression over init's policy, overlap off and on, three 4-rank grids: within the
+    # codec's error where a layer compresses, bitwise exact where it turns init's codecs off
+    out = torchrun(4, "compress_layer_worker.py", timeout=900)
+    assert "compress_layer_worker: 3 grids ok" in out, out
+
+
+def test_layer_compression_errors(world_of_one):
+    axonn_c.init()
+    layer = axonn_c.Linear(8, 4)
+    assert layer.compression is None
+    with pytest.raises(ValueError, match=r"name the dimensions.*'depth', 'row', 'col'"):
+        layer.compression = "int8"
+    with pytest.raises(ValueError, match="'data' cannot be set per layer"):
+        layer.compression = {"data": "int8"}
+    with pytest.raises(ValueError, match=r"compression\['row'\]: unknown codec 'int3'"):
+        layer.compression = {"row": "int3"}
+    with pytest.raises(ValueError, match="power of two"):
+        layer.compression = {"col": {"codec": "int8", "block": 48}}
+    with pytest.raises(NotImplementedError, match="error_feedback=False for 'depth'"):
+        layer.compression = {"depth": {"codec": "int8", "error_feedback": True}}
+    with pytest.raises(TypeError, match="compression must be None"):
+        layer.compression = 5
+    assert layer.compression is None  # (a refused value changes nothing)
+    layer.compression = {"depth": "bf16", "row": None}
+    assert layer.compression == {"depth": "bf16", "row": None}
+    x = torch.randn(3, 8)
+    assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.full_weight(), layer.bias))
+
+
+def test_data_codec_without_kernels_refused_at_init(world_of_one, monkeypatch):
+    # backend="nccl" alone sums CUDA buckets: without the codec kernels, refused before init
+    monkeypatch.setattr(_C, "codec_cuda_compiled", lambda: False)
+    with pytest.raises(ValueError, match=r"compression\['data'\] = 'int8' needs the CUDA codec "
+                                         r"kernels with backend='nccl'"):
+        axonn_c.init(backend="nccl", compression="int8")
+    assert not axonn_c.is_initialized()

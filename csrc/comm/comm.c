@@ -311,8 +311,13 @@ axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_cod
 
 void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_coll *c)
 {
-    if ((unsigned)kind >= AXC_GROUP_COUNT || comm->layer_codec[kind] == AXC_CODEC_NONE ||
-        c->dtype != AXC_DT_F32 || c->op == AXC_RED_MAX)
+    if ((unsigned)kind < AXC_GROUP_COUNT)
+        axc_comm_apply_codec(comm, comm->layer_codec[kind], comm->layer_block[kind], c);
+}
+
+void axc_comm_apply_codec(const axc_comm *comm, axc_codec codec, int block, axc_coll *c)
+{
+    if (codec == AXC_CODEC_NONE || c->dtype != AXC_DT_F32 || c->op == AXC_RED_MAX)
         return;
     if (c->kind != AXC_COLL_ALL_REDUCE && c->kind != AXC_COLL_REDUCE_SCATTER &&
         c->kind != AXC_COLL_ALL_GATHER)
@@ -321,8 +326,8 @@ void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_c
      * codec kernels built; CUDA buffers staged through shm stay exact) */
     if (c->device >= 0 ? !(comm->nccl_preferred && axc_codec_cuda_compiled()) : !comm->shm)
         return;
-    c->codec = comm->layer_codec[kind];
-    c->block = comm->layer_block[kind];
+    c->codec = codec;
+    c->block = block;
 }
 const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
 int axc_comm_host_collectives(const axc_comm *comm) { return comm->shm != NULL; }

@@ -23,6 +23,7 @@ void axc_step_desc_default(axc_step_desc *s)
     s->fwd_chunks = 1;
     for (int g = 0; g < AXC_MODEL_NGROUPS; g++)
         s->ratio[g] = 1.0;
+    s->bucket_bytes = 4 << 20; /* (axonn_c/state.py bucket_bytes) */
 }
 
 void axc_model_desc_default(axc_model_desc *d)
@@ -39,6 +40,24 @@ void axc_model_desc_default(axc_model_desc *d)
 static int is_float_dtype(axc_dtype dt)
 {
     return dt == AXC_DT_F32 || dt == AXC_DT_BF16 || dt == AXC_DT_F16 || dt == AXC_DT_F64;
+}
+
+static axc_status check_step_codecs(const axc_step_desc *s)
+{
+    for (int g = 0; g < AXC_MODEL_NGROUPS; g++) {
+        if (s->codec[g] == AXC_CODEC_NONE)
+            continue;
+        if (g != AXC_GROUP_COL && g != AXC_GROUP_ROW && g != AXC_GROUP_DEPTH &&
+            g != AXC_GROUP_DATA)
+            return axc_fail(AXC_ERR_INVALID,
+                            "compression of the %s group: only col, row, depth and data "
+                            "collectives are compressed", axc_group_name((axc_group_kind)g));
+        AXC_TRY(axc_codec_check(s->codec[g], s->block[g], NULL));
+    }
+    if (s->bucket_bytes < 1)
+        return axc_fail(AXC_ERR_INVALID, "bucket_bytes must be >= 1, got %lld",
+                        (long long)s->bucket_bytes);
+    return AXC_OK;
 }
 
 static axc_status check_step(const axc_step_desc *s)
@@ -60,6 +79,7 @@ static axc_status check_step(const axc_step_desc *s)
             return axc_fail(AXC_ERR_INVALID,
                             "compression ratio of the %s group must be in [0, 1], got %g",
                             axc_group_name((axc_group_kind)g), s->ratio[g]);
+    AXC_TRY(check_step_codecs(s));
     return AXC_OK;
 }
 
@@ -396,6 +416,25 @@ static uint64_t scale_bytes(uint64_t bytes, double ratio)
     return (uint64_t)llround((double)bytes * ratio);
 }
 
+/* The codec of a Linear's own float32 collective over col/row/depth, as the runtime picks it
+ * (axc_comm_apply_layer_codec; a depth all-reduce is a gradient bucket's sum, exact): set in
+ * *c, 1 when it compresses. Data sums: axc_model_data_buckets. */
+static int layer_codec(const axc_layer_desc *l, const axc_model_coll *mc,
+                       const axc_step_desc *s, axc_coll *c)
+{
+    axc_codec codec = s->codec[mc->group];
+    if (codec == AXC_CODEC_NONE || l->kind != AXC_LAYER_LINEAR || mc->dtype != AXC_DT_F32 ||
+        mc->group == AXC_GROUP_DATA)
+        return 0;
+    if (mc->kind == AXC_COLL_ALL_REDUCE ? mc->group == AXC_GROUP_DEPTH
+                                        : mc->kind != AXC_COLL_REDUCE_SCATTER &&
+                                              mc->kind != AXC_COLL_ALL_GATHER)
+        return 0;
+    c->codec = codec;
+    c->block = s->block[mc->group];
+    return 1;
+}
+
 axc_status axc_model_layer_volume(const axc_grid *grid, int rank, const axc_layer_desc *l,
                                   const axc_step_desc *s, axc_volume *vol)
 {
@@ -418,10 +457,11 @@ axc_status axc_model_layer_volume(const axc_grid *grid, int rank, const axc_laye
         c.count = mc->count;
         c.dtype = mc->dtype;
         c.device = -1;
+        int coded = layer_codec(l, mc, s, &c);
         uint64_t sent = 0, recv = 0;
         axc_coll_volume(&c, G, gr, &sent, &recv);
         uint64_t times = (uint64_t)mc->repeat * (uint64_t)l->count;
-        double ratio = s->ratio[mc->group];
+        double ratio = coded ? 1.0 : s->ratio[mc->group];
         vol->sent[mc->group] += scale_bytes(sent, ratio) * times;
         vol->recv[mc->group] += scale_bytes(recv, ratio) * times;
         if (G > 1) {
@@ -621,6 +661,31 @@ static double dsize(axc_dtype dt)
     return (double)axc_dtype_size(dt);
 }
 
+/* Layer i of the description as the planner evaluates it (the vocabulary rows padded). */
+static axc_layer_desc planned_layer(const axc_model_desc *d, const axc_grid *grid, int i)
+{
+    axc_layer_desc l = d->layers[i];
+    if (d->blocks > 0 && d->vocab > 0 && i == d->n_layers - 1) /* pad vocab rows */
+        l.out_features = (l.out_features + grid->G_r - 1) / grid->G_r * grid->G_r;
+    return l;
+}
+
+/* The compressed data-parallel gradient buckets of the planned layers (no-op uncompressed). */
+static axc_status planned_data_buckets(const axc_model_desc *d, const axc_grid *grid,
+                                       const axc_step_desc *s, axc_volume *vol)
+{
+    if (s->codec[AXC_GROUP_DATA] == AXC_CODEC_NONE || d->n_layers < 1)
+        return AXC_OK;
+    axc_layer_desc *ls = malloc((size_t)d->n_layers * sizeof *ls);
+    if (!ls)
+        return axc_fail(AXC_ERR_NOMEM, "planner: out of memory");
+    for (int i = 0; i < d->n_layers; i++)
+        ls[i] = planned_layer(d, grid, i);
+    axc_status st = axc_model_data_buckets(grid, grid->world_size - 1, ls, d->n_layers, s, vol);
+    free(ls);
+    return st;
+}
+
 axc_status axc_model_evaluate(const axc_model_desc *d, const axc_machine *m, const axc_grid *grid,
                               axc_plan_entry *e)
 {
@@ -664,9 +729,7 @@ axc_status axc_model_evaluate(const axc_model_desc *d, const axc_machine *m, con
     double params_local = 0.0, generic_act = 0.0;
     int64_t rows = s.tokens / split;
     for (int i = 0; i < d->n_layers; i++) {
-        axc_layer_desc l = d->layers[i];
-        if (d->blocks > 0 && d->vocab > 0 && i == d->n_layers - 1) /* pad vocab rows */
-            l.out_features = (l.out_features + grid->G_r - 1) / grid->G_r * grid->G_r;
+        axc_layer_desc l = planned_layer(d, grid, i);
         axc_status st = axc_model_layer_volume(grid, world - 1, &l, &s, &e->vol);
         if (st == AXC_ERR_INVALID) {
             set_reason(e, axc_last_error());
@@ -683,6 +746,7 @@ axc_status axc_model_evaluate(const axc_model_desc *d, const axc_machine *m, con
         params_local += (double)l.count * (double)(g.shard + (l.bias ? g.out_loc : 0));
         generic_act += (double)l.count * (double)rows * (double)(g.in_loc + g.out_loc);
     }
+    AXC_TRY(planned_data_buckets(d, grid, &s, &e->vol));
     e->valid = 1;
     /* time */
     const int intra = grid->G_c * grid->G_r * grid->G_d;

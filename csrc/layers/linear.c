@@ -167,7 +167,10 @@ static axc_status coll_start(ctx *c, axc_group_kind g, axc_coll_kind kind, const
     a.op = AXC_RED_SUM;
     a.device = c->io->device;
     a.stream = c->io->stream;
-    axc_comm_apply_layer_codec(c->comm, g, &a);
+    if (c->d->own_codecs)
+        axc_comm_apply_codec(c->comm, c->d->codec[g], c->d->block[g], &a);
+    else
+        axc_comm_apply_layer_codec(c->comm, g, &a);
     return axc_comm_start(c->comm, g, &a, w);
 }
 
@@ -275,7 +278,8 @@ static axc_status gather_weight(ctx *c, int phase, void *wfull, const void **w, 
         if (!io->sched)
             return axc_fail(AXC_ERR_STATE, "Linear: scheduled gather without a scheduler");
         axc_sched_weight sw = {io->layer, phase, io->w, c->s.shard, io->w_version, c->d->dtype,
-                               io->device, io->stream, io->prefetch_ok};
+                               io->device, io->stream, io->prefetch_ok, c->d->own_codecs,
+                               c->d->codec[AXC_GROUP_DEPTH], c->d->block[AXC_GROUP_DEPTH]};
         AXC_TRY(axc_sched_acquire(io->sched, &sw, w));
         *held = 1;
         return AXC_OK;

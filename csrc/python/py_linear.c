@@ -7,16 +7,43 @@
 #include "py_common.h"
 
 
+/* The layer's own codecs: None (the communicator's policy) or (depth codec, depth block, row
+ * codec, row block, col codec, col block) as ints (axonn_c/compression.py layer_codecs). */
+static int parse_layer_codecs(PyObject *o, axc_linear_desc *d)
+{
+    d->own_codecs = 0;
+    if (!o || o == Py_None)
+        return 0;
+    static const axc_group_kind groups[3] = {AXC_GROUP_DEPTH, AXC_GROUP_ROW, AXC_GROUP_COL};
+    int v[6];
+    if (!PyArg_ParseTuple(o, "iiiiii;a layer's codecs are 6 ints", &v[0], &v[1], &v[2], &v[3],
+                          &v[4], &v[5]))
+        return -1;
+    for (int i = 0; i < 3; i++) {
+        axc_status st = axc_codec_check((axc_codec)v[2 * i], v[2 * i + 1], NULL);
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            return -1;
+        }
+        d->codec[groups[i]] = (axc_codec)v[2 * i];
+        d->block[groups[i]] = v[2 * i + 1];
+    }
+    d->own_codecs = 1;
+    return 0;
+}
+
 /* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
  *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled,
- *               defer_dw_gemm]) */
+ *               defer_dw_gemm, codecs]) */
 int axc_py_parse_linear_desc(PyObject *t, axc_linear_desc *d)
 {
     long long in, out;
     int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1, scheduled = 0, dw = 0;
     const char *dtype;
-    if (!PyArg_ParseTuple(t, "LLppis|ppipp", &in, &out, &transpose, &has_bias, &layout, &dtype,
-                          &ov_ar, &ov_rs, &chunks, &scheduled, &dw))
+    PyObject *codecs = NULL;
+    if (!PyArg_ParseTuple(t, "LLppis|ppippO", &in, &out, &transpose, &has_bias, &layout, &dtype,
+                          &ov_ar, &ov_rs, &chunks, &scheduled, &dw, &codecs) ||
+        parse_layer_codecs(codecs, d) < 0)
         return -1;
     if (chunks < 0 || chunks > 64) {
         PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %d",

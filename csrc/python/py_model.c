@@ -79,6 +79,55 @@ static int check_dict(PyObject *d, const char *what)
     return 0;
 }
 
+static int group_of_key(const char *k, const char *what)
+{
+    for (int i = 0; i < AXC_MODEL_NGROUPS; i++)
+        if (strcmp(k, group_keys[i]) == 0)
+            return i;
+    PyErr_Format(PyExc_ValueError,
+                 "unknown group '%s' in '%s' (expected col, row, depth, data, intra, world)", k,
+                 what);
+    return -1;
+}
+
+/* 'compression': {group: (codec name, block)} (axonn_c.plan.codecs_of turns init's policy into
+ * this); the C model checks the codec and block. */
+static int parse_step_codecs(PyObject *d, axc_step_desc *s)
+{
+    PyObject *c = PyDict_GetItemString(d, "compression"); /* borrowed */
+    if (!c || c == Py_None)
+        return 0;
+    if (check_dict(c, "'compression'") < 0)
+        return -1;
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(c, &pos, &key, &val)) {
+        const char *k = PyUnicode_AsUTF8(key), *name = NULL;
+        if (!k)
+            return -1;
+        int g = group_of_key(k, "compression"), block = 0;
+        if (g < 0)
+            return -1;
+        if (!PyTuple_Check(val) ||
+            !PyArg_ParseTuple(val, "si;'compression' values are (codec name, block)", &name,
+                              &block)) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "'compression'['%s'] must be (codec name, block), "
+                             "got %s", k, Py_TYPE(val)->tp_name);
+            return -1;
+        }
+        axc_status st = axc_codec_from_name(name, &s->codec[g]);
+        if (st == AXC_OK)
+            st = axc_codec_check(s->codec[g], block, NULL);
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            return -1;
+        }
+        s->block[g] = block;
+    }
+    return 0;
+}
+
 static int parse_step(PyObject *d, axc_step_desc *s)
 {
     axc_step_desc_default(s);
@@ -97,23 +146,19 @@ static int parse_step(PyObject *d, axc_step_desc *s)
             const char *k = PyUnicode_AsUTF8(key);
             if (!k)
                 return -1;
-            int g = -1;
-            for (int i = 0; i < AXC_MODEL_NGROUPS; i++)
-                if (strcmp(k, group_keys[i]) == 0)
-                    g = i;
-            if (g < 0) {
-                PyErr_Format(PyExc_ValueError,
-                             "unknown group '%s' in 'ratio' (expected col, row, depth, data, "
-                             "intra, world)", k);
+            int g = group_of_key(k, "ratio");
+            if (g < 0)
                 return -1;
-            }
             double x = val == Py_None ? 1.0 : PyFloat_AsDouble(val);
             if (x == -1.0 && PyErr_Occurred())
                 return -1;
             s->ratio[g] = x;
         }
     }
-    return 0;
+    if (get_i64(d, "bucket_bytes", &s->bucket_bytes) < 0 ||
+        get_int(d, "bucket_reverse", &s->bucket_reverse) < 0)
+        return -1;
+    return parse_step_codecs(d, s);
 }
 
 static int parse_layer(PyObject *d, axc_layer_desc *l)
@@ -421,6 +466,8 @@ static PyObject *py_model_volume(PyObject *self, PyObject *args)
     axc_status st = AXC_OK;
     for (int i = 0; i < n && st == AXC_OK; i++)
         st = axc_model_layer_volume(&g, rank, &ls[i], &s, &v);
+    if (st == AXC_OK)
+        st = axc_model_data_buckets(&g, rank, ls, n, &s, &v);
     PyMem_Free(ls);
     if (st != AXC_OK)
         return axc_py_raise(st);

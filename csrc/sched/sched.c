@@ -21,6 +21,9 @@ typedef struct layer_slot {
     axc_dtype dtype;
     int device;
     int prefetch_ok;
+    int own_codec; /* the layer's depth codec (axc_sched_weight) */
+    axc_codec codec;
+    int block;
     /* the gathered weight, if any */
     void *full;
     size_t full_bytes;
@@ -249,7 +252,10 @@ static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
     c.dtype = L->dtype;
     c.device = L->device;
     c.stream = stream;
-    axc_comm_apply_layer_codec(s->comm, AXC_GROUP_DEPTH, &c);
+    if (L->own_codec)
+        axc_comm_apply_codec(s->comm, L->codec, L->block, &c);
+    else
+        axc_comm_apply_layer_codec(s->comm, AXC_GROUP_DEPTH, &c);
     axc_status st = axc_comm_start(s->comm, AXC_GROUP_DEPTH, &c, &L->gather);
     if (st != AXC_OK) { /* refused arguments never reached the transport */
         L->gather = NULL;
@@ -458,6 +464,9 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     L->dtype = w->dtype;
     L->device = w->device;
     L->prefetch_ok = w->prefetch_ok;
+    L->own_codec = w->own_codec;
+    L->codec = w->codec;
+    L->block = w->block;
     s->st.visits++;
     int kind;
     if (L->full && !fresh(L)) {

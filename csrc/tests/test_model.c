@@ -518,6 +518,75 @@ static void test_embedding_and_norm(void)
     CHECK(axc_model_layer_volume(&g, 0, &n, &s, &w) == AXC_ERR_INVALID);
 }
 
+/* Compressed collectives (step.codec): a Linear's own col/row/depth float32 collectives take
+ * their group's codec; the data sums are packed into buckets (axc_model_data_buckets), each a
+ * one-shot compressed all-reduce: E(ceil(n / G)) bytes each way per peer, twice. */
+static void test_compressed_volumes(void)
+{
+    axc_grid g = grid_of(1, 2, 2, 2);
+    axc_layer_desc l = {8, 12, 0, 0, 0, 1};
+    axc_step_desc s = step_of(16, 1, 0);
+    s.dtype = AXC_DT_F32;
+    s.codec[AXC_GROUP_DEPTH] = AXC_CODEC_BF16;
+    s.codec[AXC_GROUP_COL] = AXC_CODEC_INT8;
+    s.block[AXC_GROUP_COL] = 32;
+    axc_volume v = volume(&g, 0, l, s);
+    CHECK(v.sent[AXC_GROUP_DEPTH] == 72); /* 3 x 12 elements as bf16 (f32: 144) */
+    /* fwd all-reduce of 48: piece 24 -> 4 B scale + 24 B, sent twice */
+    CHECK(v.sent[AXC_GROUP_COL] == 56 && v.recv[AXC_GROUP_COL] == 56);
+    CHECK(v.sent[AXC_GROUP_ROW] == 128); /* no codec: 2 * 16 * 4 B */
+    CHECK(v.calls[AXC_GROUP_DEPTH] == 3 && v.hops[AXC_GROUP_COL] == 2);
+
+    /* data: two layers 8 -> 12 with bias on G_data = 2: pieces 96 (dW), 12 (db) each */
+    axc_grid gd = grid_of(2, 1, 1, 1);
+    axc_layer_desc two[2] = {{8, 12, 0, 1, 0, 1}, {8, 12, 0, 1, 0, 1}};
+    axc_step_desc sd = step_of(16, 1, 0);
+    sd.codec[AXC_GROUP_DATA] = AXC_CODEC_INT4;
+    sd.block[AXC_GROUP_DATA] = 32;
+    axc_volume w;
+    memset(&w, 0, sizeof w);
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(axc_model_layer_volume(&gd, 0, &two[i], &sd, &w));
+    CHECK(w.sent[AXC_GROUP_DATA] == 2 * (2 * 48 + 2 * 6) * 4); /* per layer, uncompressed */
+    CHECK_OK(axc_model_data_buckets(&gd, 0, two, 2, &sd, &w));
+    /* one bucket of 216: piece 108 -> 4 scales (16 B) + 54 B = 70 B, twice */
+    CHECK(w.sent[AXC_GROUP_DATA] == 140 && w.recv[AXC_GROUP_DATA] == 140);
+    CHECK(w.calls[AXC_GROUP_DATA] == 1 && w.hops[AXC_GROUP_DATA] == 2);
+    /* buckets of 100 elements: 96 | 12 | 96 | 12 (the next piece never fits) */
+    sd.bucket_bytes = 400;
+    CHECK_OK(axc_model_data_buckets(&gd, 0, two, 2, &sd, &w));
+    CHECK(w.sent[AXC_GROUP_DATA] == 2 * (2 * 32 + 2 * 7) && w.calls[AXC_GROUP_DATA] == 4);
+    /* the same in backward order */
+    sd.bucket_reverse = 1;
+    CHECK_OK(axc_model_data_buckets(&gd, 0, two, 2, &sd, &w));
+    CHECK(w.sent[AXC_GROUP_DATA] == 2 * (2 * 32 + 2 * 7) && w.calls[AXC_GROUP_DATA] == 4);
+
+    /* G_d = 2: the bias is summed over depth then data, a bucket of its own key */
+    axc_grid gz = grid_of(2, 1, 1, 2);
+    sd.bucket_bytes = 4 << 20;
+    sd.bucket_reverse = 0;
+    memset(&w, 0, sizeof w);
+    CHECK_OK(axc_model_data_buckets(&gz, 0, two, 1, &sd, &w));
+    /* buckets 48 (dW shard): 4 + 12 = 16 B; 12 (db): 4 + 3 = 7 B; each sent twice */
+    CHECK(w.sent[AXC_GROUP_DATA] == 2 * (16 + 7) && w.calls[AXC_GROUP_DATA] == 2);
+
+    /* uncompressed: nothing replaced */
+    axc_step_desc plain = step_of(16, 1, 0);
+    axc_volume before = w;
+    CHECK_OK(axc_model_data_buckets(&gz, 0, two, 1, &plain, &w));
+    CHECK(memcmp(&before, &w, sizeof w) == 0);
+
+    /* refused: a codec on intra/world, a bad block */
+    axc_step_desc bad = step_of(16, 1, 0);
+    bad.codec[AXC_GROUP_WORLD] = AXC_CODEC_INT8;
+    CHECK(axc_model_layer_volume(&gd, 0, &two[0], &bad, &w) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "world") != NULL);
+    bad = step_of(16, 1, 0);
+    bad.codec[AXC_GROUP_DATA] = AXC_CODEC_INT8;
+    bad.block[AXC_GROUP_DATA] = 48;
+    CHECK(axc_model_layer_volume(&gd, 0, &two[0], &bad, &w) == AXC_ERR_INVALID);
+}
+
 int main(void)
 {
     test_token_counts_and_replicated();
@@ -528,6 +597,7 @@ int main(void)
     test_grad_acc_recompute_depth();
     test_data_term();
     test_fwd_chunks();
+    test_compressed_volumes();
     test_colls_listing();
     test_machines();
     test_transformer_evaluate();

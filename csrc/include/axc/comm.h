@@ -132,6 +132,8 @@ axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_cod
                                     int block);
 /* Sets c's codec and block from that policy when it applies to c; leaves c exact otherwise. */
 void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_coll *c);
+/* The same with a codec of the caller's (a layer's own policy, Linear(compression=...)). */
+void axc_comm_apply_codec(const axc_comm *comm, axc_codec codec, int block, axc_coll *c);
 /* Names of the backends in use ("shm", "nccl", "shm+nccl"). */
 const char *axc_comm_backends(const axc_comm *comm);
 /* 1 when collectives on host (CPU) memory work: a shm backend is there (not when the job is

@@ -41,6 +41,10 @@ typedef struct axc_linear_desc {
                                    end), so that it hides that reduction; see
                                    axc_linear_io.task_number. (With Gd > 1 the GEMM runs in the
                                    call: its reduce-scatter should start early.) */
+    int own_codecs;             /* 1: the layer's own compression (Linear(compression=...))
+                                   replaces the communicator's policy for its collectives */
+    axc_codec codec[AXC_GROUP_COUNT]; /* by group (used: col, row, depth), with own_codecs */
+    int block[AXC_GROUP_COUNT];
 } axc_linear_desc;
 
 /* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */

@@ -65,6 +65,16 @@ typedef struct axc_step_desc {
     axc_dtype grad_dtype;  /* data-parallel gradient reduction (and bias reductions) */
     int fwd_chunks;        /* over-decomposition: forward all-reduce in this many row chunks */
     double ratio[AXC_MODEL_NGROUPS]; /* compressed/uncompressed bytes per group; 0 or 1 = none */
+    /* Compressed collectives per group (init(compression=...); AXC_CODEC_NONE: exact; block 0:
+     * the codec's default): col/row/depth compress a Linear's own float32 all-reduces,
+     * reduce-scatters and all-gathers (axc_comm_apply_layer_codec), data the float32 gradient
+     * buckets, whose wire bytes depend on the packing (axc_model_data_buckets). Exact: the
+     * ratio of a group with a codec is ignored. */
+    axc_codec codec[AXC_MODEL_NGROUPS];
+    int block[AXC_MODEL_NGROUPS];
+    int64_t bucket_bytes; /* gradient bucket size (init(bucket_size=); sync_gradients: 32 MiB) */
+    int bucket_reverse;   /* 1: gradients enter the buckets last layer first (backward's
+                             overlapped sums), 0: in layer order (sync_gradients) */
 } axc_step_desc;
 
 /* Fills the defaults: grad_acc 1, recompute 1, bf16, fp32 gradients, 1 chunk, no compression. */
@@ -100,6 +110,16 @@ typedef struct axc_volume {
  * step. Exact (ratio 1) — compression ratios scale the sent/recv bytes of their group. */
 axc_status axc_model_layer_volume(const axc_grid *grid, int rank, const axc_layer_desc *layer,
                                   const axc_step_desc *step, axc_volume *vol);
+
+/* Replaces vol's data-group entries by the compressed data-parallel gradient sums of one step
+ * of `layers` (in model order) when step->codec[data] is set and the gradients are float32:
+ * every data all-reduce the layers list is a piece of a gradient bucket (with the depth
+ * all-reduce before it of the same length: of the depth-then-data bucket), packed as
+ * csrc/grads/buckets.c packs them (a bucket of max(piece, bucket_bytes / 4) elements per set of
+ * groups, retired when the next piece does not fit), each bucket one compressed all-reduce of
+ * the elements it holds. No-op otherwise (data sums are then additive per layer). */
+axc_status axc_model_data_buckets(const axc_grid *grid, int rank, const axc_layer_desc *layers,
+                                  int n_layers, const axc_step_desc *step, axc_volume *vol);
 
 /* ---- machine profiles ---- */
 

@@ -102,6 +102,10 @@ typedef struct axc_sched_weight {
     int device;          /* -1 host, >= 0 CUDA */
     void *stream;        /* CUDA: the stream the layer computes on */
     int prefetch_ok;     /* 0: this layer is never gathered ahead (e.g. a per-call cast copy) */
+    int own_codec;       /* 1: the layer's depth codec (Linear(compression=...)) replaces the
+                            communicator's policy for its gathers */
+    axc_codec codec;
+    int block;
 } axc_sched_weight;
 
 axc_status axc_sched_create(axc_sched **out, axc_comm *comm);
