@@ -366,9 +366,9 @@ class _EagerLinear(torch.autograd.Function):
 
 
 # whether the layer's C handle reads the device and torch's current CUDA stream itself (torch's
-# C shim; a torch without CUDA has no CUDA tensors to ask a stream for)
+# C shim; a torch built without CUDA has no CUDA tensors to ask a stream for)
 _TORCH_STREAMS = _C.LinearCall.torch_streams()
-_C_PICKS_STREAM = _TORCH_STREAMS or not torch.cuda.is_available()
+_C_PICKS_STREAM = _TORCH_STREAMS or not torch.backends.cuda.is_built()  # (no device query)
 
 
 def _dev_stream(t: Tensor) -> tuple:
@@ -711,10 +711,11 @@ class Linear(nn.Module):
         if (m is not None and type(x) is Tensor and m[0] == (session.epoch, session.knobs_version)
                 and not torch.compiler.is_compiling()):
             ps, dt, t = self._parameters, x.dtype, session.thread
-            w, b = ps["weight"], ps.get("bias")
+            w, b = ps.get("weight"), ps.get("bias")  # (a parametrization removes "weight")
             if (w is m[5] and b is m[6] and self.skip_bias_add is m[7] and dt is m[1]
                     and dt is w.dtype and x.dim() == 2 and x.shape[1] == m[2]
-                    and x.is_contiguous() and x.get_device() == w.get_device()
+                    and x.is_contiguous() and (x.is_cpu and w.is_cpu or x.is_cuda and w.is_cuda
+                                               and x.get_device() == w.get_device())
                     and not _any_autocast() and t.hold_target is None and not t.hold_depth
                     and t.microbatch is None and grads.idle()):
                 if self.skip_bias_add:

@@ -87,6 +87,16 @@ def test_errors_name_the_numbers():
         ours(torch.randn(2, 48))
 
 
+def test_fast_path_checks_the_device_type():
+    """After a CPU call has made the layer's fast path, an input on another device type with the
+    same device index (meta: -1, as CPU) is refused by name, not handed to the C GEMM."""
+    ours, _ = pair()
+    ours(torch.randn(4, 48)).sum().backward()  # makes the plain-call memo
+    assert ours._plain_memo is not None
+    with pytest.raises(ValueError, match="input is on meta but the layer's weights are on cpu"):
+        ours(torch.empty(4, 48, device="meta"))
+
+
 def test_non_contiguous_input_is_handled():
     ours, ref = pair()
     x = torch.randn(48, 6).t()  # [6, 48], not contiguous

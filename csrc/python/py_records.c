@@ -85,11 +85,15 @@ static int summed_of(PyObject *p, axc_groups *out)
 {
     void *stamp = NULL;
     out->n = 0;
-    if (!axc_records_marked(recs(), key_of(p), &stamp, out))
-        return 0;
+    /* (.grad first: its getter may run Python code, which could replace or forget the mark and
+     * free the stamp that axc_records_marked lends) */
     PyObject *grad = PyObject_GetAttr(p, s_grad);
     if (!grad)
         return -1;
+    if (!axc_records_marked(recs(), key_of(p), &stamp, out)) {
+        Py_DECREF(grad);
+        return 0;
+    }
     PyObject *t = (PyObject *)stamp;
     if (grad == Py_None || referent(PyTuple_GET_ITEM(t, 0)) != p ||
         referent(PyTuple_GET_ITEM(t, 1)) != grad)
@@ -429,7 +433,13 @@ static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
     if (st != AXC_OK)
         return axc_py_raise(st);
     PyObject *done = axc_py_grad_buckets_finish();
-    axc_py_keeps_release_done(); /* (the tasks run even when one fails) */
+    {   /* (the tasks run even when one fails; the releases may run deallocators: not with the
+         * sums' exception set) */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        axc_py_keeps_release_done();
+        PyErr_Restore(et, ev, tb);
+    }
     int rc = 0;
     if (!done) { /* do not leave half-reduced values where a gradient is expected */
         PyObject *et, *ev, *tb;
