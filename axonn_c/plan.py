@@ -136,6 +136,10 @@ def step_layers(model, tied_loss: bool = False, seq: int | None = None) -> list[
             layers.append(dict(in_features=mod.in_features, out_features=mod.out_features,
                                transpose=int(mod.transpose), bias=int(mod.bias is not None),
                                easy=int(not mod.expert_mode)))
+            codecs = mod.__dict__.get("_own_compression")  # Linear.compression
+            if codecs:
+                layers[-1]["compression"] = {dim: (spec[0], spec[1]) if spec else ("none", 0)
+                                             for dim, spec in codecs.items()}
         elif isinstance(mod, Embedding):
             layers.append(dict(kind="embedding", in_features=mod.num_embeddings,
                                out_features=mod.embedding_dim, transpose=int(mod.transpose),

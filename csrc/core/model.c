@@ -23,7 +23,10 @@ void axc_step_desc_default(axc_step_desc *s)
     s->fwd_chunks = 1;
     for (int g = 0; g < AXC_MODEL_NGROUPS; g++)
         s->ratio[g] = 1.0;
-    s->bucket_bytes = 4 << 20; /* (axonn_c/state.py bucket_bytes) */
+    /* init()'s default: overlap on, so backward sums the data gradients in 4 MiB buckets
+     * (axonn_c/state.py bucket_bytes), last layer first */
+    s->bucket_bytes = 4 << 20;
+    s->bucket_reverse = 1;
 }
 
 void axc_model_desc_default(axc_model_desc *d)
@@ -57,6 +60,21 @@ static axc_status check_step_codecs(const axc_step_desc *s)
     if (s->bucket_bytes < 1)
         return axc_fail(AXC_ERR_INVALID, "bucket_bytes must be >= 1, got %lld",
                         (long long)s->bucket_bytes);
+    return AXC_OK;
+}
+
+/* A Linear's own codecs: col, row and depth only (its data gradients share the step's buckets) */
+static axc_status check_layer_codecs(const axc_layer_desc *l)
+{
+    for (int g = 0; g < AXC_MODEL_NGROUPS; g++) {
+        if (!l->own_codec[g])
+            continue;
+        if (g != AXC_GROUP_COL && g != AXC_GROUP_ROW && g != AXC_GROUP_DEPTH)
+            return axc_fail(AXC_ERR_INVALID,
+                            "a layer's own compression of the %s group: a layer names col, row "
+                            "or depth only", axc_group_name((axc_group_kind)g));
+        AXC_TRY(axc_codec_check(l->codec[g], l->block[g], NULL));
+    }
     return AXC_OK;
 }
 
@@ -422,7 +440,8 @@ static uint64_t scale_bytes(uint64_t bytes, double ratio)
 static int layer_codec(const axc_layer_desc *l, const axc_model_coll *mc,
                        const axc_step_desc *s, axc_coll *c)
 {
-    axc_codec codec = s->codec[mc->group];
+    int own = l->own_codec[mc->group];
+    axc_codec codec = own ? l->codec[mc->group] : s->codec[mc->group];
     if (codec == AXC_CODEC_NONE || l->kind != AXC_LAYER_LINEAR || mc->dtype != AXC_DT_F32 ||
         mc->group == AXC_GROUP_DATA)
         return 0;
@@ -431,7 +450,7 @@ static int layer_codec(const axc_layer_desc *l, const axc_model_coll *mc,
                                               mc->kind != AXC_COLL_ALL_GATHER)
         return 0;
     c->codec = codec;
-    c->block = s->block[mc->group];
+    c->block = own ? l->block[mc->group] : s->block[mc->group];
     return 1;
 }
 
@@ -444,6 +463,7 @@ axc_status axc_model_layer_volume(const axc_grid *grid, int rank, const axc_laye
     if (l->count < 0)
         return axc_fail(AXC_ERR_INVALID, "layer count must be >= 0, got %lld",
                         (long long)l->count);
+    AXC_TRY(check_layer_codecs(l));
     axc_model_coll colls[AXC_MODEL_MAX_COLLS];
     int n = 0;
     AXC_TRY(axc_model_layer_colls(grid, l, s, colls, AXC_MODEL_MAX_COLLS, &n));

@@ -90,13 +90,11 @@ static int group_of_key(const char *k, const char *what)
     return -1;
 }
 
-/* 'compression': {group: (codec name, block)} (axonn_c.plan.codecs_of turns init's policy into
- * this); the C model checks the codec and block. */
-static int parse_step_codecs(PyObject *d, axc_step_desc *s)
+/* A 'compression' dict {group: (codec name, block)} into codec/block by group (own[g] set for
+ * each group named, when own is given); the C model checks the codec and block. `layer`: a
+ * layer's own codecs, which name col, row or depth only. */
+static int parse_codecs(PyObject *c, axc_codec *codec, int *block, int *own, int layer)
 {
-    PyObject *c = PyDict_GetItemString(d, "compression"); /* borrowed */
-    if (!c || c == Py_None)
-        return 0;
     if (check_dict(c, "'compression'") < 0)
         return -1;
     PyObject *key, *val;
@@ -105,27 +103,43 @@ static int parse_step_codecs(PyObject *d, axc_step_desc *s)
         const char *k = PyUnicode_AsUTF8(key), *name = NULL;
         if (!k)
             return -1;
-        int g = group_of_key(k, "compression"), block = 0;
+        int g = group_of_key(k, "compression"), b = 0;
         if (g < 0)
             return -1;
+        if (layer && g != AXC_GROUP_COL && g != AXC_GROUP_ROW && g != AXC_GROUP_DEPTH) {
+            PyErr_Format(PyExc_ValueError, "a layer's own 'compression' names col, row or depth, "
+                         "got '%s'", k);
+            return -1;
+        }
         if (!PyTuple_Check(val) ||
             !PyArg_ParseTuple(val, "si;'compression' values are (codec name, block)", &name,
-                              &block)) {
+                              &b)) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_TypeError, "'compression'['%s'] must be (codec name, block), "
                              "got %s", k, Py_TYPE(val)->tp_name);
             return -1;
         }
-        axc_status st = axc_codec_from_name(name, &s->codec[g]);
+        axc_status st = axc_codec_from_name(name, &codec[g]);
         if (st == AXC_OK)
-            st = axc_codec_check(s->codec[g], block, NULL);
+            st = axc_codec_check(codec[g], b, NULL);
         if (st != AXC_OK) {
             axc_py_raise(st);
             return -1;
         }
-        s->block[g] = block;
+        block[g] = b;
+        if (own)
+            own[g] = 1;
     }
     return 0;
+}
+
+/* the step's 'compression' (axonn_c.plan.codecs_of turns init's policy into it) */
+static int parse_step_codecs(PyObject *d, axc_step_desc *s)
+{
+    PyObject *c = PyDict_GetItemString(d, "compression"); /* borrowed */
+    if (!c || c == Py_None)
+        return 0;
+    return parse_codecs(c, s->codec, s->block, NULL, 0);
 }
 
 static int parse_step(PyObject *d, axc_step_desc *s)
@@ -174,6 +188,9 @@ static int parse_layer(PyObject *d, axc_layer_desc *l)
         get_i64(d, "count", &l->count) < 0 || get_int(d, "tied", &l->tied) < 0 ||
         get_int(d, "stats", &l->stats) < 0 || get_i64(d, "params", &l->params) < 0 ||
         get_i64(d, "rows", &l->rows) < 0 || get_i64(d, "seq", &l->seq) < 0)
+        return -1;
+    PyObject *c = PyDict_GetItemString(d, "compression"); /* borrowed; a Linear's own codecs */
+    if (c && c != Py_None && parse_codecs(c, l->codec, l->block, l->own_codec, 1) < 0)
         return -1;
     PyObject *k = PyDict_GetItemString(d, "kind"); /* borrowed */
     if (k && k != Py_None) {

@@ -576,6 +576,24 @@ static void test_compressed_volumes(void)
     CHECK_OK(axc_model_data_buckets(&gz, 0, two, 1, &plain, &w));
     CHECK(memcmp(&before, &w, sizeof w) == 0);
 
+    /* a layer's own codecs replace the step's for its groups: depth off, row int8:32; col
+     * keeps the step's int8:32 */
+    axc_layer_desc own = l;
+    own.own_codec[AXC_GROUP_DEPTH] = own.own_codec[AXC_GROUP_ROW] = 1;
+    own.codec[AXC_GROUP_DEPTH] = AXC_CODEC_NONE;
+    own.codec[AXC_GROUP_ROW] = AXC_CODEC_INT8;
+    own.block[AXC_GROUP_ROW] = 32;
+    axc_volume vo = volume(&g, 0, own, s);
+    CHECK(vo.sent[AXC_GROUP_DEPTH] == 144); /* exact f32 */
+    CHECK(vo.sent[AXC_GROUP_COL] == 56);
+    /* row: the dX all-reduce of 32 elements, piece 16 -> 4 B scale + 16 B, twice */
+    CHECK(vo.sent[AXC_GROUP_ROW] == 40 && vo.recv[AXC_GROUP_ROW] == 40);
+    own.own_codec[AXC_GROUP_DATA] = 1; /* refused: data's codec is the step's */
+    axc_volume junk;
+    memset(&junk, 0, sizeof junk);
+    CHECK(axc_model_layer_volume(&g, 0, &own, &s, &junk) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "col, row or depth") != NULL);
+
     /* refused: a codec on intra/world, a bad block */
     axc_step_desc bad = step_of(16, 1, 0);
     bad.codec[AXC_GROUP_WORLD] = AXC_CODEC_INT8;

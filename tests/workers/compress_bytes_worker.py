@@ -22,7 +22,7 @@ from common import GROUPS, grids
 H = 24
 T = 5  # tokens per rank
 STEP = dict(grad_acc=1, recompute=0, dtype="float32", grad_dtype="float32")
-# (policy, overlap, bucket_size or None)
+# (policy, overlap, bucket_size or None[, {layer name: its own compression}])
 SETTINGS = [
     ({"data": "int8"}, False, None),
     ({"data": "int4", "depth": "int8", "row": "bf16", "col": {"codec": "int4", "block": 32}},
@@ -30,6 +30,9 @@ SETTINGS = [
     ({"data": {"codec": "int4", "block": 64}, "depth": "bf16", "row": "int8", "col": "fp8"},
      True, None),
     ({"data": "int8"}, True, 1024),  # 256 elements: several buckets per pass
+    # layers with their own codecs (Linear.compression) over init's policy
+    ({"data": "int8", "row": "bf16", "depth": "int4"}, True, None,
+     {"fc1": {"depth": None, "col": {"codec": "int8", "block": 32}}, "fc3": {"row": "int4"}}),
 ]
 
 
@@ -47,10 +50,12 @@ class Net(torch.nn.Module):
         return self.fc3(self.norm(x)).square().mean()
 
 
-def check(g, grid4, compression, overlap, bucket_size):
-    what = f"grid {grid4} {compression} overlap {overlap} bucket {bucket_size}"
+def check(g, grid4, compression, overlap, bucket_size, own):
+    what = f"grid {grid4} {compression} overlap {overlap} bucket {bucket_size} layers {own}"
     torch.manual_seed(0)
     model = Net()
+    for name, policy in own.items():
+        getattr(model, name).compression = policy
     x = torch.randn(T, model.fc1._shapes["k_local"], requires_grad=True)  # (dX: as modelled)
     for step in range(2):  # (the first sync_gradients registers hooks, broadcasts)
         axonn_c.reset_comm_stats()
@@ -78,7 +83,7 @@ def main():
     world = int(os.environ["WORLD_SIZE"])
     checked = 0
     for grid4 in grids(world):
-        for compression, overlap, bucket_size in SETTINGS:
+        for compression, overlap, bucket_size, *own in SETTINGS:
             kw = dict(overlap=overlap, compression=compression)
             if overlap:
                 kw["fwd_chunks"] = 1  # (the model's default; init(overlap=True) picks by size)
@@ -86,7 +91,7 @@ def main():
                 kw["bucket_size"] = bucket_size
             g = axonn_c.init(*grid4, **kw)
             try:
-                check(g, grid4, compression, overlap, bucket_size)
+                check(g, grid4, compression, overlap, bucket_size, own[0] if own else {})
             finally:
                 axonn_c.finalize()
         checked += 1

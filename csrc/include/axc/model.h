@@ -54,6 +54,11 @@ typedef struct axc_layer_desc {
                           (a positional table: the sequence length), else the rank's tokens */
     int64_t seq;       /* tied embedding: > 0 when the loss drops the last token of each
                           sequence of `seq` tokens (the shifted causal-LM loss) */
+    /* A Linear's own codecs (Linear.compression): for each group with own_codec set (col, row
+     * or depth), codec/block replace the step's for this layer's collectives */
+    int own_codec[AXC_MODEL_NGROUPS];
+    axc_codec codec[AXC_MODEL_NGROUPS];
+    int block[AXC_MODEL_NGROUPS];
 } axc_layer_desc;
 
 /* How one optimizer step runs. */
@@ -77,7 +82,8 @@ typedef struct axc_step_desc {
                              overlapped sums), 0: in layer order (sync_gradients) */
 } axc_step_desc;
 
-/* Fills the defaults: grad_acc 1, recompute 1, bf16, fp32 gradients, 1 chunk, no compression. */
+/* Fills the defaults: grad_acc 1, recompute 1, bf16, fp32 gradients, 1 chunk, no compression,
+ * data gradients packed as init()'s default packs them (overlap on: 4 MiB, last layer first). */
 void axc_step_desc_default(axc_step_desc *s);
 
 /* One collective of a layer's step: `repeat` identical calls on group `group`. */
