@@ -12,6 +12,7 @@ logical bytes) and <out>.png (loss curves), and prints a table.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,13 +48,23 @@ def run_one(args, compression, out_json):
         stats.update(axonn_c.comm_stats()["data"])
         real_finalize()
     axonn_c.finalize = finalize
+    ticks = []  # one per step: the demo calls sync_gradients once per step
+    real_sync = axonn_c.sync_gradients
+
+    def sync_gradients(*a, **kw):
+        out = real_sync(*a, **kw)
+        ticks.append(time.perf_counter())
+        return out
+    axonn_c.sync_gradients = sync_gradients
     t0 = time.perf_counter()
     losses = train_gpt.main(["--G-data", str(args.ranks), "--steps", str(args.steps),
                              "--log-every", str(max(args.steps // 4, 1)), "--sample-chars", "0",
                              "--no-overlap" if not args.overlap else "--overlap"])
     seconds = time.perf_counter() - t0
     if int(os.environ.get("RANK", "0")) == 0:
+        steps = [b - a for a, b in zip(ticks, ticks[1:])]
         Path(out_json).write_text(json.dumps({"losses": losses, "seconds": seconds,
+                                              "step_seconds": steps,
                                               "data_bytes_sent": stats.get("bytes_sent", 0),
                                               "data_logical_bytes_sent":
                                                   stats.get("logical_bytes_sent", 0)}))
@@ -70,6 +81,8 @@ def main():
     p.add_argument("--settings", default=",".join(s or "none" for _, s in SETTINGS),
                    help="comma-separated settings: none, bf16, int8, int4, int4-noef, or "
                    "CODEC:BLOCK (e.g. int4:64, to measure a block size)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each setting, interleaved; the step time is the lowest median")
     p.add_argument("--out", default="")
     p.add_argument("--one", nargs=2, metavar=("SETTING", "JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -82,30 +95,43 @@ def main():
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         named = {s or "none": n for n, s in SETTINGS}
-        for setting in args.settings.split(","):
-            name = named.get(setting, setting)
-            setting = None if setting == "none" else setting
-            out = Path(tmp) / "one.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                   str(args.ranks), "--master_addr", "127.0.0.1", "--master_port",
-                   str(29400 + len(results)), __file__, "--ranks", str(args.ranks), "--steps",
-                   str(args.steps), "--overlap" if args.overlap else "--no-overlap", "--one",
-                   setting or "none", str(out)]
-            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-            results[name] = json.loads(out.read_text())
-    base = results["none"]
+        port = 29400
+        for round_ in range(args.repeat):  # settings interleaved: a load change hits them all
+            for setting in args.settings.split(","):
+                name = named.get(setting, setting)
+                setting = None if setting == "none" else setting
+                out = Path(tmp) / "one.json"
+                port += 1
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                       str(args.ranks), "--master_addr", "127.0.0.1", "--master_port",
+                       str(port), __file__, "--ranks", str(args.ranks), "--steps",
+                       str(args.steps), "--overlap" if args.overlap else "--no-overlap",
+                       "--one", setting or "none", str(out)]
+                subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+                r = json.loads(out.read_text())
+                if name in results:  # (the runs are deterministic: the same losses and bytes)
+                    results[name]["repeats"].append(r["step_seconds"])
+                else:
+                    r["repeats"] = [r["step_seconds"]]
+                    results[name] = r
+    def step_time(r):  # the median step (the first steps warm up; a loaded machine's stalls
+        # hit a few steps, not the median), the lowest over the repeats
+        return min(statistics.median(steps[5:]) for steps in r["repeats"])
+    base = step_time(results["none"])
     final = {k: sum(r["losses"][-20:]) / len(r["losses"][-20:]) for k, r in results.items()}
     print(f"{args.ranks} ranks, G_data={args.ranks}, {args.steps} steps, simulated link "
-          f"{args.sim_gbps} GB/s, overlap {'on' if args.overlap else 'off'}")
+          f"{args.sim_gbps} GB/s, overlap {'on' if args.overlap else 'off'}; s/step: median "
+          f"step, lowest of {args.repeat} interleaved run(s)")
     print(f"{'setting':26s} {'final loss':>10s} {'vs none':>8s} {'s/step':>8s} {'speedup':>8s} "
           f"{'bytes /':>8s}")
     for name, r in results.items():
         ratio = r["data_logical_bytes_sent"] / max(r["data_bytes_sent"], 1)
         print(f"{name:26s} {final[name]:10.4f} {final[name] / final['none'] - 1:+8.2%} "
-              f"{r['seconds'] / args.steps:8.4f} {base['seconds'] / r['seconds']:7.2f}x "
+              f"{step_time(r):8.4f} {base / step_time(r):7.2f}x "
               f"{ratio:7.2f}x")
     if args.out:
         meta = {"ranks": args.ranks, "steps": args.steps, "sim_gbps": args.sim_gbps,
+                "repeat": args.repeat, "load_average": os.getloadavg(),
                 "overlap": args.overlap, "date": time.strftime("%Y-%m-%d"),
                 "command": " ".join(sys.argv)}
         Path(args.out + ".json").write_text(json.dumps({"meta": meta, "results": results},

@@ -100,21 +100,38 @@ static float encode_block(axc_codec codec, const float *x, size_t lo, size_t hi,
     return s;
 }
 
-static float decode_elem(axc_codec codec, const unsigned char *payload, size_t i, float s)
+/* Decodes elements [lo, hi) of one block of scale s into out[lo, hi) (added to it with
+ * `accumulate`): one loop per codec, the choice made once per block, not per element. */
+static void decode_block(axc_codec codec, const unsigned char *payload, float s, size_t lo,
+                         size_t hi, float *out, int accumulate)
 {
-    switch (codec) {
-    case AXC_CODEC_INT8: return axc_ce_dequant((int8_t)payload[i], s);
-    case AXC_CODEC_FP8: return axc_ce_defp8(payload[i], s);
-    default: return axc_ce_dequant(axc_ce_int4(payload[i / 2], i), s);
+    float tmp[AXC_CODEC_MAX_BLOCK];
+    float *v = accumulate ? tmp : out + lo; /* v[i - lo] is element i */
+    size_t n = hi - lo;
+    if (!axc_ce_finite(s)) {
+        for (size_t j = 0; j < n; j++)
+            v[j] = s;
+    } else if (codec == AXC_CODEC_INT8) {
+        for (size_t j = 0; j < n; j++)
+            v[j] = axc_ce_dequant((int8_t)payload[lo + j], s);
+    } else if (codec == AXC_CODEC_FP8) {
+        for (size_t j = 0; j < n; j++)
+            v[j] = axc_ce_defp8(payload[lo + j], s);
+    } else {
+        for (size_t j = 0; j < n; j++)
+            v[j] = axc_ce_dequant(axc_ce_int4(payload[(lo + j) / 2], lo + j), s);
     }
+    if (accumulate)
+        for (size_t j = 0; j < n; j++)
+            out[lo + j] = axc_ce_add(out[lo + j], v[j]);
 }
 
 static void decode_range(axc_codec codec, const float *scales, const unsigned char *payload,
                          int block, size_t lo, size_t hi, float *out, int accumulate)
 {
-    for (size_t i = lo; i < hi; i++) {
-        float v = decode_elem(codec, payload, i, scales[i / (size_t)block]);
-        out[i] = accumulate ? axc_ce_add(out[i], v) : v;
+    for (size_t b0 = lo; b0 < hi; b0 += (size_t)block) {
+        size_t b1 = hi - b0 < (size_t)block ? hi : b0 + (size_t)block;
+        decode_block(codec, payload, scales[b0 / (size_t)block], b0, b1, out, accumulate);
     }
 }
 
@@ -156,6 +173,10 @@ axc_status axc_codec_decode(axc_codec codec, int block, const void *in, size_t n
         return axc_fail(AXC_ERR_INVALID, "codec decode: NULL buffer for %zu elements", n);
     const unsigned char *p = in;
     if (codec == AXC_CODEC_NONE || codec == AXC_CODEC_BF16) {
+        if (codec == AXC_CODEC_NONE && !accumulate) {
+            memcpy(out, p, 4 * n);
+            return AXC_OK;
+        }
         for (size_t i = 0; i < n; i++) {
             float v;
             if (codec == AXC_CODEC_NONE) {
@@ -212,8 +233,7 @@ axc_status axc_codec_encode_ef(axc_codec codec, int block, const float *in, floa
             size_t off = codec == AXC_CODEC_INT4 ? lo / 2 : lo;
             float s = encode_block(codec, c, 0, len, payload + off);
             memcpy(o + 4 * b, &s, 4);
-            for (size_t i = 0; i < len; i++)
-                d[i] = decode_elem(codec, payload + off, i, s);
+            decode_block(codec, payload + off, s, 0, len, d, 0);
         }
         if (finite)
             for (size_t i = 0; i < len; i++)

@@ -1,7 +1,7 @@
 /* Per-element and per-block routines of the codecs, shared by the CPU reference (codec.c) and
  * the CUDA kernels (codec_kernels.cu) so both produce the same bytes: every fp32 operation is
  * an explicitly rounded one (no contraction into FMA, no fast-math), rounding to integers is
- * rintf (round to nearest even) and the e4m3 conversion is integer arithmetic. */
+ * round to nearest even (axc_ce_rint) and the e4m3 conversion is integer arithmetic. */
 #ifndef AXC_CODEC_ELEM_H
 #define AXC_CODEC_ELEM_H
 
@@ -96,13 +96,30 @@ AXC_HD float axc_ce_scale(axc_ce_scan s, float qmax)
     return AXC_FDIV(s.absmax, qmax);
 }
 
+/* rintf (round to nearest even, the default mode). On the host, the classic add-and-subtract
+ * of 1.5 * 2^23 for |v| < 2^22 (exact there: the sum's ulp is 1, so the addition rounds v to an
+ * integer, ties to even, and the subtraction is exact), with v's sign for a zero result as
+ * rintf gives it: x86-64's baseline has no rounding instruction, so rintf is a libm call per
+ * element, several times slower than the codec around it. */
+AXC_HD float axc_ce_rint(float v)
+{
+#ifdef __CUDA_ARCH__
+    return rintf(v);
+#else
+    if (!(fabsf(v) < 4194304.0f))
+        return rintf(v);
+    float r = AXC_FSUB(AXC_FADD(v, 12582912.0f), 12582912.0f);
+    return copysignf(r, v);
+#endif
+}
+
 /* Symmetric integer quantization of x with a finite scale s: rint(x / s) clamped to +-qmax
  * (0 when s is 0: an all-zero block, or an absmax so small that s underflowed). */
 AXC_HD int axc_ce_quant(float x, float s, int qmax)
 {
     if (s == 0.0f)
         return 0;
-    float q = rintf(AXC_FDIV(x, s));
+    float q = axc_ce_rint(AXC_FDIV(x, s));
     if (q > (float)qmax)
         q = (float)qmax;
     if (q < (float)-qmax)
@@ -116,7 +133,7 @@ AXC_HD uint8_t axc_ce_e4m3(float y)
     uint32_t u = axc_ce_bits(y), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
     uint32_t code;
     if (a < 0x3c800000u) { /* |y| < 2^-6: subnormal steps of 2^-9 (exact scaling, then rint) */
-        code = (uint32_t)rintf(AXC_FMUL(axc_ce_float(a), 512.0f)); /* 8 carries into 2^-6 */
+        code = (uint32_t)axc_ce_rint(AXC_FMUL(axc_ce_float(a), 512.0f)); /* 8 carries into 2^-6 */
     } else {
         /* rebias the exponent (127 -> 7) and round the 23-bit mantissa to 3 bits */
         uint32_t m = a - (120u << 23);

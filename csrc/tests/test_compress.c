@@ -279,8 +279,37 @@ static void test_invalid(void)
     CHECK(axc_codec_encode(AXC_CODEC_INT8, 0, &x, 1, NULL) == AXC_ERR_INVALID);
 }
 
+/* The host's add-and-subtract rounding is rintf, bit for bit (the CUDA kernels use rintf):
+ * ties to even, both zeros, the 2^22 switch-over, large and non-finite values. */
+static void test_rint(void)
+{
+    int bad = 0;
+    const float fixed[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 0.49999997f, -0.3f, -0.0f, 0.0f,
+                           4194303.5f, 4194304.0f, 4194304.5f, 8388607.5f, 1e30f, -1e30f,
+                           INFINITY, -INFINITY, 1e-45f, -1e-45f, 127.5f, -127.5f, 7.5f, -6.5f};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        float a = axc_ce_rint(fixed[i]), b = rintf(fixed[i]);
+        bad += memcmp(&a, &b, 4) != 0;
+    }
+    uint32_t u = 12345u;
+    for (int i = 0; i < 200000; i++) { /* random bit patterns (finite), and halves near qmax */
+        u = u * 1664525u + 1013904223u;
+        float x;
+        memcpy(&x, &u, 4);
+        float h = (float)(int)(u % 600u - 300u) * 0.5f;
+        float a = axc_ce_rint(h), b = rintf(h);
+        bad += memcmp(&a, &b, 4) != 0;
+        if (isfinite(x)) {
+            a = axc_ce_rint(x), b = rintf(x);
+            bad += memcmp(&a, &b, 4) != 0;
+        }
+    }
+    CHECK(bad == 0);
+}
+
 int main(void)
 {
+    test_rint();
     test_bounds_all_blocks();
     test_zero_blocks();
     test_non_finite();
