@@ -524,11 +524,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-# (= grads.SYNC_BUCKET_BYTES, which imports torch: the CLI's planning does not need it)
-SYNC_BUCKET_BYTES_CLI = 32 * 1024 * 1024
-
-
 def main(argv=None) -> int:
+    from .grads import SYNC_BUCKET_BYTES  # (lazy, as in step_volume)
+
     args = _parser().parse_args(argv)
     if args.hf_config:
         try:
@@ -562,7 +560,7 @@ def main(argv=None) -> int:
                        cache_weights=args.cache_weights, fwd_chunks=args.fwd_chunks,
                        ratio={"data": args.compress_data}, optimizer=args.optimizer,
                        compression=parse_cli_compression(args.compression) or None,
-                       bucket_bytes=args.bucket_size or SYNC_BUCKET_BYTES_CLI)
+                       bucket_bytes=args.bucket_size or SYNC_BUCKET_BYTES)
         dt = time.perf_counter() - t0
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
