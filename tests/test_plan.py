@@ -178,11 +178,11 @@ def test_outputs_group_columns_add_up_to_total(tmp_path):
     over world)."""
     layers = [dict(kind="embedding", in_features=1000, out_features=64, tied=1),
               dict(in_features=64, out_features=256),
-              dict(kind="replicated", params=10**8, easy=1)]
+              dict(kind="replicated", params=10**9, easy=1)]
     assert plan.GROUPS == state.GROUPS
     entries = [e for e in plan.plan(8, layers=layers, seq=16, global_batch=16) if e["valid"]]
-    assert entries and all(e["time_s"]["intra"] > 0 and e["time_s"]["world"] > 0.01
-                           for e in entries)
+    assert all(e["time_s"]["world"] > 0.05 for e in entries)  # (visible in the table)
+    assert any(e["time_s"]["intra"] > 0 for e in entries)  # (G_intra > 1)
     cs = tmp_path / "p.csv"
     plan.write_csv(entries, str(cs))
     rows = list(csv.DictReader(cs.read_text().splitlines()))
