@@ -13,7 +13,8 @@ import axonn_c
 from axonn_c.models import GPT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
-from models_worker import Config, Serial, batch, serial_loss, serial_state  # noqa: E402
+from models_worker import (Config, Serial, batch, check_dropout_resume, serial_loss,  # noqa: E402
+                           serial_state)
 
 
 @pytest.fixture(autouse=True)
@@ -175,44 +176,15 @@ def test_checkpoint_export_loads_back(tmp_path):
 
 def test_dropout_masks_resume_from_a_checkpoint(tmp_path):
     """The dropout call counter is model state: k steps, axonn_c.checkpoint save, load into a
-    fresh model, k more steps give bitwise the losses and weights of 2k uninterrupted steps (it
-    also travels through state_dict / load_state_dict; transformers' state dict keeps it)."""
-    import axonn_c.checkpoint as ckpt
-
+    fresh model, k more steps give bitwise the losses and weights of 2k uninterrupted steps (the
+    worker's check, here on one rank); it also travels through state_dict / load_state_dict,
+    and transformers' state dict keeps it."""
     cfg = replace(Config(), resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
-    sd, k = serial_state(cfg, 5), 3
-
-    def model_and_opt(seed):
-        torch.manual_seed(seed)
-        model = GPT(cfg, dropout_seed=7)
-        model.load_state_dict(sd)
-        return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def train(model, opt, steps):
-        losses = []
-        for step in steps:
-            loss = model(*batch(cfg, step)).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.detach())
-        return losses
-
-    whole, opt = model_and_opt(0)
-    want = train(whole, opt, range(2 * k))
-    first, opt = model_and_opt(0)
-    got = train(first, opt, range(k))
-    ckpt.save(tmp_path / "ck", first)
-    resumed, opt = model_and_opt(1)
-    ckpt.load(tmp_path / "ck", resumed)
-    got += train(resumed, opt, range(k, 2 * k))
-    for step, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"step {step}: loss {a.item()} != {b.item()} uninterrupted"
-    for (name, a), b in zip(resumed.state_dict().items(), whole.state_dict().values()):
-        assert torch.equal(a, b), name
-    copy = GPT(cfg, dropout_seed=7)
+    k = 3
+    whole = check_dropout_resume(axonn_c.grid(), cfg, str(tmp_path / "ck"), k)
+    copy = GPT(cfg, dropout_seed=3)
     copy.load_state_dict(whole.state_dict())  # (the counter comes along)
     assert int(copy.get_extra_state()) == int(whole.get_extra_state()) == 2 * k
-    copy.load_state_dict(sd)  # transformers' state dict: the counter stays
+    copy.load_state_dict(serial_state(cfg, 5))  # transformers' state dict: the counter stays
     assert int(copy.get_extra_state()) == 2 * k and "_extra_state" not in \
         axonn_c.full_state_dict(copy)

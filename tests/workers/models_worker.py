@@ -301,7 +301,8 @@ def check_dropout(sizes, cfg, ckpt_dir):
 
 def check_dropout_resume(g, cfg, ckpt_dir, k=2):
     """k steps, axonn_c.checkpoint save, load into a fresh model, k more steps: bitwise the
-    losses and weights of 2k uninterrupted steps (the dropout call counter is saved)."""
+    losses and weights of 2k uninterrupted steps (the dropout call counter is saved). Returns
+    the uninterrupted model."""
     def model_and_opt(seed):
         torch.manual_seed(seed)
         model = GPT(cfg, dropout_seed=3)
@@ -334,6 +335,7 @@ def check_dropout_resume(g, cfg, ckpt_dir, k=2):
     for (name, a), b in zip(resumed.state_dict().items(), whole.state_dict().values()):
         if not torch.equal(a, b):
             raise AssertionError(f"{what}: {name} differs from the uninterrupted run's")
+    return whole
 
 
 def main():
