@@ -43,6 +43,7 @@ __all__ = ["GPT", "CausalLMOutput"]
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 # buffers older transformers versions kept in GPT2Attention (the causal mask): not weights
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
+_EXTRA_STATE = "_extra_state"  # (torch's state dict key of get_extra_state: the dropout counter)
 _ACTIVATIONS = MappingProxyType({
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -234,7 +235,11 @@ class GPT(nn.Module):
         self.n_embd, self.n_head = H, n_head
         self.checkpoint = bool(checkpoint)
         self.dropout_seed = int(dropout_seed)
-        self._calls = 0  # forward calls: each draws new dropout masks
+        # training forward calls so far: each draws new dropout masks. A CPU int64 tensor, not
+        # a buffer (.to/.cuda leave it on the host: reading it syncs no device), in the state
+        # dict as extra state, so that axonn_c.checkpoint saves it and load writes it back
+        # in place: a resumed run draws the masks an uninterrupted one would
+        self._dropout_calls = torch.zeros((), dtype=torch.int64)
         std = cfg["std"]
         # the tables are drawn here (std = initializer_range) and broadcast by Embedding
         wte = Embedding(self.vocab_size, H, expert_mode=True,
@@ -266,8 +271,9 @@ class GPT(nn.Module):
                              f"{list(labels.shape)}")
         seed = None
         if self.training and torch.is_grad_enabled():
-            self._calls += 1
-            seed = self.dropout_seed * 1_000_003 + self._calls
+            calls = int(self._dropout_calls) + 1
+            self._dropout_calls.fill_(calls)
+            seed = self.dropout_seed * 1_000_003 + calls
         t = self.transformer
         pos = t.wpe(torch.arange(s, device=input_ids.device))  # [s, H/G_c], one per position
         x = t.wte(input_ids) + pos
@@ -290,6 +296,16 @@ class GPT(nn.Module):
         return CausalLMOutput(loss, logits)
 
     # ---------------------------------------------------------------- serial state dicts
+
+    def get_extra_state(self) -> Tensor:
+        """The dropout call counter (the tensor itself: a checkpoint load writes into it)."""
+        return self._dropout_calls
+
+    def set_extra_state(self, state) -> None:
+        if not isinstance(state, Tensor) or state.numel() != 1:
+            raise ValueError(f"GPT: extra state must be the dropout call counter (a one-element "
+                             f"tensor), got {state!r}")
+        self._dropout_calls.fill_(int(state))
 
     def _is_serial(self, state_dict) -> bool:
         w = state_dict.get("transformer.wte.weight")
@@ -325,6 +341,8 @@ class GPT(nn.Module):
         back = torch.argsort(self._qkv)
         out = OrderedDict()
         for k, v in full.items():
+            if k == _EXTRA_STATE:  # (the dropout counter: not a transformers entry)
+                continue
             if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
                 v = v[back]
             if any(k.endswith(c + ".weight") for c in _CONV1D):
@@ -344,6 +362,8 @@ class GPT(nn.Module):
         from the full tensors: no collective."""
         if self._is_serial(state_dict):
             state_dict = self.from_serial(state_dict)
+            # transformers' state dict has no dropout counter: this model keeps its own
+            state_dict.setdefault(_EXTRA_STATE, self._dropout_calls.clone())
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def extra_repr(self) -> str:

@@ -19,7 +19,9 @@ import sys
 import time
 from types import MappingProxyType
 
-GROUPS = ("col", "row", "depth", "data")
+# every group the communication model reports (state.GROUPS): the outputs' per-group columns
+# add up to comm_time_s
+GROUPS = ("col", "row", "depth", "data", "intra", "world")
 DEFAULT_MACHINE = "perlmutter"
 _DTYPES = MappingProxyType({"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
                             "float16": "float16", "fp32": "float32", "float32": "float32"})
@@ -340,10 +342,13 @@ def _fmt_bytes(n) -> str:
     return f"{n:.1f} TB"
 
 
+_WIDTH = {"col": 7, "row": 7, "depth": 8, "data": 7, "intra": 7, "world": 7}  # table columns
+
+
 def format_table(entries: list[dict], top: int) -> str:
     head = (f"{'#':>3} {'G_data':>6} {'G_r':>4} {'G_c':>4} {'G_d':>5} {'acc':>4} "
-            f"{'comm s':>8} {'col s':>7} {'row s':>7} {'depth s':>8} {'data s':>7} "
-            f"{'sent/GPU':>9} {'mem GiB':>8} fits")
+            f"{'comm s':>8} " + " ".join(f"{g + ' s':>{_WIDTH[g]}}" for g in GROUPS) +
+            f" {'sent/GPU':>9} {'mem GiB':>8} fits")
     lines = [head, "-" * len(head)]
     for i, e in enumerate(entries[:top]):
         if e["valid"]:
@@ -352,8 +357,8 @@ def format_table(entries: list[dict], top: int) -> str:
             lines.append(
                 f"{i + 1:>3} {e['G_data']:>6} {e['G_intra_r']:>4} {e['G_intra_c']:>4} "
                 f"{e['G_intra_d']:>5} {e['grad_acc']:>4} {e['comm_time_s']:>8.3f} "
-                f"{t['col']:>7.3f} {t['row']:>7.3f} {t['depth']:>8.3f} {t['data']:>7.3f} "
-                f"{_fmt_bytes(total):>9} {e['mem_gib']:>8.1f} {'yes' if e['fits'] else 'NO'}")
+                + " ".join(f"{t[g]:>{_WIDTH[g]}.3f}" for g in GROUPS) +
+                f" {_fmt_bytes(total):>9} {e['mem_gib']:>8.1f} {'yes' if e['fits'] else 'NO'}")
         else:
             lines.append(f"{i + 1:>3} {e['G_data']:>6} {e['G_intra_r']:>4} {e['G_intra_c']:>4} "
                          f"{e['G_intra_d']:>5}  invalid: {e['reason']}")
@@ -395,7 +400,8 @@ def write_plot(entries: list[dict], path: str, top: int, title: str) -> None:
         raise SystemExit("--plot: no valid grid to plot")
     labels = [f"{e['G_data']}×{e['G_intra_r']}×{e['G_intra_c']}×{e['G_intra_d']}"
               + ("" if e["fits"] else "  (does not fit)") for e in shown]
-    colors = {"col": "#4C72B0", "row": "#DD8452", "depth": "#55A868", "data": "#C44E52"}
+    colors = {"col": "#4C72B0", "row": "#DD8452", "depth": "#55A868", "data": "#C44E52",
+              "intra": "#8172B3", "world": "#937860"}
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.42 * len(shown)), dpi=120)
     y = list(range(len(shown)))[::-1]
     left = [0.0] * len(shown)
@@ -412,7 +418,7 @@ def write_plot(entries: list[dict], path: str, top: int, title: str) -> None:
     ax.set_xlim(0, max(left) * 1.25)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / (1.2 + 0.42 * len(shown))),
-              ncol=4, fontsize=8, frameon=False)
+              ncol=len(GROUPS), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     try:
@@ -524,11 +530,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-# (= grads.SYNC_BUCKET_BYTES, which imports torch: the CLI's planning does not need it)
-SYNC_BUCKET_BYTES_CLI = 32 * 1024 * 1024
-
-
 def main(argv=None) -> int:
+    from .grads import SYNC_BUCKET_BYTES  # (lazy, as in step_volume)
+
     args = _parser().parse_args(argv)
     if args.hf_config:
         try:
@@ -562,7 +566,7 @@ def main(argv=None) -> int:
                        cache_weights=args.cache_weights, fwd_chunks=args.fwd_chunks,
                        ratio={"data": args.compress_data}, optimizer=args.optimizer,
                        compression=parse_cli_compression(args.compression) or None,
-                       bucket_bytes=args.bucket_size or SYNC_BUCKET_BYTES_CLI)
+                       bucket_bytes=args.bucket_size or SYNC_BUCKET_BYTES)
         dt = time.perf_counter() - t0
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)

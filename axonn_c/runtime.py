@@ -2,6 +2,7 @@
 lives in axonn_c/state.py)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -49,6 +50,18 @@ def _make_store(rank: int, world: int, timeout: float):
     return env_store(rank, world, timeout)  # one per process (issue 28 item 10)
 
 
+def _one_at_a_time(fn):
+    """init() and finalize() hold session.init_lock: a call on another thread while one runs
+    waits for its outcome (then init with the same grid returns it, another grid raises)."""
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with session.init_lock:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+@_one_at_a_time
 def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int = 1,
          G_inter: int = 1, backend: str | None = None, timeout: float | None = None,
          plan: str | None = None, model=None, overlap: bool = False,
@@ -197,6 +210,7 @@ def _set_placement() -> None:
                          g.depth_rank)
 
 
+@_one_at_a_time
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
     session.epoch += 1

@@ -44,6 +44,9 @@ class Session:
     """The process's axonn_c session: one instance, `session`."""
 
     generation: int = 0  # counts init() calls so each gets fresh store keys
+    # held by init() and finalize(): a second thread's call waits for the first's outcome (the
+    # C init lets go of the interpreter lock while it waits for the ranks)
+    init_lock: threading.RLock = field(default_factory=threading.RLock)
     epoch: int = 0  # changes at every init/finalize: keys caches that depend on the grid
     overlap_defaults: dict = field(default_factory=_knobs_off)
     overlap_overrides: dict = field(default_factory=dict)

@@ -1,6 +1,8 @@
 """Single-process API: init/finalize, the grid, errors that name the numbers, world-1
 collectives, argument validation, build info."""
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -72,6 +74,43 @@ def test_init_twice_same_is_noop_different_raises(monkeypatch):
         axonn_c._C.init(rank=0, world_size=2, local_rank=0, local_world_size=2, G_data=2,
                         G_intra_r=1, G_intra_c=1, G_intra_d=1, G_inter=1, backend=None,
                         job_id="", timeout=1.0, cuda_device=-1, store_set=None, store_get=None)
+
+
+def test_concurrent_init_waits_for_the_first(monkeypatch):
+    """A second thread's init() while the first waits for the ranks (the C init lets go of the
+    interpreter lock) waits for the first's outcome and returns the same grid; it does not
+    open a communicator of its own."""
+    real_init = axonn_c._C.init
+    opened_while_closed, second_started = [], threading.Event()
+
+    def slow_init(**kw):
+        opened_while_closed.append(not axonn_c._C.is_initialized())
+        if len(opened_while_closed) == 1:  # the first caller: let the second one in meanwhile
+            second_started.wait(30)
+            time.sleep(0.3)
+        return real_init(**kw)
+
+    monkeypatch.setattr(axonn_c._C, "init", slow_init)
+    grids, errors = [None, None], []
+
+    def call(i):
+        try:
+            if i == 1:
+                second_started.set()
+            grids[i] = axonn_c.init()
+        except BaseException as e:  # (reported below)
+            errors.append(e)
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    while not opened_while_closed and first.is_alive():
+        time.sleep(0.01)
+    second = threading.Thread(target=call, args=(1,))
+    second.start()
+    first.join(60), second.join(60)
+    assert not errors, errors
+    assert opened_while_closed == [True, False], opened_while_closed  # one communicator
+    assert grids[0] == grids[1] == axonn_c.grid()
 
 
 def test_init_finalize_repeat():

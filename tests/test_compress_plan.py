@@ -93,5 +93,20 @@ def test_cli_compression(tmp_path, capsys):
     assert "--bucket-size must be >= 4" in capsys.readouterr().err
 
 
-def test_cli_sync_bucket_size_is_sync_gradients():
-    assert plan.SYNC_BUCKET_BYTES_CLI == grads.SYNC_BUCKET_BYTES
+def test_cli_sync_bucket_size_is_sync_gradients(monkeypatch, capsys):
+    """Without --bucket-size the CLI packs as sync_gradients does: grads.SYNC_BUCKET_BYTES,
+    read when it runs (one constant, not a copy)."""
+    seen = {}
+
+    def fake_plan(*args, **kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(plan, "plan", fake_plan)
+    monkeypatch.setattr(grads, "SYNC_BUCKET_BYTES", 12345)
+    argv = ["--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "64",
+            "--global-batch", "16", "--gpus", "8"]
+    assert plan.main(argv) == 2 and "stop here" in capsys.readouterr().err
+    assert seen["bucket_bytes"] == 12345
+    assert plan.main(argv + ["--bucket-size", "4096"]) == 2
+    assert seen["bucket_bytes"] == 4096

@@ -47,15 +47,19 @@ def test_mark_goes_with_its_parameter():
         p.grad = torch.ones(2)
         grads.mark_summed(p, ("data",))
     assert _marks() == before + 50
+    assert {grads.summed_over(p) for p in params} == {("data",)}
+    marked = {id(p): p.grad for p in params}  # address -> the marked .grad (kept alive)
     del p
     params.clear()
     gc.collect()
     assert _marks() == before
-    # a new parameter (possibly at a freed one's address) holds nothing summed
+    # new parameters, most at a freed one's address (CPython reuses them), each given the very
+    # .grad tensor that was marked at its address: a mark that outlived its parameter would
+    # count for it
     fresh = [torch.nn.Parameter(torch.zeros(2)) for _ in range(50)]
     for f in fresh:
-        f.grad = torch.ones(2)
-        assert grads.summed_over(f) == ()
+        f.grad = marked.get(id(f), torch.ones(2))
+    assert [grads.summed_over(f) for f in fresh] == [()] * 50
 
 
 def test_bad_groups_are_named():

@@ -13,7 +13,8 @@ import axonn_c
 from axonn_c.models import GPT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
-from models_worker import Config, Serial, batch, serial_loss, serial_state  # noqa: E402
+from models_worker import (Config, Serial, batch, check_dropout_resume, serial_loss,  # noqa: E402
+                           serial_state)
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +42,31 @@ def test_serial_state_dict_loads_and_comes_back():
     out = model(ids, labels=labels)
     assert out.logits.shape == (8, 12, cfg.vocab_size)
     torch.testing.assert_close(out.loss, want, rtol=1e-5, atol=1e-5)
+
+
+def test_full_state_dict_of_a_model_around_a_gpt():
+    """A GPT inside another module: full_state_dict gives that GPT's part as the serial state
+    dict (transformers' names and orientation, lm_head.weight) under its prefix, and the other
+    entries as they are, in state dict order; a part of a GPT gives the GPT's own layout."""
+    cfg = Config()
+    sd = serial_state(cfg, 0)
+    torch.manual_seed(0)
+    outer = torch.nn.Module()
+    outer.head = torch.nn.Linear(3, 2)
+    outer.lm = GPT(cfg)
+    outer.tail = torch.nn.Linear(2, 1)
+    outer.lm.load_state_dict(sd)
+    full = axonn_c.full_state_dict(outer)
+    inner = outer.state_dict()
+    want = ["head.weight", "head.bias"] + ["lm." + k for k in sd] + ["tail.weight", "tail.bias"]
+    assert list(full) == want
+    for k in sd:
+        assert torch.equal(full["lm." + k], sd[k]), k
+    for k in ("head.weight", "head.bias", "tail.weight", "tail.bias"):
+        assert torch.equal(full[k], inner[k]), k
+    block = axonn_c.full_state_dict(outer.lm.transformer.h[0], prefix="h.0.")
+    own = outer.lm.from_serial(sd)  # (full tensors in the GPT's own layout)
+    assert block and all(torch.equal(v, own["transformer." + k]) for k, v in block.items())
 
 
 def test_matches_transformers_gpt2():
@@ -146,3 +172,19 @@ def test_checkpoint_export_loads_back(tmp_path):
     other.load_state_dict(exported)
     for k, v in axonn_c.full_state_dict(other).items():
         assert torch.equal(v, sd[k]), k
+
+
+def test_dropout_masks_resume_from_a_checkpoint(tmp_path):
+    """The dropout call counter is model state: k steps, axonn_c.checkpoint save, load into a
+    fresh model, k more steps give bitwise the losses and weights of 2k uninterrupted steps (the
+    worker's check, here on one rank); it also travels through state_dict / load_state_dict,
+    and transformers' state dict keeps it."""
+    cfg = replace(Config(), resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    k = 3
+    whole = check_dropout_resume(axonn_c.grid(), cfg, str(tmp_path / "ck"), k)
+    copy = GPT(cfg, dropout_seed=3)
+    copy.load_state_dict(whole.state_dict())  # (the counter comes along)
+    assert int(copy.get_extra_state()) == int(whole.get_extra_state()) == 2 * k
+    copy.load_state_dict(serial_state(cfg, 5))  # transformers' state dict: the counter stays
+    assert int(copy.get_extra_state()) == 2 * k and "_extra_state" not in \
+        axonn_c.full_state_dict(copy)

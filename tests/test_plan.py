@@ -1,5 +1,6 @@
 """The communication model and planner from Python: hand-computed volumes, the planner's
 ranking and inputs, the CLI outputs, and (multi-process) model bytes == transport counters."""
+import csv
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import time
 import pytest
 import torch.nn as nn
 
-from axonn_c import _C, plan
+from axonn_c import _C, plan, state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPT80B = dict(blocks=42, hidden=12288, heads=96, seq=2048, global_batch=2048)
@@ -169,6 +170,35 @@ def test_cli_outputs(tmp_path, capsys):
     assert len(cs.read_text().splitlines()) == 287
     if png is not None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_outputs_group_columns_add_up_to_total(tmp_path):
+    """The table's and the CSV's per-group columns are every group the model reports: they add
+    up to comm_time_s (a tied embedding moves ids over intra, an easy replicated parameter sums
+    over world)."""
+    layers = [dict(kind="embedding", in_features=1000, out_features=64, tied=1),
+              dict(in_features=64, out_features=256),
+              dict(kind="replicated", params=10**9, easy=1)]
+    assert plan.GROUPS == state.GROUPS
+    entries = [e for e in plan.plan(8, layers=layers, seq=16, global_batch=16) if e["valid"]]
+    assert all(e["time_s"]["world"] > 0.05 for e in entries)  # (visible in the table)
+    assert any(e["time_s"]["intra"] > 0 for e in entries)  # (G_intra > 1)
+    cs = tmp_path / "p.csv"
+    plan.write_csv(entries, str(cs))
+    rows = list(csv.DictReader(cs.read_text().splitlines()))
+    for row, e in zip(rows, entries):
+        times = [float(v) for k, v in row.items() if k.startswith("time_")]
+        assert sum(times) == pytest.approx(float(row["comm_time_s"]), rel=1e-5), row
+        assert sum(int(v) for k, v in row.items() if k.startswith("bytes_")) == \
+            sum(e["bytes"].values()), row
+    table = plan.format_table(entries, len(entries)).splitlines()
+    head = table[0].split()
+    first = head.index("comm")  # "comm s", then a "<group> s" column per group
+    assert [h for h in head[first + 2:] if h != "s"][:len(plan.GROUPS)] == list(plan.GROUPS)
+    for line in table[2:]:
+        f = line.split()
+        comm, groups = float(f[6]), [float(v) for v in f[7:7 + len(plan.GROUPS)]]
+        assert abs(sum(groups) - comm) <= 0.0005 * (len(groups) + 1), line
 
 
 def test_cli_errors(capsys):

@@ -305,38 +305,39 @@ static axc_status embedding_colls(const axc_grid *grid, const axc_layer_desc *l,
     int64_t shard = (block + grid->G_d - 1) / grid->G_d, hn = l->out_features / nh;
     const int64_t N = s->grad_acc, f = N * (s->recompute ? 2 : 1); /* forward calls */
     const int64_t calls = l->tied ? 2 : 1; /* lookup, and logits + loss */
-    AXC_TRY(push(out, cap, n, AXC_GROUP_INTRA, AXC_COLL_ALL_REDUCE, 2, AXC_DT_I64, f * calls,
-                 "fwd id check"));
-    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_ALL_GATHER, shard, s->dtype, f * calls,
-                 "fwd all-gather table"));
-    AXC_TRY(push(out, cap, n, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, shard, s->dtype,
-                 N * calls, "bwd reduce-scatter dtable"));
-    /* the lookup: partial sums (forward), its output gradient gathered (backward) */
-    AXC_TRY(push(out, cap, n, hid, AXC_COLL_REDUCE_SCATTER, tl * hn, s->dtype, f,
-                 "fwd reduce-scatter lookup"));
-    AXC_TRY(push(out, cap, n, other, AXC_COLL_ALL_REDUCE, tl * hn, s->dtype, f,
-                 "fwd all-reduce lookup block"));
-    AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_GATHER, tl * hn, s->dtype, N,
-                 "bwd all-gather lookup"));
-    if (l->tied) {
-        /* the logits' input gathered (forward), its gradient summed back (backward) */
-        AXC_TRY(push(out, cap, n, hid, AXC_COLL_ALL_GATHER, t * hn, s->dtype, f,
-                     "fwd all-gather logits input"));
-        AXC_TRY(push(out, cap, n, hid, AXC_COLL_REDUCE_SCATTER, t * hn, s->dtype, N,
-                     "bwd reduce-scatter logits input"));
-        AXC_TRY(push(out, cap, n, other, AXC_COLL_ALL_REDUCE, t * hn, s->dtype, N,
-                     "bwd all-reduce logits input block"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, tloss, AXC_DT_F32, f,
-                     "fwd all-reduce loss max"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, tloss, AXC_DT_F32, f,
-                     "fwd all-reduce loss max"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, 2 * tloss, AXC_DT_F32, f,
-                     "fwd all-reduce loss sums"));
-        AXC_TRY(push(out, cap, n, AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, 2 * tloss, AXC_DT_F32, f,
-                     "fwd all-reduce loss sums"));
-    }
-    return push(out, cap, n, AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, shard, s->grad_dtype, 1,
-                "data all-reduce dtable");
+    /* the tied rows' calls (0: not issued, push skips them) */
+    const int64_t tf = l->tied ? f : 0, tN = l->tied ? N : 0;
+    const struct {
+        axc_group_kind group;
+        axc_coll_kind kind;
+        int64_t elements;
+        axc_dtype dtype;
+        int64_t calls;
+        const char *name;
+    } rows[] = {
+        {AXC_GROUP_INTRA, AXC_COLL_ALL_REDUCE, 2, AXC_DT_I64, f * calls, "fwd id check"},
+        {AXC_GROUP_DEPTH, AXC_COLL_ALL_GATHER, shard, s->dtype, f * calls, "fwd all-gather table"},
+        {AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, shard, s->dtype, N * calls,
+         "bwd reduce-scatter dtable"},
+        /* the lookup: partial sums (forward), its output gradient gathered (backward) */
+        {hid, AXC_COLL_REDUCE_SCATTER, tl * hn, s->dtype, f, "fwd reduce-scatter lookup"},
+        {other, AXC_COLL_ALL_REDUCE, tl * hn, s->dtype, f, "fwd all-reduce lookup block"},
+        {hid, AXC_COLL_ALL_GATHER, tl * hn, s->dtype, N, "bwd all-gather lookup"},
+        /* tied: the logits' input gathered (forward), its gradient summed back (backward) */
+        {hid, AXC_COLL_ALL_GATHER, t * hn, s->dtype, tf, "fwd all-gather logits input"},
+        {hid, AXC_COLL_REDUCE_SCATTER, t * hn, s->dtype, tN, "bwd reduce-scatter logits input"},
+        {other, AXC_COLL_ALL_REDUCE, t * hn, s->dtype, tN, "bwd all-reduce logits input block"},
+        /* tied: the loss's row maxima and sums over row then col */
+        {AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, tloss, AXC_DT_F32, tf, "fwd all-reduce loss max"},
+        {AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, tloss, AXC_DT_F32, tf, "fwd all-reduce loss max"},
+        {AXC_GROUP_ROW, AXC_COLL_ALL_REDUCE, 2 * tloss, AXC_DT_F32, tf, "fwd all-reduce loss sums"},
+        {AXC_GROUP_COL, AXC_COLL_ALL_REDUCE, 2 * tloss, AXC_DT_F32, tf, "fwd all-reduce loss sums"},
+        {AXC_GROUP_DATA, AXC_COLL_ALL_REDUCE, shard, s->grad_dtype, 1, "data all-reduce dtable"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        AXC_TRY(push(out, cap, n, rows[i].group, rows[i].kind, rows[i].elements, rows[i].dtype,
+                     rows[i].calls, rows[i].name));
+    return AXC_OK;
 }
 
 /* axonn_c.LayerNorm / RMSNorm, expert layout (axonn_c/norm.py): `stats` all-reduces of [t]

@@ -15,6 +15,7 @@ struct axc_runtime {
     axc_grad_records *records;
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
+    int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
 };
 
 static void *blocking_begin(const axc_runtime *rt)
@@ -66,20 +67,26 @@ axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg)
 {
     if (rt->comm)
         return axc_fail(AXC_ERR_STATE, "axonn_c is already initialised: finalize() first");
+    if (rt->opening)
+        return axc_fail(AXC_ERR_STATE, "axonn_c.init() is already running (on another thread, "
+                                       "or re-entered while it waits for the ranks): one init "
+                                       "at a time");
+    rt->opening = 1;
     axc_comm *comm = NULL;
     void *b = blocking_begin(rt);
     axc_status st = axc_comm_create(&comm, cfg); /* waits for every rank */
     blocking_end(rt, b);
-    if (st != AXC_OK)
-        return st;
     axc_sched *sched = NULL;
-    st = axc_sched_create(&sched, comm);
-    if (st != AXC_OK) {
+    if (st == AXC_OK)
+        st = axc_sched_create(&sched, comm);
+    if (st != AXC_OK && comm) {
         b = blocking_begin(rt);
         axc_comm_destroy(comm);
         blocking_end(rt, b);
-        return st;
     }
+    rt->opening = 0;
+    if (st != AXC_OK)
+        return st;
     rt->comm = comm;
     rt->sched = sched;
     return AXC_OK;
@@ -89,6 +96,9 @@ axc_status axc_runtime_close(axc_runtime *rt)
 {
     if (!rt)
         return AXC_OK;
+    if (rt->opening) /* (its communicator would be installed after this close) */
+        return axc_fail(AXC_ERR_STATE, "axonn_c.finalize() while init() is running (on another "
+                                       "thread, or re-entered while it waits for the ranks)");
     axc_comm *comm = rt->comm;
     axc_sched *sched = rt->sched;
     rt->comm = NULL;

@@ -1,8 +1,10 @@
 /* The runtime (csrc/runtime/runtime.c): open/close of the communicator and scheduler (twice,
- * refusing a second open), the blocking hooks around every wait, the buckets and keep-alives
- * that outlive a close, and the start of due bucket sums: at 2 data-parallel ranks a bucket's
- * sum reaches every rank, a re-entrant start returns at once, and due sums without an open
- * communicator fail with a message. */
+ * refusing a second open, also one or a close while an open waits for the ranks), the
+ * blocking hooks around every wait, the buckets and keep-alives that outlive a close, and the
+ * start of due bucket sums: at 2 data-parallel ranks a bucket's sum reaches every rank, a
+ * re-entrant start returns at once, and due sums without an open communicator fail with a
+ * message. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +21,12 @@ static counts g_counts;
  * while a start is under way), recording whether that started anything */
 static axc_runtime *g_reenter;
 static int g_reentry_started = -1;
+/* set by a test: the next blocking_begin opens and closes it again (a second init, or a
+ * finalize, while an open waits for the ranks), recording what they returned */
+static axc_runtime *g_reopen;
+static const axc_comm_config *g_reopen_cfg;
+static axc_status g_reopen_st = AXC_OK, g_reclose_st = AXC_OK;
+static char g_reopen_msg[256], g_reclose_msg[256];
 
 static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
                              void **owner)
@@ -54,6 +62,14 @@ static void *begin(void *ctx)
         int before = g_counts.begins;
         axc_status st = axc_runtime_start_due_sums(rt);
         g_reentry_started = st != AXC_OK || g_counts.begins != before;
+    }
+    if (g_reopen) {
+        axc_runtime *rt = g_reopen;
+        g_reopen = NULL;
+        g_reopen_st = axc_runtime_open(rt, g_reopen_cfg);
+        snprintf(g_reopen_msg, sizeof g_reopen_msg, "%s", axc_last_error());
+        g_reclose_st = axc_runtime_close(rt);
+        snprintf(g_reclose_msg, sizeof g_reclose_msg, "%s", axc_last_error());
     }
     return &g_counts; /* handed back to end */
 }
@@ -156,8 +172,18 @@ static void one_rank(void)
         axc_comm_config cfg;
         atomic_store(&g_kv->ready, 0);
         CHECK_OK(fork_ranks_config(&cfg, 0, 1, one, round ? "runtime1b" : "runtime1a", 10.0));
+        if (round == 0) { /* while it waits: a second open and a close are refused */
+            g_reopen = rt;
+            g_reopen_cfg = &cfg;
+        }
         CHECK_OK(axc_runtime_open(rt, &cfg));
         CHECK(axc_runtime_is_open(rt));
+        if (round == 0) {
+            CHECK_MSG(g_reopen_st == AXC_ERR_STATE && strstr(g_reopen_msg, "already running"),
+                      "open during an open: %d %s", g_reopen_st, g_reopen_msg);
+            CHECK_MSG(g_reclose_st == AXC_ERR_STATE && strstr(g_reclose_msg, "init() is running"),
+                      "close during an open: %d %s", g_reclose_st, g_reclose_msg);
+        }
         CHECK(axc_runtime_open(rt, &cfg) == AXC_ERR_STATE &&
               strstr(axc_last_error(), "already initialised"));
         CHECK_OK(axc_runtime_close(rt));

@@ -45,3 +45,20 @@ def train_as_serial(g, ref, par, what, batches, loss_fn, steps, lr):
     full = axonn_c.full_state_dict(par)
     for k, v in ref.state_dict().items():
         close(full[k], v, f"{what} full_state_dict {k}", 1e-4)
+
+
+def assert_bytes_equal(stats, pred, what, detail="", unit="bytes", show_counters=False):
+    """Every group's counted (bytes_sent, bytes_recv) in `stats` (axonn_c.comm_stats()) equals
+    the communication model's `pred` ({"sent": {group: n}, "recv": ...}); the model reports
+    exactly GROUPS (a group it adds is compared, not skipped). `what` names the case, `detail`
+    ends the message, `show_counters` adds the group's counters to it."""
+    if set(pred["sent"]) != set(GROUPS) or set(pred["recv"]) != set(GROUPS):
+        raise AssertionError(f"{what}: the model reports groups {sorted(pred['sent'])}, "
+                             f"expected {sorted(GROUPS)}")
+    for grp in GROUPS:
+        got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
+        want = (pred["sent"][grp], pred["recv"][grp])
+        if got != want:
+            counters = f"; stats {stats[grp]}" if show_counters else ""
+            raise AssertionError(f"{what}: group {grp} moved {got} {unit}, the model predicts "
+                                 f"{want}{detail}{counters}")

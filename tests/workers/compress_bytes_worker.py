@@ -10,14 +10,13 @@ replicated parameter, odd sizes (pieces not a multiple of a codec block or of th
 Launched by tests/test_compress_multiproc.py under torchrun.
 """
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
 import axonn_c
 from axonn_c import plan
-from common import GROUPS, grids
+from common import assert_bytes_equal, grids
 
 H = 24
 T = 5  # tokens per rank
@@ -66,13 +65,8 @@ def check(g, grid4, compression, overlap, bucket_size, own):
     kw = {} if bucket_size is None else {"bucket_bytes": bucket_size}
     pred = plan.step_volume(model, grid4, g.rank, g.G_data * g.G_intra_d * T,
                             compression=compression, overlap=overlap, **kw, **STEP)
-    for grp in GROUPS:
-        got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
-        want = (pred["sent"][grp], pred["recv"][grp])
-        if got != want:
-            print(f"rank {g.rank} {what}: group {grp} moved {got} wire bytes, the model "
-                  f"predicts {want}; stats {stats[grp]}", file=sys.stderr, flush=True)
-            sys.exit(1)
+    assert_bytes_equal(stats, pred, f"rank {g.rank} {what}", unit="wire bytes",
+                       show_counters=True)
     dims = [d for d in compression if {"data": g.G_data, "depth": g.G_intra_d,
                                        "row": g.G_intra_r, "col": g.G_intra_c}[d] > 1]
     for d in dims:  # (the check can fail: compression changed the bytes)

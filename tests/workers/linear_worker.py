@@ -8,7 +8,7 @@ import sys
 import torch
 
 import axonn_c
-from common import grids
+from common import GROUPS, assert_bytes_equal, grids
 
 SHAPES = [(48, 80), (96, 32), (64, 64)]
 SHAPES_3 = [(48, 120), (96, 24), (72, 72)]  # for world sizes with a factor 3
@@ -143,10 +143,7 @@ def check_mlp_and_bytes(g, dtype, seed, chunks=1):
     step = dict(tokens=shards * m, grad_acc=1, recompute=0, dtype="float32",
                 grad_dtype="float32", fwd_chunks=chunks)
     pred = axonn_c._C.model_volume(grid4, g.rank, layers, step)
-    for grp in pred["sent"]:  # every group, intra and world included
-        got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
-        want = (pred["sent"][grp], pred["recv"][grp])
-        assert got == want, f"{what}: group {grp} moved {got} bytes, model predicts {want}"
+    assert_bytes_equal(stats, pred, what)
 
 
 def check_easy_bytes(g, seed):
@@ -168,11 +165,7 @@ def check_easy_bytes(g, seed):
     step = dict(tokens=g.world_size * t, grad_acc=1, recompute=0, dtype="float32",
                 grad_dtype="float32")
     pred = axonn_c._C.model_volume(grid4, g.rank, layers, step)
-    for grp in pred["sent"]:  # every group, intra and world included
-        got = (stats[grp]["bytes_sent"], stats[grp]["bytes_recv"])
-        want = (pred["sent"][grp], pred["recv"][grp])
-        assert got == want, (f"easy layout grid {grid4} rank {g.rank}: group {grp} moved {got} "
-                             f"bytes, model predicts {want}")
+    assert_bytes_equal(stats, pred, f"easy layout grid {grid4} rank {g.rank}")
 
 
 def check_overlap_identical(g, seed):
@@ -222,7 +215,7 @@ def check_no_input_grad(g, seed):
             y.backward(torch.ones_like(y))
             axonn_c.finish_grads()
             stats = axonn_c.comm_stats()
-            sent = sum(stats[k]["bytes_sent"] for k in ("col", "row", "depth", "data"))
+            sent = sum(stats[k]["bytes_sent"] for k in GROUPS)
             got[need] = (sent, layer.weight.grad.clone(), layer.bias.grad.clone())
             assert (x.grad is not None) == need, f"{what}: x.grad {x.grad is not None}"
         moves_dx = s["gout_size"] > 1 if expert else s["gin_size"] * s["gout_size"] > 1

@@ -265,11 +265,12 @@ def same_over(x, group):
     return bool((both[:n] == -both[n:]).all())
 
 
-def check_dropout(sizes, cfg):
+def check_dropout(sizes, cfg, ckpt_dir):
     """Dropout on: copies get the same mask (the residual stream, replicated over row, is the same
     on the row group; the attention output, replicated over col, on the column group), the
     recompute of checkpoint=True draws the masks again (its gradients equal those without
-    checkpointing), and dropout changes the loss."""
+    checkpointing), dropout changes the loss, and a run resumed from a checkpoint draws the
+    masks an uninterrupted one does."""
     g = axonn_c.init(G_data=sizes[0], G_intra_r=sizes[1], G_intra_c=sizes[2], G_intra_d=sizes[3])
     cfg = Config(**{**vars(cfg), "resid_pdrop": 0.2, "embd_pdrop": 0.2, "attn_pdrop": 0.2})
     ids, labels = batch(cfg, 0)
@@ -294,7 +295,47 @@ def check_dropout(sizes, cfg):
         plain = model(ids, labels=labels).loss
     if plain.item() == out.loss.item():
         raise AssertionError(f"dropout grid {sizes}: dropout changed nothing")
+    check_dropout_resume(g, cfg, ckpt_dir)
     axonn_c.finalize()
+
+
+def check_dropout_resume(g, cfg, ckpt_dir, k=2):
+    """k steps, axonn_c.checkpoint save, load into a fresh model, k more steps: bitwise the
+    losses and weights of 2k uninterrupted steps (the dropout call counter is saved). Returns
+    the uninterrupted model."""
+    def model_and_opt(seed):
+        torch.manual_seed(seed)
+        model = GPT(cfg, dropout_seed=3)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(model, opt, steps):
+        losses = []
+        for step in steps:
+            ids, labels = batch(cfg, step)
+            loss = model(my_share(g, ids), labels=my_share(g, labels)).loss
+            loss.backward()
+            axonn_c.sync_gradients(model, mean=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        return losses
+
+    whole, opt = model_and_opt(5)
+    want = train(whole, opt, range(2 * k))
+    first, opt = model_and_opt(5)
+    got = train(first, opt, range(k))
+    ckpt.save(ckpt_dir, first)
+    resumed, opt = model_and_opt(6)
+    ckpt.load(ckpt_dir, resumed)
+    got += train(resumed, opt, range(k, 2 * k))
+    what = f"dropout resume grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x{g.G_intra_d} rank {g.rank}"
+    for step, (a, b) in enumerate(zip(got, want)):
+        if not torch.equal(a, b):
+            raise AssertionError(f"{what} step {step}: loss {a.item()}, uninterrupted {b.item()}")
+    for (name, a), b in zip(resumed.state_dict().items(), whole.state_dict().values()):
+        if not torch.equal(a, b):
+            raise AssertionError(f"{what}: {name} differs from the uninterrupted run's")
+    return whole
 
 
 def main():
@@ -318,7 +359,7 @@ def main():
         d = os.path.join(a.dir, f"ckpt{n}")
         rank = check_grid(sizes, cfg, use_hf, a.steps, d, prev, a.checkpoint, n, a.overlap)
         prev = d
-    check_dropout(todo[-1], cfg)
+    check_dropout(todo[-1], cfg, os.path.join(a.dir, "dropout_ckpt"))
     if rank == 0:
         print(f"world {world}: {len(todo)} grids match the serial GPT-2 "
               f"({'transformers' if use_hf else 'plain torch'}, {a.steps} AdamW steps"

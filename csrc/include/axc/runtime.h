@@ -49,9 +49,12 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops);
 void axc_runtime_destroy(axc_runtime *rt);
 
 /* init(): the communicator (collective: every rank calls it) and its scheduler. Fails with
- * AXC_ERR_STATE when one is open already. */
+ * AXC_ERR_STATE when one is open already, or while another open waits for the ranks (it lets go
+ * of the caller's lock: a second thread, or a re-entry through the hooks, gets in; the Python
+ * init() makes a second caller wait for the first's outcome before it gets here). */
 axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg);
-/* finalize(): the scheduler (after its work drained), then the communicator. Idempotent. */
+/* finalize(): the scheduler (after its work drained), then the communicator. Idempotent.
+ * AXC_ERR_STATE while an open waits for the ranks. */
 axc_status axc_runtime_close(axc_runtime *rt);
 int axc_runtime_is_open(const axc_runtime *rt);
 
