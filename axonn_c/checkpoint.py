@@ -53,6 +53,7 @@ __all__ = ["save", "load", "SaveHandle", "CheckpointError", "read_info", "export
 FORMAT = 1  # the layout of the keys below; a checkpoint with another is refused
 META_KEY = "axonn_c"  # bytes: format, grid, world size, model keys, torch version
 MODEL, OPTIM_STATE, OPTIM_GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra"
+_EXTRA_STATE = "_extra_state"  # (torch's state dict key of a module's get_extra_state)
 # + world rank: that rank's error-feedback residuals of compressed gradient sums (per rank: each
 # holds its own; restored only on the same grid, where the buckets are the same)
 COMPRESSION = "compression.rank"
@@ -399,6 +400,10 @@ def _tensor_md(metadata: Metadata, key: str) -> Optional[TensorStorageMetadata]:
 
 def _check_model(pieces: Dict[str, _Piece], metadata: Metadata, path: str) -> None:
     saved = {k for k in metadata.state_dict_metadata if k.startswith(MODEL)}
+    for k in [k for k in pieces if k not in saved and k.rsplit(".", 1)[-1] == _EXTRA_STATE]:
+        # a module's extra state that a checkpoint written before the module had any lacks
+        # (axonn_c.models.GPT's dropout counter): the module keeps its own, not read
+        del pieces[k]
     missing = [k[len(MODEL):] for k in pieces if k not in saved]
     unexpected = sorted(k[len(MODEL):] for k in saved - set(pieces))
     shapes = []

@@ -188,3 +188,27 @@ def test_dropout_masks_resume_from_a_checkpoint(tmp_path):
     copy.load_state_dict(serial_state(cfg, 5))  # transformers' state dict: the counter stays
     assert int(copy.get_extra_state()) == 2 * k and "_extra_state" not in \
         axonn_c.full_state_dict(copy)
+
+
+def test_checkpoint_without_the_dropout_counter_loads(tmp_path):
+    """A checkpoint written before the GPT had extra state (no dropout counter in it) loads:
+    the model keeps its own counter; the weights come from the checkpoint."""
+    import axonn_c.checkpoint as ckpt
+
+    class Before(GPT):  # the GPT as it was: no extra state in its state dict
+        get_extra_state = torch.nn.Module.get_extra_state
+        set_extra_state = torch.nn.Module.set_extra_state
+
+    cfg = Config()
+    old = GPT(cfg)
+    old.load_state_dict(serial_state(cfg, 4))
+    old.__class__ = Before
+    assert "_extra_state" not in old.state_dict()
+    ckpt.save(tmp_path / "ck", old)
+    new = GPT(cfg)
+    new._dropout_calls.fill_(7)
+    ckpt.load(tmp_path / "ck", new)
+    assert int(new.get_extra_state()) == 7
+    got = new.state_dict()
+    for k, v in old.state_dict().items():
+        assert torch.equal(got[k], v), k
