@@ -70,12 +70,11 @@ def no_grad_sync():
     data-parallel reduction and sync_gradients does nothing. Run every micro-batch but the last
     inside it; the last one's backward (with overlap on) and sync_gradients reduce the whole
     accumulated gradient once. Also available as axonn_c.no_sync()."""
-    prev = _C.grad_sync_enabled()  # (in C: the gradient hooks read it, axonn_c._C.GradHook)
-    _C.grad_set_sync(False)
+    prev = _C.grad_sync_enabled(False)  # (in C: the gradient hooks read it, _C.GradHook)
     try:
         yield
     finally:
-        _C.grad_set_sync(prev)
+        _C.grad_sync_enabled(prev)
 
 
 # The groups over which p.grad was summed during an earlier backward (sync_gradients skips

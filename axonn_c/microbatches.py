@@ -393,7 +393,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     def body(i: int) -> None:
         session.thread.microbatch, session.thread.uses = i, {}
-        _C.set_microbatch_thread(True)  # (the gradient hooks, in C, read it)
+        _C.microbatch_thread(True)  # (the gradient hooks, in C, read it)
         try:
             _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
             with contextlib.ExitStack() as stack:
@@ -405,7 +405,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             errors[i] = e
         finally:
             session.thread.microbatch = None
-            _C.set_microbatch_thread(False)
+            _C.microbatch_thread(False)
             if reducer is not None:
                 reducer.thread_done(errors[i] is not None)
 

@@ -111,7 +111,7 @@ def knobs_changed() -> None:
     """After overlap_defaults or overlap_overrides changed: what a layer decided from them is
     stale, and the gradient hooks (in C) read the data overlap knob now in force."""
     session.knobs_version += 1
-    _C.grad_set_overlap_data(bool(overlap_knob("overlap_data")))
+    _C.grad_overlap_data(bool(overlap_knob("overlap_data")))
 
 
 def configure_scheduler(prefetch: int, budget: int, cache: bool) -> None:

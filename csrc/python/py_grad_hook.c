@@ -150,64 +150,47 @@ static PyTypeObject GradHookType = {
     .tp_call = hook_call,
 };
 
-static int flag_arg(PyObject *arg, int *out)
-{
-    *out = PyObject_IsTrue(arg);
-    return *out < 0 ? -1 : 0;
-}
+/* The runtime's flags the hooks read: each binding returns the value before and sets it when
+ * given one (grad_sync_enabled(False) -> the previous value). */
+enum { FLAG_SYNC, FLAG_OVERLAP_DATA, FLAG_MICROBATCH };
 
-/* grad_set_sync(on): backward starts gradient sums (no_grad_sync turns it off) */
-static PyObject *py_set_sync(PyObject *self, PyObject *arg)
+static PyObject *flag(PyObject *args, int which)
 {
-    (void)self;
-    int on;
-    if (flag_arg(arg, &on) < 0)
+    PyObject *arg = NULL;
+    if (!PyArg_UnpackTuple(args, "flag", 0, 1, &arg))
         return NULL;
-    axc_runtime_set_grad_sync(axc_py_runtime(), on);
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_sync(PyObject *self, PyObject *noargs)
-{
-    (void)self;
-    (void)noargs;
-    return PyBool_FromLong(axc_runtime_grad_sync(axc_py_runtime()));
-}
-
-/* grad_set_overlap_data(on): the data overlap knob in force (init, optimize_communication) */
-static PyObject *py_set_overlap_data(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    int on;
-    if (flag_arg(arg, &on) < 0)
+    axc_runtime *rt = axc_py_runtime();
+    int before = which == FLAG_SYNC           ? axc_runtime_grad_sync(rt)
+                 : which == FLAG_OVERLAP_DATA ? axc_runtime_overlap_data(rt)
+                                              : axc_microbatch_thread();
+    int on = arg ? PyObject_IsTrue(arg) : -1;
+    if (arg && on < 0)
         return NULL;
-    axc_runtime_set_overlap_data(axc_py_runtime(), on);
-    Py_RETURN_NONE;
+    if (on >= 0 && which == FLAG_SYNC)
+        axc_runtime_set_grad_sync(rt, on);
+    else if (on >= 0 && which == FLAG_OVERLAP_DATA)
+        axc_runtime_set_overlap_data(rt, on);
+    else if (on >= 0)
+        axc_set_microbatch_thread(on);
+    return PyBool_FromLong(before);
 }
 
-static PyObject *py_overlap_data(PyObject *self, PyObject *noargs)
+static PyObject *py_sync(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)noargs;
-    return PyBool_FromLong(axc_runtime_overlap_data(axc_py_runtime()));
+    return flag(args, FLAG_SYNC);
 }
 
-/* set_microbatch_thread(on): the calling thread runs a run_concurrent micro-batch */
-static PyObject *py_set_microbatch(PyObject *self, PyObject *arg)
+static PyObject *py_overlap_data(PyObject *self, PyObject *args)
 {
     (void)self;
-    int on;
-    if (flag_arg(arg, &on) < 0)
-        return NULL;
-    axc_set_microbatch_thread(on);
-    Py_RETURN_NONE;
+    return flag(args, FLAG_OVERLAP_DATA);
 }
 
-static PyObject *py_microbatch(PyObject *self, PyObject *noargs)
+static PyObject *py_microbatch(PyObject *self, PyObject *args)
 {
     (void)self;
-    (void)noargs;
-    return PyBool_FromLong(axc_microbatch_thread());
+    return flag(args, FLAG_MICROBATCH);
 }
 
 int axc_py_grad_hook_add_types(PyObject *module)
@@ -229,13 +212,11 @@ int axc_py_grad_hook_add_types(PyObject *module)
 }
 
 PyMethodDef axc_py_grad_hook_methods[] = {
-    {"grad_set_sync", py_set_sync, METH_O, "grad_set_sync(on): backward starts gradient sums"},
-    {"grad_sync_enabled", py_sync, METH_NOARGS, "grad_sync_enabled() -> bool"},
-    {"grad_set_overlap_data", py_set_overlap_data, METH_O,
-     "grad_set_overlap_data(on): the data overlap knob in force"},
-    {"grad_overlap_data", py_overlap_data, METH_NOARGS, "grad_overlap_data() -> bool"},
-    {"set_microbatch_thread", py_set_microbatch, METH_O,
-     "set_microbatch_thread(on): the calling thread runs a run_concurrent micro-batch"},
-    {"microbatch_thread", py_microbatch, METH_NOARGS, "microbatch_thread() -> bool"},
+    {"grad_sync_enabled", py_sync, METH_VARARGS,
+     "grad_sync_enabled([on]) -> bool: backward starts gradient sums (off in no_grad_sync)"},
+    {"grad_overlap_data", py_overlap_data, METH_VARARGS,
+     "grad_overlap_data([on]) -> bool: the data overlap knob in force"},
+    {"microbatch_thread", py_microbatch, METH_VARARGS,
+     "microbatch_thread([on]) -> bool: the calling thread runs a run_concurrent micro-batch"},
     {NULL, NULL, 0, NULL},
 };
