@@ -83,6 +83,19 @@ static int needs_work(PyObject *p)
     return axc_runtime_grad_needs_work(rt, own, &groups);
 }
 
+/* the hook's parameter (a new reference), or NULL once it is gone (or on an error, set) */
+static PyObject *param_of(GradHook *h)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *p = NULL;
+    (void)PyWeakref_GetRef(h->ref, &p);
+    return p;
+#else
+    PyObject *p = PyWeakref_GetObject(h->ref); /* borrowed; None once the parameter is gone */
+    return !p || p == Py_None ? NULL : Py_NewRef(p);
+#endif
+}
+
 static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     GradHook *h = (GradHook *)self;
@@ -93,11 +106,14 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (!PyArg_UnpackTuple(args, "GradHook", 1, 1, &g))
         return NULL;
-    /* None: a Linear weight whose gradient this pass deferred (nothing reached autograd) */
-    PyObject *p = PyWeakref_GetObject(h->ref); /* borrowed; None once the parameter is gone */
-    if (g == Py_None || !p || p == Py_None)
-        Py_RETURN_NONE; /* (nothing to take a gradient into) */
-    Py_INCREF(p);
+    if (g == Py_None) /* a Linear weight whose gradient this pass deferred: nothing came */
+        Py_RETURN_NONE;
+    PyObject *p = param_of(h);
+    if (!p) { /* (gone: nothing to take a gradient into) */
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
     int work = needs_work(p);
     PyObject *r = work < 0 ? NULL : work ? PyObject_CallFunctionObjArgs(h->work, p, g, NULL)
                                          : Py_NewRef(Py_None);
