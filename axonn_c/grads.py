@@ -50,7 +50,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from . import _C
 from .state import first_hook, group_size, grid_sizes, is_initialized, microbatch_active, \
-    overlap_knob, session
+    session
 
 
 def check_unsynced(p: Tensor) -> None:
@@ -70,12 +70,11 @@ def no_grad_sync():
     data-parallel reduction and sync_gradients does nothing. Run every micro-batch but the last
     inside it; the last one's backward (with overlap on) and sync_gradients reduce the whole
     accumulated gradient once. Also available as axonn_c.no_sync()."""
-    prev = session.grad_sync_enabled
-    session.grad_sync_enabled = False
+    prev = _C.grad_sync_enabled(False)  # (in C: the gradient hooks read it, _C.GradHook)
     try:
         yield
     finally:
-        session.grad_sync_enabled = prev
+        _C.grad_sync_enabled(prev)
 
 
 # The groups over which p.grad was summed during an earlier backward (sync_gradients skips
@@ -133,7 +132,7 @@ def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional
     flagged = "data" in summed_over(param)
     # a gradient already summed over data (a backward outside no_grad_sync, no sync_gradients
     # since) cannot absorb an unreduced one: the new part is then reduced too, and added
-    reduce = grid_sizes()[0] > 1 and ((overlap_data and session.grad_sync_enabled)
+    reduce = grid_sizes()[0] > 1 and ((overlap_data and _C.grad_sync_enabled())
                                               or flagged)
     fold = None
     if prev is not None and not flagged:
@@ -259,25 +258,18 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     if not is_initialized() or group_size("world") == 1:
         return
     if first_hook(param, "grad"):
-        ref = weakref.ref(param)
-        param.register_hook(lambda g: _on_grad(ref, g))
+        # decides in C whether the gradient has anything to do (the common case: nothing
+        # pending, no .grad marked summed, no sum to start now) and only then calls _on_grad;
+        # holds param weakly (axc_runtime_grad_needs_work, csrc/python/py_grad_hook.c)
+        param.register_hook(_C.GradHook(param, _on_grad))
 
 
-def _data_overlap_on() -> bool:
-    return bool(overlap_knob("overlap_data"))
-
-
-def _on_grad(ref, g: Tensor) -> None:
+def _on_grad(p: Tensor, g: Tensor) -> None:
     """The gradient of this backward pass (all its uses summed, before it is accumulated into
     .grad) goes into a bucket, with the gradient accumulated so far folded in: the bucket's sum
     is the reduced total, which replaces .grad when backward ends. A .grad already reduced in an
     earlier pass (no sync_gradients since) is identical on all ranks of the groups, so it enters
-    divided by their rank count."""
-    p = ref()
-    if g is None:  # (a Linear weight whose gradient this pass deferred: nothing reached autograd)
-        return
-    if idle() and not _C.grad_marks() and not _sums_now(p):  # the common case: nothing to do
-        return
+    divided by their rank count. Called by p's GradHook when there is something to do."""
     # (grad mode is on in a hook exactly when backward builds a graph: create_graph=True)
     create_graph = torch.is_grad_enabled()
     with torch.no_grad():
@@ -287,24 +279,11 @@ def _on_grad(ref, g: Tensor) -> None:
 idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad
 
 
-def _sums_now(p: Optional[Tensor]) -> bool:
-    """Whether a gradient of p arriving now would be summed during backward (the data overlap
-    on, sums enabled, a group of several ranks); on a micro-batch thread, whether it must be
-    checked. With nothing pending and no .grad marked summed, every other gradient goes to
-    autograd untouched (_take_grad would find nothing to do)."""
-    if p is None or microbatch_active() or not is_initialized():
-        return p is not None and microbatch_active()
-    on = getattr(p, "_axonn_overlap_data", None)
-    if not session.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
-        return False
-    return any(group_size(n) > 1 for n in p._axonn_hook_groups)
-
-
-def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
-    if p is not None and microbatch_active():  # autograd accumulates it; sync_gradients sums
+def _take_grad(p: Tensor, g: Tensor, create_graph: bool) -> None:
+    if microbatch_active():  # autograd accumulates it; sync_gradients sums
         check_unsynced(p)
         return
-    if p is None or not is_initialized() or not accumulates(p):
+    if not is_initialized() or not accumulates(p):
         return
     drop_if_abandoned()
     # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
@@ -314,7 +293,7 @@ def _take_grad(p: Optional[Tensor], g: Tensor, create_graph: bool) -> None:
             return
         finish()
     on = getattr(p, "_axonn_overlap_data", None)  # a Linear weight: its layer's knob
-    if not session.grad_sync_enabled or not (_data_overlap_on() if on is None else on):
+    if not _C.grad_sync_enabled() or not (_C.grad_overlap_data() if on is None else on):
         _unreduce(p)  # autograd adds an unsummed gradient: sync_gradients sums the total
         return
     groups = tuple(n for n in p._axonn_hook_groups if group_size(n) > 1)

@@ -382,7 +382,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             raise ValueError(f"run_concurrent splits inputs into {n} micro-batches along dim "
                              f"{dim}, but got an input of shape {list(t.shape)}")
     grads.finish()  # nothing deferred may still be in flight on channel 0
-    reducer = _Reducer(model, n) if model is not None and session.grad_sync_enabled else None
+    reducer = _Reducer(model, n) if model is not None and _C.grad_sync_enabled() else None
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]
     args = [[p[i] if p is not None else v for p, v in zip(pieces, inputs)] for i in range(n)]
     results: List[Any] = [None] * n
@@ -393,6 +393,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     def body(i: int) -> None:
         session.thread.microbatch, session.thread.uses = i, {}
+        _C.microbatch_thread(True)  # (the gradient hooks, in C, read it)
         try:
             _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
             with contextlib.ExitStack() as stack:
@@ -404,6 +405,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             errors[i] = e
         finally:
             session.thread.microbatch = None
+            _C.microbatch_thread(False)
             if reducer is not None:
                 reducer.thread_done(errors[i] is not None)
 

@@ -30,7 +30,7 @@ from .conv import Conv1D, Conv2d
 from .embedding import Embedding
 from .linear import Linear
 from .norm import LayerNorm, RMSNorm
-from .state import configure_scheduler, grid, group_size, is_initialized, session
+from .state import configure_scheduler, grid, group_size, is_initialized, knobs_changed, session
 
 __all__ = ["sync_gradients", "no_grad_sync", "no_sync", "finish_grads", "clip_grad_norm_", "full_state_dict",
            "auto_parallelize", "optimize_communication"]
@@ -123,7 +123,7 @@ def _sync(model: nn.Module, mean: bool, expert_mode: Optional[bool], gradient_at
     validate.check_grad_attr(validate.check_module(f"{what}: model", model),
                              gradient_attr_name)
     grid()  # raises before init(): without a grid nothing would be summed
-    if not session.grad_sync_enabled:
+    if not _C.grad_sync_enabled():
         return
     grads.finish()
     expert = _model_expert_mode(model, expert_mode)
@@ -683,7 +683,7 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
             session.overlap_overrides["overlap_data"] = overlap_data
         if defer_wgrad is not None:
             session.overlap_overrides["defer_wgrad"] = defer_wgrad
-        session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
+        knobs_changed()  # (after the change: a memo made meanwhile is not kept)
         configure_scheduler(saved_sched[0], saved_sched[1], cache_weights)
         if policy is not None:
             compression_policy.apply(policy)
@@ -695,6 +695,6 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
         finally:
             session.overlap_overrides.clear()
             session.overlap_overrides.update(saved)
-            session.knobs_version += 1  # (after the change: a memo made meanwhile is not kept)
+            knobs_changed()  # (after the change: a memo made meanwhile is not kept)
             if is_initialized() and session.epoch == epoch:
                 configure_scheduler(*saved_sched)

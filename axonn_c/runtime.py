@@ -11,7 +11,7 @@ import torch.distributed as dist
 from . import _C, grads, microbatches, validate
 from . import compression as compression_policy
 from .bootstrap import InitStore, env_store
-from .state import Grid, configure_scheduler, grid, is_initialized, session
+from .state import Grid, configure_scheduler, grid, is_initialized, knobs_changed, session
 
 __all__ = ["init", "finalize", "grid", "is_initialized", "Grid", "comm_stats",
            "reset_comm_stats", "build_info", "scheduler_stats"]
@@ -127,7 +127,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     session.overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
                             overlap_all_gather=overlap, overlap_data=overlap,
                             defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))
-    session.knobs_version += 1  # (after the change)
+    knobs_changed()  # (after the change)
     session.bucket_bytes = bucket_size
     sched_cfg = (prefetch, prefetch_budget or 0, cache_weights)
     rank = _env_int("RANK", 0)

@@ -53,9 +53,6 @@ class Session:
     # changes whenever overlap_defaults or overlap_overrides do: keys what a layer decided from
     # them (Linear._plain_call)
     knobs_version: int = 0
-    # False inside no_grad_sync(): backward does not start data-parallel reductions
-    # (process-wide: autograd may run backward on another thread)
-    grad_sync_enabled: bool = True
     sizes: tuple = None  # (epoch, (G_data, G_intra_r, G_intra_c, G_intra_d))
     microbatches: int = 1  # concurrent_microbatches of the current init (microbatches.py)
     # which shards this rank holds: (G_intra_r, G_intra_c, G_intra_d, row_rank, col_rank,
@@ -111,6 +108,13 @@ def refuse_cuda(device) -> None:
 def overlap_knob(name: str):
     """The knob's value from optimize_communication(), else from init()."""
     return session.overlap_overrides.get(name, session.overlap_defaults[name])
+
+
+def knobs_changed() -> None:
+    """After overlap_defaults or overlap_overrides changed: what a layer decided from them is
+    stale, and the gradient hooks (in C) read the data overlap knob now in force."""
+    session.knobs_version += 1
+    _C.grad_overlap_data(bool(overlap_knob("overlap_data")))
 
 
 def configure_scheduler(prefetch: int, budget: int, cache: bool) -> None:

@@ -36,7 +36,7 @@ static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
                                     axc_py_linear_methods, axc_py_gemm_methods,
                                     axc_py_timeline_methods, axc_py_sched_methods,
                                     axc_py_compress_methods, axc_py_grads_methods,
-                                    axc_py_records_methods};
+                                    axc_py_records_methods, axc_py_grad_hook_methods};
 
 static struct PyModuleDef axc_module = {PyModuleDef_HEAD_INIT, "axonn_c._C",
                                         "C core of axonn_c (internal; use the axonn_c package).",
@@ -79,7 +79,7 @@ PyMODINIT_FUNC PyInit__C(void)
         PyModule_AddObject(m, "CommTimeoutError", axc_py_CommTimeoutError) < 0)
         goto fail;
     if (axc_py_comm_add_types(m) < 0 || axc_py_linear_add_types(m) < 0 ||
-        axc_py_grads_add_types(m) < 0)
+        axc_py_grads_add_types(m) < 0 || axc_py_grad_hook_add_types(m) < 0)
         goto fail;
     return m;
 fail:

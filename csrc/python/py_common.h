@@ -39,6 +39,7 @@ extern PyMethodDef axc_py_sched_methods[];
 extern PyMethodDef axc_py_compress_methods[];
 extern PyMethodDef axc_py_grads_methods[];
 extern PyMethodDef axc_py_records_methods[];
+extern PyMethodDef axc_py_grad_hook_methods[];
 
 /* shared by the gradient bindings (py_grads.c, py_records.c) */
 typedef axc_status (*bucket_fn)(axc_buckets *, int);
@@ -50,5 +51,6 @@ void axc_py_keeps_release_done(void);                       /* _C.keeps_release_
 int axc_py_comm_add_types(PyObject *module);
 int axc_py_linear_add_types(PyObject *module); /* py_linear_call.c */
 int axc_py_grads_add_types(PyObject *module);  /* py_grads.c: its interned names */
+int axc_py_grad_hook_add_types(PyObject *module); /* py_grad_hook.c: GradHook */
 
 #endif

@@ -242,13 +242,7 @@ static PyObject *py_taken(PyObject *self, PyObject *p)
     return PyBool_FromLong(axc_records_is_taken(recs(), key_of(p)));
 }
 
-static int idle(void)
-{
-    axc_runtime *rt = axc_py_runtime();
-    return !axc_records_count(recs()) && !axc_records_taken(recs()) &&
-           !axc_keeps_count(axc_runtime_keeps(rt), AXC_KEEP_RESULT) &&
-           !axc_buckets_open(axc_runtime_buckets(rt));
-}
+static int idle(void) { return axc_runtime_grads_idle(axc_py_runtime()); }
 
 /* grad_idle() -> nothing pending: no record, taken .grad, held result or open bucket */
 static PyObject *py_idle(PyObject *self, PyObject *noargs)

@@ -16,7 +16,12 @@ struct axc_runtime {
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
+    int grad_sync;    /* backward starts gradient sums (0 inside no_grad_sync) */
+    int overlap_data; /* the data overlap knob in force */
 };
+
+/* set by run_concurrent on its micro-batch threads */
+static _Thread_local int t_microbatch;
 
 static void *blocking_begin(const axc_runtime *rt)
 {
@@ -38,6 +43,7 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
     if (!rt)
         return axc_fail(AXC_ERR_NOMEM, "axc_runtime_create: out of memory");
     rt->hooks = ops->hooks;
+    rt->grad_sync = 1;
     axc_status st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
     if (st == AXC_OK)
         st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
@@ -154,4 +160,30 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
     }
     rt->starting = 0;
     return st;
+}
+
+void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 0; }
+int axc_runtime_grad_sync(const axc_runtime *rt) { return rt->grad_sync; }
+void axc_runtime_set_overlap_data(axc_runtime *rt, int on) { rt->overlap_data = on != 0; }
+int axc_runtime_overlap_data(const axc_runtime *rt) { return rt->overlap_data; }
+void axc_set_microbatch_thread(int on) { t_microbatch = on != 0; }
+int axc_microbatch_thread(void) { return t_microbatch; }
+
+int axc_runtime_grads_idle(const axc_runtime *rt)
+{
+    return !axc_records_count(rt->records) && !axc_records_taken(rt->records) &&
+           !axc_keeps_count(rt->keeps, AXC_KEEP_RESULT) && !axc_buckets_open(rt->buckets);
+}
+
+int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const axc_groups *groups)
+{
+    if (t_microbatch || !axc_runtime_grads_idle(rt) || axc_records_marks(rt->records))
+        return 1;
+    if (!rt->comm || !rt->grad_sync || !(own_overlap < 0 ? rt->overlap_data : own_overlap))
+        return 0;
+    const axc_grid *grid = axc_comm_grid(rt->comm);
+    for (int i = 0; groups && i < groups->n; i++)
+        if (axc_grid_group_size(grid, groups->g[i]) > 1)
+            return 1;
+    return 0;
 }

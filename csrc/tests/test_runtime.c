@@ -3,7 +3,9 @@
  * blocking hooks around every wait, the buckets and keep-alives that outlive a close, and the
  * start of due bucket sums: at 2 data-parallel ranks a bucket's sum reaches every rank, a
  * re-entrant start returns at once, and due sums without an open communicator fail with a
- * message. */
+ * message; what a gradient hook decides from (axc_runtime_grad_needs_work: pending work,
+ * marks, the micro-batch thread, sums on, the overlap knob and a parameter's own, group sizes
+ * of the open grid). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +94,31 @@ static axc_runtime_ops ops_of(void)
 }
 
 /* 2 data-parallel ranks: a bucket of this rank's values, summed through the scheduler */
+/* at G_data=2, idle: a gradient needs work only when its sum would start now */
+static void needs_work_data2(axc_runtime *rt)
+{
+    axc_groups data = {.n = 1, .g = {AXC_GROUP_DATA}};
+    axc_groups depth_data = {.n = 2, .g = {AXC_GROUP_DEPTH, AXC_GROUP_DATA}};
+    axc_groups depth = {.n = 1, .g = {AXC_GROUP_DEPTH}};
+    CHECK(axc_runtime_grad_sync(rt) && !axc_runtime_overlap_data(rt)); /* the defaults */
+    CHECK(axc_runtime_grads_idle(rt));
+    CHECK(!axc_runtime_grad_needs_work(rt, -1, &data)); /* overlap off */
+    CHECK(axc_runtime_grad_needs_work(rt, 1, &data));   /* a layer's own knob on */
+    axc_runtime_set_overlap_data(rt, 1);
+    CHECK(axc_runtime_grad_needs_work(rt, -1, &data) &&
+          axc_runtime_grad_needs_work(rt, -1, &depth_data));
+    CHECK(!axc_runtime_grad_needs_work(rt, 0, &data));   /* its own knob off */
+    CHECK(!axc_runtime_grad_needs_work(rt, -1, &depth)); /* one rank in depth */
+    CHECK(!axc_runtime_grad_needs_work(rt, -1, NULL));
+    axc_runtime_set_grad_sync(rt, 0); /* no_grad_sync */
+    CHECK(!axc_runtime_grad_needs_work(rt, -1, &data) && !axc_runtime_grad_sync(rt));
+    axc_set_microbatch_thread(1); /* a micro-batch thread's gradient is always checked */
+    CHECK(axc_runtime_grad_needs_work(rt, -1, &depth) && axc_microbatch_thread());
+    axc_set_microbatch_thread(0);
+    axc_runtime_set_grad_sync(rt, 1);
+    axc_runtime_set_overlap_data(rt, 0);
+}
+
 static void data2_main(int rank, int world, const int dims[4], double timeout)
 {
     rank_begin(rank);
@@ -105,6 +132,7 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
     CHECK_MSG(g_counts.begins >= 1 && g_counts.begins == g_counts.ends, "%d begins, %d ends",
               g_counts.begins, g_counts.ends);
     CHECK(axc_runtime_is_open(rt) && axc_runtime_comm(rt) && axc_runtime_sched(rt));
+    needs_work_data2(rt);
     axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
     key.groups[0] = AXC_GROUP_DATA;
     /* two full buckets of 16 floats: two sums due */
@@ -115,6 +143,9 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
         void *owner;
         CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 16, &id, &off, &owner));
         data[k] = (float *)owner + off;
+        /* a bucket still taking gradients: every gradient needs the gradient code */
+        axc_groups none = {.n = 0};
+        CHECK(!axc_runtime_grads_idle(rt) && axc_runtime_grad_needs_work(rt, 0, &none));
         for (int i = 0; i < 16; i++)
             data[k][i] = (float)(rank + 1) * (float)(i + 1 + 100 * k);
         CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
@@ -154,6 +185,10 @@ static void one_rank(void)
     CHECK(!axc_runtime_is_open(rt) && !axc_runtime_comm(rt) && !axc_runtime_sched(rt));
     CHECK(axc_runtime_buckets(rt) && axc_runtime_keeps(rt));
     CHECK_OK(axc_runtime_close(rt)); /* closing what is closed is fine */
+    /* closed: no gradient needs work unless something is pending or marked */
+    axc_groups world = {.n = 1, .g = {AXC_GROUP_WORLD}};
+    axc_runtime_set_overlap_data(rt, 1);
+    CHECK(axc_runtime_grads_idle(rt) && !axc_runtime_grad_needs_work(rt, 1, &world));
     /* a sum that comes due with nothing open fails, naming init */
     axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
     key.groups[0] = AXC_GROUP_DATA;
@@ -198,6 +233,7 @@ static void one_rank(void)
     CHECK_OK(axc_records_add(recs, &(axc_grad_record){.key = 1, .param = &param, .dw = &dw}));
     axc_groups data = {.n = 1, .g = {AXC_GROUP_DATA}};
     CHECK_OK(axc_records_mark(recs, 1, &stamp, &data));
+    CHECK(axc_runtime_grad_needs_work(rt, 0, NULL)); /* a record, a mark */
     axc_runtime_destroy(rt);
     CHECK(g_counts.kept_released == 4);
     CHECK_MSG(g_counts.begins == g_counts.ends, "%d begins, %d ends", g_counts.begins,

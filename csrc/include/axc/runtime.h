@@ -74,4 +74,26 @@ axc_grad_records *axc_runtime_records(const axc_runtime *rt);
  * AXC_ERR_STATE when sums are due and nothing is open. */
 axc_status axc_runtime_start_due_sums(axc_runtime *rt);
 
+/* The state a parameter's gradient hook decides from (set by the embedding program where it
+ * changes): whether backward starts gradient sums (off inside no_grad_sync), the data overlap
+ * knob in force (init(overlap=), optimize_communication(overlap_data=)), and, per thread,
+ * whether the thread runs a run_concurrent micro-batch. Defaults: sums on, overlap off, no
+ * micro-batch thread. */
+void axc_runtime_set_grad_sync(axc_runtime *rt, int on);
+int axc_runtime_grad_sync(const axc_runtime *rt);
+void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
+int axc_runtime_overlap_data(const axc_runtime *rt);
+void axc_set_microbatch_thread(int on); /* the calling thread's flag */
+int axc_microbatch_thread(void);
+
+/* Nothing pending: no gradient record, taken .grad, held backward result or open bucket. */
+int axc_runtime_grads_idle(const axc_runtime *rt);
+
+/* Whether a parameter's gradient arriving now needs the gradient code; 0: autograd takes it
+ * untouched. It does when something is pending (not idle), a .grad is marked summed, the thread
+ * runs a micro-batch, or its sum would start now: initialised, sums on, the data overlap on
+ * (`own_overlap`: the parameter's own knob, 0/1, or -1 for none: the runtime's), and one of
+ * `groups` (its groups; NULL: none) has several ranks. */
+int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const axc_groups *groups);
+
 #endif

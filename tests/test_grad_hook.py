@@ -1,0 +1,103 @@
+"""The per-parameter gradient hook decided in C (axonn_c._C.GradHook, csrc/python/py_grad_hook.c,
+axc_runtime_grad_needs_work): it holds its parameter weakly, hands a gradient to the Python
+gradient code only when there is something to do (something pending, a .grad marked summed, a
+run_concurrent micro-batch thread, or a sum to start now), and reads the flags that decide it
+(no_grad_sync, the data overlap knob, the micro-batch thread) from the C runtime. One process
+here; the 2-rank worker checks the sums themselves (groups changed after registration,
+no_grad_sync, the overlap knobs, a re-init on another grid)."""
+import threading
+import weakref
+
+import pytest
+import torch
+
+import axonn_c
+from axonn_c import _C, grads
+from conftest import torchrun
+
+
+def _hooked(calls):
+    p = torch.nn.Parameter(torch.ones(3))
+    p._axonn_hook_groups = ("data",)
+    p.register_hook(_C.GradHook(p, lambda q, g: calls.append(q)))
+    return p
+
+
+def test_hook_holds_its_parameter_weakly():
+    calls = []
+    p = _hooked(calls)
+    hook = next(iter(p._backward_hooks.values()))
+    ref = weakref.ref(p)
+    del p
+    assert ref() is None  # freed by its reference count: no cycle through the hook
+    p2 = torch.nn.Parameter(torch.zeros(2))
+    p2.grad = torch.ones(2)
+    grads.mark_summed(p2, ("data",))  # (something that would otherwise need the Python code)
+    try:
+        assert hook(torch.ones(3)) is None and calls == []  # its parameter gone: nothing to do
+    finally:
+        grads.mark_summed(p2, ())
+
+
+def test_gradient_goes_to_autograd_untouched_when_nothing_is_to_do():
+    calls = []
+    p = _hooked(calls)
+    assert not axonn_c.is_initialized() and grads.idle() and not _C.grad_marks()
+    (p * 2).sum().backward()
+    assert calls == [] and torch.equal(p.grad, torch.full((3,), 2.0))
+
+
+def test_a_marked_grad_or_a_microbatch_thread_calls_the_gradient_code():
+    calls = []
+    p = _hooked(calls)
+    other = torch.nn.Parameter(torch.zeros(2))
+    other.grad = torch.ones(2)
+    grads.mark_summed(other, ("data",))
+    try:
+        (p * 2).sum().backward()
+        hook = next(iter(p._backward_hooks.values()))
+        assert hook(None) is None  # (a deferred Linear weight: nothing reached autograd)
+    finally:
+        grads.mark_summed(other, ())
+    assert len(calls) == 1 and calls[0] is p
+    seen = []
+
+    def microbatch():  # what run_concurrent's threads set (and only theirs)
+        seen.append(_C.microbatch_thread(True))
+        try:
+            (p * 3).sum().backward()
+        finally:
+            seen.append(_C.microbatch_thread(False))
+
+    thread = threading.Thread(target=microbatch)
+    thread.start()
+    thread.join()
+    assert seen == [False, True] and len(calls) == 2 and not _C.microbatch_thread()
+    (p * 2).sum().backward()
+    assert len(calls) == 2
+
+
+def test_no_grad_sync_sets_the_runtime_flag_and_restores_it():
+    assert _C.grad_sync_enabled()
+    with axonn_c.no_grad_sync():
+        assert not _C.grad_sync_enabled()
+        with pytest.raises(ZeroDivisionError):
+            with axonn_c.no_grad_sync():
+                1 / 0
+        assert not _C.grad_sync_enabled()
+    assert _C.grad_sync_enabled()
+
+
+def test_bad_hook_arguments_are_named():
+    p = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(TypeError, match="callable"):
+        _C.GradHook(p, 3)
+    with pytest.raises(TypeError):
+        _C.GradHook(3, print)  # an int cannot be referenced weakly
+    with pytest.raises(TypeError, match="keyword"):
+        _C.GradHook(p, print)(torch.ones(2), x=1)
+
+
+def test_hook_decides_from_the_runtime_on_two_ranks():
+    out = torchrun(2, "grad_hook_worker.py")
+    assert out.count("grad hook ok") == 2
