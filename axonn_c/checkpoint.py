@@ -398,12 +398,15 @@ def _tensor_md(metadata: Metadata, key: str) -> Optional[TensorStorageMetadata]:
     return md if isinstance(md, TensorStorageMetadata) else None
 
 
-def _check_model(pieces: Dict[str, _Piece], metadata: Metadata, path: str) -> None:
+def _check_model(model: nn.Module, pieces: Dict[str, _Piece], metadata: Metadata,
+                 path: str) -> None:
     saved = {k for k in metadata.state_dict_metadata if k.startswith(MODEL)}
     for k in [k for k in pieces if k not in saved and k.rsplit(".", 1)[-1] == _EXTRA_STATE]:
-        # a module's extra state that a checkpoint written before the module had any lacks
-        # (axonn_c.models.GPT's dropout counter): the module keeps its own, not read
-        del pieces[k]
+        # extra state that a checkpoint written before its module had any lacks: a module that
+        # says it may be missing (axonn_c.models.GPT's dropout counter) keeps its own
+        owner = model.get_submodule(k[len(MODEL):-len(_EXTRA_STATE)].rstrip("."))
+        if getattr(owner, "_axonn_optional_extra_state", False):
+            del pieces[k]
     missing = [k[len(MODEL):] for k in pieces if k not in saved]
     unexpected = sorted(k[len(MODEL):] for k in saved - set(pieces))
     shapes = []
@@ -694,7 +697,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
 
     def plan():
         pieces = _model_pieces(model, g)
-        _check_model(pieces, metadata, path)
+        _check_model(model, pieces, metadata, path)
         targets = {k: pc.boxes for k, pc in pieces.items() if pc.boxes}
         object_keys = [EXTRA] if EXTRA in metadata.state_dict_metadata else []
         if same_grid and own_residuals in metadata.state_dict_metadata:

@@ -239,7 +239,7 @@ class GPT(nn.Module):
         # a buffer (.to/.cuda leave it on the host: reading it syncs no device), in the state
         # dict as extra state, so that axonn_c.checkpoint saves it and load writes it back
         # in place: a resumed run draws the masks an uninterrupted one would
-        self._dropout_calls = torch.zeros((), dtype=torch.int64)
+        self._dropout_calls = torch.zeros((), dtype=torch.int64, device="cpu")
         std = cfg["std"]
         # the tables are drawn here (std = initializer_range) and broadcast by Embedding
         wte = Embedding(self.vocab_size, H, expert_mode=True,
@@ -296,6 +296,10 @@ class GPT(nn.Module):
         return CausalLMOutput(loss, logits)
 
     # ---------------------------------------------------------------- serial state dicts
+
+    # checkpoints written before the dropout counter was state lack it: axonn_c.checkpoint.load
+    # then leaves this model's own
+    _axonn_optional_extra_state = True
 
     def get_extra_state(self) -> Tensor:
         """The dropout call counter (the tensor itself: a checkpoint load writes into it)."""
@@ -362,8 +366,14 @@ class GPT(nn.Module):
         from the full tensors: no collective."""
         if self._is_serial(state_dict):
             state_dict = self.from_serial(state_dict)
-            # transformers' state dict has no dropout counter: this model keeps its own
-            state_dict.setdefault(_EXTRA_STATE, self._dropout_calls.clone())
+        if _EXTRA_STATE not in state_dict:
+            # transformers' state dict, or one this model gave before the dropout counter was
+            # state, has none: this model keeps its own
+            metadata = getattr(state_dict, "_metadata", None)
+            state_dict = OrderedDict(state_dict)
+            if metadata is not None:
+                state_dict._metadata = metadata
+            state_dict[_EXTRA_STATE] = self._dropout_calls.clone()
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def extra_repr(self) -> str:

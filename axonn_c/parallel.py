@@ -267,11 +267,8 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
     serial shapes ([out, in] and [out]), every axonn_c.Embedding's table to [V, H] and every
     split norm's weight and bias to [H], on every rank: exactly the state dict of the serial model
     in which nn.Linear stands for axonn_c.Linear, loadable by it (or by this model, through
-    load_state_dict). A module with a `_axonn_to_serial(full)` method (axonn_c.models.GPT), the
-    model or one inside it, gives that serial module's state dict for its entries instead. Any
-    submodule may be passed (its axonn_c layers at any depth are gathered); a part of a GPT
-    (e.g. gpt.transformer.h[0]) gives full tensors in the GPT's own layout (docs/training.md).
-    Collective: call on every rank."""
+    load_state_dict). A model with a `_axonn_to_serial(full)` method (axonn_c.models.GPT) gives
+    that serial model's state dict instead. Collective: call on every rank."""
     sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
     full = OrderedDict()
     layers = {prefix + name: m for name, m in model.named_modules()
@@ -292,33 +289,10 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
                 gathered[key + "bias"] = m.full_bias()
     for k, v in sd.items():
         full[k] = gathered.get(k, v)
-    return _to_serial(model, prefix, full)
-
-
-def _to_serial(model: nn.Module, prefix: str, full: "OrderedDict[str, Tensor]"
-               ) -> "OrderedDict[str, Tensor]":
-    """A module that is a known serial one in other coordinates (axonn_c.models.GPT:
-    transformers' names and Conv1D orientation), the model itself or one at any depth inside
-    it (the outermost one), turns its part of the gathered tensors into that serial module's
-    state dict, under its own prefix; the other entries stay as they are, in order."""
-    parts = {}  # key prefix -> that module's _axonn_to_serial
-    for name, m in model.named_modules():
-        at = prefix + (name + "." if name else "")
-        to_serial = getattr(m, "_axonn_to_serial", None)
-        if to_serial is not None and not any(at.startswith(p) for p in parts):
-            parts[at] = to_serial
-    if not parts:
-        return full
-    out, done = OrderedDict(), set()
-    for k, v in full.items():
-        at = next((p for p in parts if k.startswith(p)), None)
-        if at is None:
-            out[k] = v
-        elif at not in done:  # (a module's entries are consecutive in a state dict)
-            done.add(at)
-            mine = OrderedDict((j[len(at):], w) for j, w in full.items() if j.startswith(at))
-            out.update((at + j, w) for j, w in parts[at](mine).items())
-    return out
+    # a model that is a known serial one in other coordinates (axonn_c.models.GPT: transformers'
+    # names and Conv1D orientation) turns the gathered tensors into that model's state dict
+    to_serial = getattr(model, "_axonn_to_serial", None)
+    return to_serial(full) if to_serial is not None else full
 
 
 # ------------------------------------------------------------------------- auto_parallelize

@@ -86,6 +86,9 @@ def main():
     p.add_argument("--out", default="")
     p.add_argument("--one", nargs=2, metavar=("SETTING", "JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.steps < 7 or args.repeat < 1:  # (the median skips 5 warm-up steps)
+        p.error(f"--steps must be at least 7 and --repeat at least 1, got {args.steps}, "
+                f"{args.repeat}")
     if args.one:
         run_one(args, None if args.one[0] == "none" else args.one[0], args.one[1])
         return

@@ -174,7 +174,8 @@ axc_status axc_codec_decode(axc_codec codec, int block, const void *in, size_t n
     const unsigned char *p = in;
     if (codec == AXC_CODEC_NONE || codec == AXC_CODEC_BF16) {
         if (codec == AXC_CODEC_NONE && !accumulate) {
-            memcpy(out, p, 4 * n);
+            if (n)
+                memmove(out, p, 4 * n); /* (in place allowed, as the element loop was) */
             return AXC_OK;
         }
         for (size_t i = 0; i < n; i++) {

@@ -296,7 +296,7 @@ static void test_rint(void)
         u = u * 1664525u + 1013904223u;
         float x;
         memcpy(&x, &u, 4);
-        float h = (float)(int)(u % 600u - 300u) * 0.5f;
+        float h = (float)((int)(u % 600u) - 300) * 0.5f;
         float a = axc_ce_rint(h), b = rintf(h);
         bad += memcmp(&a, &b, 4) != 0;
         if (isfinite(x)) {
