@@ -158,11 +158,12 @@ def layer_codec_ints(own: Policy) -> tuple:
 
 
 def _depth_layers(model) -> dict:
-    """{module name: Linear} of `model`'s axonn_c.Linear layers (and subclasses)."""
-    from .linear import Linear  # (linear.py imports this module)
+    """{module name: Linear} of `model`'s axonn_c.Linear layers (and subclasses), found by their
+    class marker (linear.py imports this module, not the other way round)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    return {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    return {name: m for name, m in model.named_modules()
+            if getattr(type(m), "_keeps_depth_residual", False)}
 
 
 def _depth_residual_of(layer):

@@ -873,6 +873,9 @@ class Linear(nn.Module):
         return tuple(out)
 
     _plain_memo = None
+    # its depth dW reduce-scatter may keep an error-feedback residual (_dw_residual): how
+    # compression.compression_state(model) finds the layers
+    _keeps_depth_residual = True
 
     def _plain_call(self, dtype, use_bias, knobs: tuple, hold: int):
         """The layer's C handle (_C.LinearCall) when this call needs nothing cross-layer: no
