@@ -54,8 +54,9 @@ FORMAT = 1  # the layout of the keys below; a checkpoint with another is refused
 META_KEY = "axonn_c"  # bytes: format, grid, world size, model keys, torch version
 MODEL, OPTIM_STATE, OPTIM_GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra"
 _EXTRA_STATE = "_extra_state"  # (torch's state dict key of a module's get_extra_state)
-# + world rank: that rank's error-feedback residuals of compressed gradient sums (per rank: each
-# holds its own; restored only on the same grid, where the buckets are the same)
+# + world rank: that rank's error-feedback residuals of compressed gradient sums and of the
+# Linears' depth dW reduce-scatters (by module name), compression.compression_state(model) (per
+# rank: each holds its own; restored only on the same grid, where the buckets are the same)
 COMPRESSION = "compression.rank"
 _PARTIAL, _OLD = ".partial", ".old"  # the save's temporary directory; the replaced checkpoint
 
@@ -620,8 +621,8 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
             objects[EXTRA] = extra
         if g.rank != 0:
             objects = {}
-        residuals = compression.compression_state()
-        if residuals["residuals"]:
+        residuals = compression.compression_state(model)
+        if residuals["residuals"] or residuals["depth"]:
             objects[f"{COMPRESSION}{g.rank}"] = residuals
         planner = _SavePlanner(pieces, objects)
         writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True,
@@ -720,7 +721,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         _agree(f"load of {path} (optimizer state)", lambda: optimizer.load_state_dict(
             _optimizer_state_dict(model, optimizer, dest, objects, path)))
     if own_residuals in objects:  # (another grid: the buckets differ, the residuals start at 0)
-        compression.load_compression_state(objects[own_residuals])
+        compression.load_compression_state(objects[own_residuals], model)
     return objects.get(EXTRA)
 
 

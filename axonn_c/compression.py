@@ -6,9 +6,11 @@ init(compression=...) sets, and the error-feedback state it keeps.
   feedback by default for int8/int4; a replicated parameter summed over "world" or
   ("depth", "data") stays exact on the groups other than data.
 - "depth", "row", "col": the layers' own float32 collectives over that group (csrc/comm:
-  axc_comm_apply_layer_codec): depth = the weights' all-gathers and dW's reduce-scatters,
-  row/col = the activation all-reduces, all-gathers and reduce-scatters (all-to-alls stay
-  exact), without error feedback.
+  axc_comm_apply_layer_codec): depth = the weights' all-gathers (no error feedback) and dW's
+  reduce-scatters (gradient rules: error feedback by default for int8/int4, a residual per
+  Linear kept in session.dw_residuals, linear.py _dw_residual), row/col = the activation
+  all-reduces, all-gathers and reduce-scatters (all-to-alls stay exact), without error
+  feedback.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from .comm import CODECS
 from .state import session
 
 DIMENSIONS = ("data", "depth", "row", "col")
-LAYER_DIMENSIONS = ("depth", "row", "col")  # the layers' own collectives, no error feedback
+LAYER_DIMENSIONS = ("depth", "row", "col")  # the layers' own collectives
+GRADIENT_DIMENSIONS = ("data", "depth")  # with gradient traffic: error feedback applies
 _SPEC_KEYS = ("codec", "block", "error_feedback")
 
 # (codec, block (0: the codec's default), error feedback) per dimension
@@ -46,16 +49,17 @@ def _spec(dim: str, value) -> Optional[Tuple[str, int, bool]]:
     if not isinstance(block, int) or isinstance(block, bool):
         raise TypeError(f"compression[{dim!r}]: block must be an int, got {block!r}")
     # error feedback by default where quantisation loses most: int8 and int4 gradients
-    ef = spec.get("error_feedback", codec in ("int8", "int4") and dim == "data")
+    ef = spec.get("error_feedback", codec in ("int8", "int4") and dim in GRADIENT_DIMENSIONS)
     if not isinstance(ef, bool):
         raise TypeError(f"compression[{dim!r}]: error_feedback must be a bool, got {ef!r}")
     if codec == "none":
         return None
     _C.codec_encoded_bytes(codec, 1, block)  # raises for a block size the codec cannot take
-    if ef and dim != "data":
-        raise NotImplementedError(
-            f"compression[{dim!r}]: error feedback is implemented for the data-parallel "
-            f"gradient sums only; pass error_feedback=False for {dim!r}")
+    if ef and dim not in GRADIENT_DIMENSIONS:
+        raise ValueError(
+            f"compression[{dim!r}]: error feedback applies to gradient traffic only (the "
+            f"data-parallel sums and the depth dW reduce-scatters); {dim!r} carries "
+            f"activations: pass error_feedback=False for {dim!r}")
     return codec, block, ef
 
 
@@ -116,8 +120,8 @@ def apply(policy: Policy) -> None:
     _C.grad_buckets_set_codec("data", codec, block, ef)
     if _C.is_initialized():  # (the layers' policy lives in the communicator: gone at finalize)
         for dim in LAYER_DIMENSIONS:
-            codec, block, _ = policy.get(dim, ("none", 0, False))
-            _C.set_layer_codec(dim, codec, block)
+            codec, block, ef = policy.get(dim, ("none", 0, False))
+            _C.set_layer_codec(dim, codec, block, ef)
 
 
 def layer_policy(compression, what: str = "Linear.compression") -> Optional[Policy]:
@@ -140,34 +144,101 @@ def layer_policy(compression, what: str = "Linear.compression") -> Optional[Poli
 
 
 def layer_codec_ints(own: Policy) -> tuple:
-    """(depth codec, depth block, row codec, row block, col codec, col block) as the C layer
-    takes them (csrc/python/py_linear.c): the layer's own where it names a dimension (None: off),
-    the session's policy elsewhere."""
-    out = []
+    """(depth codec, depth block, row codec, row block, col codec, col block, depth error
+    feedback) as the C layer takes them (csrc/python/py_linear.c): the layer's own where it
+    names a dimension (None: off), the session's policy elsewhere."""
+    out, depth_ef = [], 0
     for dim in LAYER_DIMENSIONS:
         spec = own[dim] if dim in own else session.compression.get(dim)
         codec, block = (spec[0], spec[1]) if spec else ("none", 0)
         out += [CODECS.index(codec), block]
-    return tuple(out)
+        if dim == "depth" and spec:
+            depth_ef = int(spec[2])
+    return (*out, depth_ef)
 
 
-def compression_state() -> dict:
-    """The error-feedback residuals of the compressed gradient sums on this rank ({slot:
-    float32 tensor}, copies), for a checkpoint: load them with load_compression_state on the
-    same grid and model. A slot is (the pass within the step, the bucket number in the pass,
-    the group's position), kept across steps: sync_gradients ends a step; a residual whose
-    bucket changes size starts again from zeros."""
-    return {"residuals": {k: v.detach().clone() for k, v in _C.grad_buckets_residuals().items()}}
+def _depth_layers(model) -> dict:
+    """{module name: Linear} of `model`'s axonn_c.Linear layers (and subclasses), found by their
+    class marker (linear.py imports this module, not the other way round)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return {name: m for name, m in model.named_modules()
+            if getattr(type(m), "_keeps_depth_residual", False)}
 
 
-def load_compression_state(state: dict) -> None:
-    """Restores what compression_state() returned (the residuals are copied)."""
+def _depth_residual_of(layer):
+    """The layer's depth dW residual in this init, or None (it has none yet)."""
+    if getattr(layer, "_sched_key", None) != (session.epoch, id(layer)):
+        return None  # (no scheduler id in this init: it has not run)
+    return session.dw_residuals.get(layer._sched_id)
+
+
+def compression_state(model=None) -> dict:
+    """The error-feedback residuals of this rank ({"residuals": {slot: float32 tensor}}, copies),
+    for a checkpoint: load them with load_compression_state on the same grid and model.
+
+    - "residuals": the compressed data-parallel gradient sums'. A slot is (the pass within the
+      step, the bucket number in the pass, the group's position), kept across steps:
+      sync_gradients ends a step; a residual whose bucket changes size starts again from zeros.
+    - "depth" (with `model`): {module name: residual} of its axonn_c.Linear layers whose depth dW
+      reduce-scatter keeps one (compressed with error feedback, after their first backward),
+      named by module so that another process building the same model finds them. Without
+      `model` they cannot be named: a rank that holds any raises (pass the model).
+    """
+    out = {"residuals": {k: v.detach().clone() for k, v in _C.grad_buckets_residuals().items()}}
+    if model is None:
+        if session.dw_residuals:
+            raise ValueError(f"compression_state: {len(session.dw_residuals)} Linear layers "
+                             "keep error-feedback residuals of their depth dW reduce-scatters, "
+                             "named by module: pass model=")
+        return out
+    depth = {}
+    for name, layer in _depth_layers(model).items():
+        r = _depth_residual_of(layer)
+        if r is not None:
+            depth[name] = r.detach().clone()
+    out["depth"] = depth
+    return out
+
+
+def load_compression_state(state: dict, model=None) -> None:
+    """Restores what compression_state() returned (the residuals are copied); every residual
+    this rank held before is dropped (those not in `state` start again from zeros). A "depth"
+    entry needs `model` (the same model, on the same grid): a name that is not one of its
+    axonn_c.Linear layers, or a residual whose length differs from the layer's (shard * G_d,
+    another grid or layer shape), raises ValueError before anything changes."""
     if not isinstance(state, dict) or not isinstance(state.get("residuals"), dict):
         raise TypeError("load_compression_state: expected the dict compression_state() "
                         "returned, with a 'residuals' dict")
-    _C.grad_buckets_clear_residuals()
-    for slot, t in state["residuals"].items():
+    depth = state.get("depth") or {}
+    if not isinstance(depth, dict):
+        raise TypeError("load_compression_state: 'depth' must be a dict {module name: tensor}")
+    for slot, t in [*state["residuals"].items(), *depth.items()]:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
             raise TypeError(f"load_compression_state: residual {slot!r} must be a float32 "
                             f"tensor, got {type(t).__name__} {getattr(t, 'dtype', '')}")
+    targets = {}
+    if depth:
+        if model is None:
+            raise ValueError("load_compression_state: the state holds depth dW residuals of "
+                             f"{len(depth)} Linear layers, named by module: pass model=")
+        layers = _depth_layers(model)
+        for name, t in depth.items():
+            layer = layers.get(name)
+            if layer is None:
+                raise ValueError(f"load_compression_state: the depth residual of {name!r} has "
+                                 "no axonn_c.Linear of that name in the model")
+            s = layer._shapes
+            want = s["shard"] * s["depth_size"]
+            if t.dim() != 1 or t.numel() != want:
+                raise ValueError(f"load_compression_state: the depth residual of {name!r} has "
+                                 f"shape {list(t.shape)}, the layer needs [{want}] (shard "
+                                 f"{s['shard']} x G_intra_d {s['depth_size']}): saved for "
+                                 "another layer shape or grid")
+            targets[layer._layer_id()] = torch.empty(
+                want, dtype=torch.float32, device=layer.weight.device).copy_(t.detach())
+    _C.grad_buckets_clear_residuals()
+    session.dw_residuals.clear()
+    session.dw_residuals.update(targets)
+    for slot, t in state["residuals"].items():
         _C.grad_buckets_set_residual(int(slot), t.detach().clone().contiguous())

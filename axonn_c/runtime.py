@@ -200,6 +200,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     grads.reset()
     compression_policy.apply(policy)
     _C.grad_buckets_clear_residuals()  # (a new grid: the buckets' layout may differ)
+    session.dw_residuals.clear()  # (and the layers' ids and shards)
     configure_scheduler(*sched_cfg)
     return grid()
 
@@ -224,6 +225,7 @@ def finalize() -> None:
     grads.reset()
     compression_policy.apply({})
     _C.grad_buckets_clear_residuals()
+    session.dw_residuals.clear()
     _C.finalize()
 
 

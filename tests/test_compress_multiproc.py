@@ -5,7 +5,7 @@ import torch
 from conftest import torchrun
 
 import axonn_c
-from axonn_c import _C
+from axonn_c import _C, compression
 
 
 @pytest.mark.multiproc
@@ -83,8 +83,8 @@ def test_compression_policy_errors(world_of_one):
         axonn_c.init(compression="int3")
     with pytest.raises(ValueError, match=r"unknown dimensions \['dp'\].*'data', 'depth'"):
         axonn_c.init(compression={"dp": "int8"})
-    with pytest.raises(NotImplementedError, match=r"compression\['row'\]: error feedback is .*"
-                                                  r"error_feedback=False for 'row'"):
+    with pytest.raises(ValueError, match=r"compression\['row'\]: error feedback applies to "
+                                         r"gradient traffic only.*error_feedback=False for 'row'"):
         axonn_c.init(compression={"data": "int8", "row": {"codec": "int8",
                                                           "error_feedback": True}})
     with pytest.raises(TypeError, match="error_feedback must be a bool"):
@@ -131,13 +131,20 @@ def test_layer_compression_errors(world_of_one):
         layer.compression = {"row": "int3"}
     with pytest.raises(ValueError, match="power of two"):
         layer.compression = {"col": {"codec": "int8", "block": 48}}
-    with pytest.raises(NotImplementedError, match="error_feedback=False for 'depth'"):
-        layer.compression = {"depth": {"codec": "int8", "error_feedback": True}}
+    with pytest.raises(ValueError, match="error_feedback=False for 'col'"):
+        layer.compression = {"col": {"codec": "int8", "error_feedback": True}}
     with pytest.raises(TypeError, match="compression must be None"):
         layer.compression = 5
     assert layer.compression is None  # (a refused value changes nothing)
     layer.compression = {"depth": "bf16", "row": None}
     assert layer.compression == {"depth": "bf16", "row": None}
+    # error feedback on the depth dW reduce-scatters: by default for int8/int4, or asked for
+    assert compression.layer_policy({"depth": "int4"})["depth"] == ("int4", 0, True)
+    assert compression.layer_policy({"depth": "bf16"})["depth"] == ("bf16", 0, False)
+    assert compression.parse_policy({"depth": {"codec": "int8", "error_feedback": False}}) == {
+        "depth": ("int8", 0, False)}
+    layer.compression = {"depth": {"codec": "bf16", "error_feedback": True}}
+    assert compression.layer_codec_ints(layer._own_compression)[-1] == 1
     x = torch.randn(3, 8)
     assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.full_weight(), layer.bias))
 

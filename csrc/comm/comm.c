@@ -32,6 +32,7 @@ struct axc_comm {
     /* the compression of the layers' own collectives per group (axc_comm_set_layer_codec) */
     axc_codec layer_codec[AXC_GROUP_COUNT];
     int layer_block[AXC_GROUP_COUNT];
+    int layer_ef[AXC_GROUP_COUNT];
 };
 
 /* the channel this thread's collectives use (axc_comm_set_thread_channel) */
@@ -297,16 +298,28 @@ const axc_grid *axc_comm_grid(const axc_comm *comm) { return &comm->grid; }
 int axc_comm_rank(const axc_comm *comm) { return comm->rank; }
 double axc_comm_timeout(const axc_comm *comm) { return comm->timeout_s; }
 
-axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_codec codec, int block)
+axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_codec codec, int block,
+                                    int error_feedback)
 {
     if (!comm || (unsigned)kind >= AXC_GROUP_COUNT)
         return axc_fail(AXC_ERR_INVALID, "layer codec: no communicator or unknown group %d",
                         (int)kind);
+    if (error_feedback && kind != AXC_GROUP_DEPTH)
+        return axc_fail(AXC_ERR_INVALID,
+                        "layer codec: error feedback applies to the depth dW reduce-scatters "
+                        "only, not to the %s group's activation collectives",
+                        axc_group_name(kind));
     int b = 0;
     AXC_TRY(axc_codec_check(codec, block, &b));
     comm->layer_codec[kind] = codec;
     comm->layer_block[kind] = codec == AXC_CODEC_NONE ? 0 : b;
+    comm->layer_ef[kind] = codec != AXC_CODEC_NONE && error_feedback;
     return AXC_OK;
+}
+
+int axc_comm_layer_error_feedback(const axc_comm *comm, axc_group_kind kind)
+{
+    return comm && (unsigned)kind < AXC_GROUP_COUNT && comm->layer_ef[kind];
 }
 
 void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_coll *c)

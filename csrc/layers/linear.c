@@ -153,25 +153,68 @@ typedef struct ctx {
     size_t es;
 } ctx;
 
-/* Starts a collective on the layer's buffers; *w is NULL when the group has one rank and
- * nothing needs to move (the caller handles the local case). */
-static axc_status coll_start(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send,
-                             void *recv, int64_t count, axc_work **w)
+/* A collective of the layer over `g` with its codec: the layer's own (own_codecs) or the
+ * communicator's policy, where the transport compresses it. */
+static axc_coll layer_coll(const axc_comm *comm, const axc_linear_desc *d, int device,
+                           void *stream, axc_group_kind g, axc_coll_kind kind, const void *send,
+                           void *recv, int64_t count)
 {
     axc_coll a = {0};
     a.kind = kind;
     a.send = send;
     a.recv = recv;
     a.count = (size_t)count;
-    a.dtype = c->d->dtype;
+    a.dtype = d->dtype;
     a.op = AXC_RED_SUM;
-    a.device = c->io->device;
-    a.stream = c->io->stream;
-    if (c->d->own_codecs)
-        axc_comm_apply_codec(c->comm, c->d->codec[g], c->d->block[g], &a);
+    a.device = device;
+    a.stream = stream;
+    if (d->own_codecs)
+        axc_comm_apply_codec(comm, d->codec[g], d->block[g], &a);
     else
-        axc_comm_apply_layer_codec(c->comm, g, &a);
+        axc_comm_apply_layer_codec(comm, g, &a);
+    return a;
+}
+
+/* Whether dW's depth reduce-scatter (on `device`) runs compressed with error feedback. */
+static int dw_error_feedback(const axc_comm *comm, const axc_linear_desc *d, int device)
+{
+    if (axc_comm_grid(comm)->G_d == 1)
+        return 0;
+    int ef = d->own_codecs ? d->depth_error_feedback
+                           : axc_comm_layer_error_feedback(comm, AXC_GROUP_DEPTH);
+    axc_coll a = layer_coll(comm, d, device, NULL, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER,
+                            NULL, NULL, 0);
+    return ef && a.codec != AXC_CODEC_NONE;
+}
+
+axc_status axc_linear_dw_residual_elems(const axc_comm *comm, const axc_linear_desc *d,
+                                        int device, int64_t *elems)
+{
+    axc_linear_shapes s;
+    *elems = 0;
+    AXC_TRY(axc_linear_shapes_for(comm, d, 0, &s));
+    if (dw_error_feedback(comm, d, device))
+        *elems = s.shard * s.depth_size;
+    return AXC_OK;
+}
+
+/* Starts a collective on the layer's buffers; *w is NULL when the group has one rank and
+ * nothing needs to move (the caller handles the local case). `residual`: the error feedback
+ * (dW's depth reduce-scatter), or NULL. */
+static axc_status coll_start_ef(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send,
+                                void *recv, int64_t count, float *residual, axc_work **w)
+{
+    axc_coll a = layer_coll(c->comm, c->d, c->io->device, c->io->stream, g, kind, send, recv,
+                            count);
+    if (a.codec != AXC_CODEC_NONE)
+        a.residual = residual;
     return axc_comm_start(c->comm, g, &a, w);
+}
+
+static axc_status coll_start(ctx *c, axc_group_kind g, axc_coll_kind kind, const void *send,
+                             void *recv, int64_t count, axc_work **w)
+{
+    return coll_start_ef(c, g, kind, send, recv, count, NULL, w);
 }
 
 /* Waits for and frees *w (if any); keeps the first error. */
@@ -493,8 +536,20 @@ static axc_status dw_scatter(ctx *c, bwd_bufs *w, axc_work **rs)
     const axc_linear_io *io = c->io;
     if (s->depth_size == 1 || io->dw_full)
         return AXC_OK;
-    axc_status st = coll_start(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw,
-                               s->shard, rs);
+    /* error feedback (gradient rules): what encoding lost joins the next step's contribution;
+     * the residual is the caller's, kept across steps (axc_linear_io.dw_residual) */
+    float *residual = NULL;
+    if (dw_error_feedback(c->comm, c->d, io->device)) {
+        if (!io->dw_residual)
+            return axc_fail(AXC_ERR_INVALID,
+                            "Linear(%lld, %lld): dW's depth reduce-scatter is compressed with "
+                            "error feedback but the call has no residual (a torch.compile "
+                            "graph keeps none): pass error_feedback=False for 'depth'",
+                            (long long)c->d->in_features, (long long)c->d->out_features);
+        residual = io->dw_residual;
+    }
+    axc_status st = coll_start_ef(c, AXC_GROUP_DEPTH, AXC_COLL_REDUCE_SCATTER, w->dwpad, io->dw,
+                                  s->shard, residual, rs);
     if (st == AXC_OK && io->defer) { /* completed by axc_sched_finish */
         st = axc_sched_defer(io->sched, *rs);
         *rs = NULL;

@@ -274,14 +274,14 @@ static PyObject *py_codec_cuda_compiled(PyObject *self, PyObject *noargs)
     return PyBool_FromLong(axc_codec_cuda_compiled());
 }
 
-/* set_layer_codec(group, codec, block): the compression of the layers' own collectives over
- * `group` ("none": exact) on the current communicator */
+/* set_layer_codec(group, codec, block[, error_feedback]): the compression of the layers' own
+ * collectives over `group` ("none": exact) on the current communicator */
 static PyObject *py_set_layer_codec(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *group, *codec;
-    int block;
-    if (!PyArg_ParseTuple(args, "ssi", &group, &codec, &block))
+    int block, ef = 0;
+    if (!PyArg_ParseTuple(args, "ssi|p", &group, &codec, &block, &ef))
         return NULL;
     axc_comm *comm = axc_py_comm();
     if (!comm) {
@@ -295,7 +295,7 @@ static PyObject *py_set_layer_codec(PyObject *self, PyObject *args)
     if (st == AXC_OK)
         st = axc_codec_from_name(codec, &c);
     if (st == AXC_OK)
-        st = axc_comm_set_layer_codec(comm, kind, c, block);
+        st = axc_comm_set_layer_codec(comm, kind, c, block, ef);
     if (st != AXC_OK)
         return axc_py_raise(st);
     Py_RETURN_NONE;
@@ -303,7 +303,8 @@ static PyObject *py_set_layer_codec(PyObject *self, PyObject *args)
 
 PyMethodDef axc_py_compress_methods[] = {
     {"set_layer_codec", py_set_layer_codec, METH_VARARGS,
-     "set_layer_codec(group, codec, block): compression of the layers' collectives."},
+     "set_layer_codec(group, codec, block[, error_feedback]): compression of the layers' "
+     "collectives."},
     {"codec_cuda_compiled", py_codec_cuda_compiled, METH_NOARGS,
      "True when the build embeds the CUDA codec kernels (nvcc was found)."},
     {"codec_default_block", py_codec_default_block, METH_VARARGS,

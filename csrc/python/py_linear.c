@@ -8,17 +8,20 @@
 
 
 /* The layer's own codecs: None (the communicator's policy) or (depth codec, depth block, row
- * codec, row block, col codec, col block) as ints (axonn_c/compression.py layer_codecs). */
+ * codec, row block, col codec, col block[, depth error feedback]) as ints
+ * (axonn_c/compression.py layer_codec_ints). */
 static int parse_layer_codecs(PyObject *o, axc_linear_desc *d)
 {
     d->own_codecs = 0;
+    d->depth_error_feedback = 0;
     if (!o || o == Py_None)
         return 0;
     static const axc_group_kind groups[3] = {AXC_GROUP_DEPTH, AXC_GROUP_ROW, AXC_GROUP_COL};
-    int v[6];
-    if (!PyArg_ParseTuple(o, "iiiiii;a layer's codecs are 6 ints", &v[0], &v[1], &v[2], &v[3],
-                          &v[4], &v[5]))
+    int v[6], ef = 0;
+    if (!PyArg_ParseTuple(o, "iiiiii|p;a layer's codecs are 6 ints and a bool", &v[0], &v[1],
+                          &v[2], &v[3], &v[4], &v[5], &ef))
         return -1;
+    d->depth_error_feedback = ef;
     for (int i = 0; i < 3; i++) {
         axc_status st = axc_codec_check((axc_codec)v[2 * i], v[2 * i + 1], NULL);
         if (st != AXC_OK) {
@@ -130,6 +133,27 @@ static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(t_max);
 }
 
+/* linear_dw_residual_elems(desc, device) -> the error-feedback residual dW's depth
+ * reduce-scatter needs (0: none), axc_linear_dw_residual_elems */
+static PyObject *py_linear_dw_residual_elems(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dt;
+    int device;
+    axc_linear_desc d;
+    if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &dt, &device) ||
+        axc_py_parse_linear_desc(dt, &d) < 0)
+        return NULL;
+    axc_comm *comm = axc_py_linear_comm();
+    if (!comm)
+        return NULL;
+    int64_t elems = 0;
+    axc_status st = axc_linear_dw_residual_elems(comm, &d, device, &elems);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    return PyLong_FromLongLong(elems);
+}
+
 typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
 
 
@@ -138,7 +162,7 @@ typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_l
 typedef struct layer_args {
     PyObject *desc;
     int device, layer, prefetch_ok, defer, hold_result;
-    unsigned long long stream, dw_prev, w_full, dw_full, p[7];
+    unsigned long long stream, dw_prev, w_full, dw_full, dw_residual, p[7];
     long long rows, t_max, version;
 } layer_args;
 
@@ -172,6 +196,7 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
     io->dw_prev = ptr(a->dw_prev);
     io->w_full = ptr(a->w_full);
     io->dw_full = ptr(a->dw_full);
+    io->dw_residual = ptr(a->dw_residual);
     io->hold_result = a->hold_result;
     uint64_t task = 0;
     io->task_number = &task;
@@ -204,16 +229,16 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 
 /* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
  *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full, dw_full,
- *                  hold_result]) */
+ *                  hold_result, dw_residual]) */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
     layer_args a = {.layer = -1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKKp", &PyTuple_Type, &a.desc, &a.device,
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKKpK", &PyTuple_Type, &a.desc, &a.device,
                           &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
                           &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev,
-                          &a.w_full, &a.dw_full, &a.hold_result))
+                          &a.w_full, &a.dw_full, &a.hold_result, &a.dw_residual))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */
@@ -231,6 +256,9 @@ PyMethodDef axc_py_linear_methods[] = {
     {"linear_shapes", py_linear_shapes, METH_VARARGS, "Shapes of a sharded linear layer."},
     {"linear_plane_tokens", py_linear_plane_tokens, METH_VARARGS,
      "Largest token count over the gin x gout plane (easy layout)."},
+    {"linear_dw_residual_elems", py_linear_dw_residual_elems, METH_VARARGS,
+     "linear_dw_residual_elems(desc, device): the depth dW reduce-scatter's error-feedback "
+     "residual length (0: none)."},
     {"linear_forward", py_linear_forward, METH_VARARGS, "Forward of the sharded layer."},
     {"linear_backward", py_linear_backward, METH_VARARGS, "Backward of the sharded layer."},
     {NULL, NULL, 0, NULL}};

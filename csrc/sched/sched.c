@@ -29,6 +29,10 @@ typedef struct layer_slot {
     size_t full_bytes;
     const void *full_src;
     int64_t full_version;
+    /* the codec and block it was gathered with: a layer whose depth codec changed since
+     * (Linear.compression, optimize_communication) gathers again */
+    axc_codec full_codec;
+    int full_block;
     /* CUDA: the stream its gather and every reader so far are ordered on (it was allocated
      * there; a visit on another stream first waits for it on the host, then owns it); frees go
      * there */
@@ -238,12 +242,9 @@ static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
     return buf_free(s, L, failed, st);
 }
 
-/* Starts the depth all-gather of L's last-seen shard into a new buffer. */
-static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
+/* The depth all-gather of L's last-seen shard (into L->full), with the codec it takes now. */
+static axc_coll gather_coll(const axc_sched *s, const layer_slot *L, void *stream)
 {
-    const axc_grid *g = axc_comm_grid(s->comm);
-    size_t bytes = (size_t)L->shard_elems * (size_t)g->G_d * axc_dtype_size(L->dtype);
-    AXC_TRY(buf_alloc(s, L, bytes, stream));
     axc_coll c = {0};
     c.kind = AXC_COLL_ALL_GATHER;
     c.send = L->shard;
@@ -256,6 +257,18 @@ static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
         axc_comm_apply_codec(s->comm, L->codec, L->block, &c);
     else
         axc_comm_apply_layer_codec(s->comm, AXC_GROUP_DEPTH, &c);
+    return c;
+}
+
+/* Starts the depth all-gather of L's last-seen shard into a new buffer. */
+static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
+{
+    const axc_grid *g = axc_comm_grid(s->comm);
+    size_t bytes = (size_t)L->shard_elems * (size_t)g->G_d * axc_dtype_size(L->dtype);
+    AXC_TRY(buf_alloc(s, L, bytes, stream));
+    axc_coll c = gather_coll(s, L, stream);
+    L->full_codec = c.codec;
+    L->full_block = c.block;
     axc_status st = axc_comm_start(s->comm, AXC_GROUP_DEPTH, &c, &L->gather);
     if (st != AXC_OK) { /* refused arguments never reached the transport */
         L->gather = NULL;
@@ -270,9 +283,13 @@ static axc_status gather_start(axc_sched *s, layer_slot *L, void *stream)
  * bumps it in place); it is recorded as -1 and adopted at the visit. So a weight modified in
  * place mid-step, between its prefetch and its use, is not detected; one modified between steps
  * is (nothing gathered survives a step). */
-static int fresh(const layer_slot *L)
+static int fresh(const axc_sched *s, const layer_slot *L)
 {
-    return L->full && L->full_src == L->shard &&
+    if (!L->full)
+        return 0;
+    axc_coll now = gather_coll(s, L, NULL);
+    return L->full_src == L->shard && now.codec == L->full_codec &&
+           now.block == L->full_block &&
            (L->full_version == -1 || L->full_version == L->version);
 }
 
@@ -428,7 +445,7 @@ static axc_status prefetch_after(axc_sched *s, int64_t pos, int self, void *stre
     for (int j = 1; j <= s->cfg.prefetch && pos + j < (int64_t)s->order.len; j++) {
         visit u = s->order.v[pos + j];
         layer_slot *U = slot(s, u.layer);
-        if (!U || u.layer == self || !U->prefetch_ok || !U->shard || fresh(U))
+        if (!U || u.layer == self || !U->prefetch_ok || !U->shard || fresh(s, U))
             continue;
         size_t need = (size_t)U->shard_elems * (size_t)axc_comm_grid(s->comm)->G_d *
                       axc_dtype_size(U->dtype);
@@ -469,7 +486,7 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     L->block = w->block;
     s->st.visits++;
     int kind;
-    if (L->full && !fresh(L)) {
+    if (L->full && !fresh(s, L)) {
         s->st.stale++;
         AXC_TRY(buf_drop(s, L, AXC_OK));
     }

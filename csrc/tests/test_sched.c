@@ -1,6 +1,6 @@
 /* The cross-layer scheduler (axc/sched.h) on forked ranks over the shm backend, float32 host
  * buffers: layer ids, the depth all-gather acquire returns, order learning and the prefetches it
- * issues, re-learning, stale gathered weights, the memory budget, deferred collectives, config
+ * issues, re-learning, stale gathered weights (values, buffer, depth codec), the memory budget, deferred collectives, config
  * validation, deferred tasks (order, failures, before an after-collective, dropped by destroy),
  * and destroy with work outstanding (leaks: LeakSanitizer runs in every rank of
  * the ASan build, since the ranks end with exit()). */
@@ -402,6 +402,26 @@ static void test_stale(const rank_ctx *c)
     visit(c, s, &X, W, 0);
     CHECK_OK(axc_sched_step_end(s));
     expect_stale_misses(s, "shard pointer changed", 1, 2, 0);
+
+    /* the layer's depth codec changed between forward and backward (its own, then the
+     * communicator's policy): the gather made with the old one is not used */
+    for (int how = 0; how < 2; how++) {
+        visit(c, s, &X, F, 0);
+        axc_sched_weight w = weight_of(&X, W);
+        if (how == 0) {
+            w.own_codec = 1;
+            w.codec = AXC_CODEC_BF16;
+        } else {
+            CHECK_OK(axc_comm_set_layer_codec(c->comm, AXC_GROUP_DEPTH, AXC_CODEC_BF16, 0, 0));
+        }
+        const void *full = NULL;
+        CHECK_OK(axc_sched_acquire(s, &w, &full));
+        CHECK_OK(axc_sched_release(s, X.id, NULL));
+        CHECK_OK(axc_comm_set_layer_codec(c->comm, AXC_GROUP_DEPTH, AXC_CODEC_NONE, 0, 0));
+        CHECK_OK(axc_sched_step_end(s));
+        expect_stale_misses(s, how ? "communicator's depth codec changed"
+                                   : "layer's depth codec changed", 1, 2, 0);
+    }
 
     /* no cache: kept because the layer's backward is the next visit, then stepped */
     cfg.cache = 0;

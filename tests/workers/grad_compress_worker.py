@@ -69,11 +69,15 @@ def train(args, sizes, compression):
         axonn_c.comm.all_gather(every, mine, group="data")
         for r, other in enumerate(every.view(g.G_data, -1)):
             assert torch.equal(other, mine), f"{compression}: {name} differs on data rank {r}"
-    state = axonn_c.compression_state()
-    axonn_c.load_compression_state(state)  # (round trip: the same residuals, copied back)
-    again = axonn_c.compression_state()["residuals"]
+    # (with the model: "depth" int8/int4 keeps a residual per Linear, named by module)
+    state = axonn_c.compression_state(model)
+    axonn_c.load_compression_state(state, model)  # (round trip: the same residuals, copied back)
+    again_all = axonn_c.compression_state(model)
+    again = again_all["residuals"]
     assert state["residuals"].keys() == again.keys() and all(
         torch.equal(state["residuals"][k], again[k]) for k in again), "residuals round trip"
+    assert state["depth"].keys() == again_all["depth"].keys() and all(
+        torch.equal(state["depth"][k], again_all["depth"][k]) for k in state["depth"])
     if args.ckpt_dir and compression == "int8":  # a checkpoint keeps each rank's residuals
         import axonn_c.checkpoint as ckpt
         path = os.path.join(args.ckpt_dir, f"ckpt_{args.grid}")

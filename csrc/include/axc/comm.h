@@ -126,10 +126,14 @@ double axc_comm_timeout(const axc_comm *comm);
 
 /* The compression of the layers' own collectives over `kind` (init(compression={"row": ...})):
  * the linear layer's and the scheduler's float32 all_reduce, reduce_scatter and all_gather
- * over that group use `codec` (no error feedback) where the transport can compress them (host
- * buffers on shm, CUDA buffers on nccl); AXC_CODEC_NONE: exact (the default). */
+ * over that group use `codec` where the transport can compress them (host buffers on shm, CUDA
+ * buffers on nccl); AXC_CODEC_NONE: exact (the default). `error_feedback` (depth only, refused
+ * elsewhere): the linear layer's depth dW reduce-scatters carry a residual (gradient rules,
+ * axc_linear_io.dw_residual); the weight all-gathers never do. */
 axc_status axc_comm_set_layer_codec(axc_comm *comm, axc_group_kind kind, axc_codec codec,
-                                    int block);
+                                    int block, int error_feedback);
+/* Whether that policy asks for error feedback over `kind` (with a codec set). */
+int axc_comm_layer_error_feedback(const axc_comm *comm, axc_group_kind kind);
 /* Sets c's codec and block from that policy when it applies to c; leaves c exact otherwise. */
 void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_coll *c);
 /* The same with a codec of the caller's (a layer's own policy, Linear(compression=...)). */

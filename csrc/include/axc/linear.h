@@ -45,6 +45,8 @@ typedef struct axc_linear_desc {
                                    replaces the communicator's policy for its collectives */
     axc_codec codec[AXC_GROUP_COUNT]; /* by group (used: col, row, depth), with own_codecs */
     int block[AXC_GROUP_COUNT];
+    int depth_error_feedback;   /* with own_codecs: error feedback on dW's depth reduce-scatter
+                                   (without: the communicator's, axc_comm_set_layer_codec) */
 } axc_linear_desc;
 
 /* Everything a caller needs to allocate for one call. Element counts, in `dtype`. */
@@ -114,6 +116,13 @@ typedef struct axc_linear_io {
      * zeroed) goes here and the depth reduce-scatter is left to the caller (io->dw untouched),
      * or NULL: reduce-scattered into io->dw */
     void *dw_full;
+    /* backward, Gd > 1: the error-feedback residual of dW's depth reduce-scatter (fp32,
+     * axc_linear_dw_residual_elems elements, zeros at first), kept by the caller across steps
+     * and updated in place when the reduce-scatter runs (also when deferred: the caller keeps
+     * it alive and passes it to no other collective in flight). Required when
+     * axc_linear_dw_residual_elems is > 0 and this call reduce-scatters dW itself (not with
+     * dw_full); ignored otherwise. */
+    float *dw_residual;
     /* expert layout, cross-layer chunk pipelining (axonn_c.Sequential): the forward all-reduce of
      * y, and with overlap_all_reduce the backward all-reduce of dx, are started and handed to
      * io->sched as held results (axc_sched_hold_result) instead of being waited for: the
@@ -121,6 +130,13 @@ typedef struct axc_linear_io {
      * dW GEMM is then never deferred (the chunks of other layers hide the reduction). */
     int hold_result;
 } axc_linear_io;
+
+/* The elements of the error-feedback residual dW's depth reduce-scatter needs for a call on
+ * `device` (-1: host): shard * Gd when the reduce-scatter is compressed (the layer's own depth
+ * codec, else the communicator's, on a transport that compresses it) with error feedback on;
+ * 0 otherwise (Gd == 1, not float32, exact, or error feedback off). */
+axc_status axc_linear_dw_residual_elems(const axc_comm *comm, const axc_linear_desc *d,
+                                        int device, int64_t *elems);
 
 axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);
 /* Backward for expert: reads io->x; easy: reads io->saved. Writes dx, dw, db. */
