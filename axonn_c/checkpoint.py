@@ -720,7 +720,8 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     if optimizer is not None:
         _agree(f"load of {path} (optimizer state)", lambda: optimizer.load_state_dict(
             _optimizer_state_dict(model, optimizer, dest, objects, path)))
-    if own_residuals in objects:  # (another grid: the buckets differ, the residuals start at 0)
+    # (another grid: not read, its buckets differ; the residuals held now stay)
+    if own_residuals in objects:
         compression.load_compression_state(objects[own_residuals], model)
     return objects.get(EXTRA)
 

@@ -213,6 +213,14 @@ def load_compression_state(state: dict, model=None) -> None:
     depth = state.get("depth") or {}
     if not isinstance(depth, dict):
         raise TypeError("load_compression_state: 'depth' must be a dict {module name: tensor}")
+    for slot in state["residuals"]:
+        try:
+            ok = int(slot) >= 0 and int(slot) == slot
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"load_compression_state: residual slot {slot!r} is not one that "
+                             "compression_state() gives (a non-negative int)")
     for slot, t in [*state["residuals"].items(), *depth.items()]:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
             raise TypeError(f"load_compression_state: residual {slot!r} must be a float32 "

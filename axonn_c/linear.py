@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ _cache = _Caches()
 #       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad,
 #       hold])
 _SCHED, _OV_DATA, _LAYER, _DEFER_DW, _HOLD = 8, 9, 10, 11, 12
-_CODECS = 13  # [13:19]: the layer's own codecs (Linear.compression), compression.layer_codec_ints
+_CODECS = 13  # [13:20]: the layer's own codecs (Linear.compression), compression.layer_codec_ints
 # hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/chunking.py): a direct child leaves
 # its forward all-reduce of y (HOLD_FWD) and its dX all-reduce (HOLD_BWD) in flight for the next
 # consumer to await; every Linear call while a container pipelines on this thread is one of
@@ -104,7 +104,8 @@ def _forget(layer_id: int, ep: int) -> None:
         session.dw_residuals.pop(layer_id, None)  # (an id reused by another layer starts at 0)
 
 
-def _dw_residual(desc: tuple, cfg, s: dict, dy: Tensor) -> Optional[Tensor]:
+def _dw_residual(desc: tuple, cfg, s: dict, dy: Tensor, trains: Callable[[], bool]
+                 ) -> Optional[Tensor]:
     """The error-feedback residual of this layer's depth dW reduce-scatter, or None where the
     call needs none: C decides (_C.linear_dw_residual_elems: Gd > 1, a compressed float32
     reduce-scatter with error feedback on). It is the training state of the layer, kept across
@@ -117,10 +118,12 @@ def _dw_residual(desc: tuple, cfg, s: dict, dy: Tensor) -> Optional[Tensor]:
     n = _C.linear_dw_residual_elems(desc, _dev(dy))
     if not n:
         return None
-    if microbatch_active():
+    if microbatch_active() or not trains():
         # concurrent micro-batches reduce-scatter at once, on channels of their own: one
         # residual would be updated by several at a time; each call starts from zeros (no
-        # feedback carried; run_concurrent's shared reduce-scatters are exact anyway)
+        # feedback carried; run_concurrent's shared reduce-scatters are exact anyway). Nor
+        # does a dW that no .grad receives (torch.autograd.grad, a frozen weight) spend the
+        # training residual
         return dy.new_zeros(n)
     r = session.dw_residuals.get(cfg[_LAYER])
     if r is None or r.numel() != n or r.device != dy.device:
@@ -170,7 +173,7 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
 
 
 def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=None,
-                   need_dx: bool = True):
+                   need_dx: bool = True, trains: Callable[[], bool] = lambda: True):
     """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
     parameter itself, eager mode with deferral on) dW is deferred: it is completed into
     param.grad at the end of backward (axonn_c/grads.py) and dw is None. need_dx=False (the
@@ -203,7 +206,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, cfg, s) if param is None else None
     hold = need_dx and bool(_hold(cfg) & HOLD_BWD)
-    res = _dw_residual(desc, cfg, s, dy) if dwf is None else None
+    res = _dw_residual(desc, cfg, s, dy, trains) if dwf is None else None
     task = _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(),
                               w.data_ptr(), dy.data_ptr(), dx.data_ptr() if need_dx else 0,
                               dw.data_ptr(),
@@ -222,8 +225,11 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     if param is not None:
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
             grads.keep_for_task(task, (dy, src, dw, fold, ws_t))
-        # the reduce-scatter reads the workspace and writes dw until grads.finish()
-        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, bucket)
+        # the reduce-scatter reads the workspace and the residual (which a size or device change,
+        # init or the layer's end may drop from the session meanwhile) and writes dw until
+        # grads.finish()
+        grads.add(param, dw, (ws_t, fold, res) if s["depth_size"] > 1 else (fold,), replace,
+                  bucket)
         return dx, None, db
     if len(cfg) > _LAYER and cfg[_SCHED]:
         grads.queue_finish()  # the end of backward ends the scheduler's step
@@ -388,7 +394,11 @@ class _EagerLinear(torch.autograd.Function):
         # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
         dx, dw, db = _backward_impl(dy, x, saved, w, cfg,
                                     param if param is not None and _defers(param, cfg) else None,
-                                    ctx.needs_input_grad[0])
+                                    ctx.needs_input_grad[0],
+                                    # whether a .grad receives this dW (asked only when a
+                                    # residual is kept; a per-call cast: the training step's)
+                                    lambda: ctx.needs_input_grad[1] and (
+                                        param is None or grads.accumulates(param)))
         return dx, dw, (db if ctx.has_bias else None), None
 
 
@@ -813,6 +823,14 @@ class Linear(nn.Module):
             if codecs:
                 raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
                                           "supported under torch.compile yet")
+            depth = session.compression.get("depth")
+            if depth is not None and depth[2] and s["depth_size"] > 1 and \
+                    x2.dtype == torch.float32 and w.requires_grad:
+                raise NotImplementedError(
+                    f"error feedback on the depth dW reduce-scatter (on by default for the "
+                    f"depth codec {depth[0]!r}) is not supported under torch.compile: a "
+                    "compiled graph keeps no residual; pass compression={'depth': {'codec': "
+                    f"{depth[0]!r}, 'error_feedback': False}}}} or run the model eagerly")
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks)
             y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
         else:

@@ -342,7 +342,8 @@ def _fmt_bytes(n) -> str:
     return f"{n:.1f} TB"
 
 
-_WIDTH = MappingProxyType({"col": 7, "row": 7, "depth": 8, "data": 7, "intra": 7, "world": 7})  # table columns
+_WIDTH = MappingProxyType({"col": 7, "row": 7, "depth": 8, "data": 7, "intra": 7,
+                           "world": 7})  # table columns
 
 
 def format_table(entries: list[dict], top: int) -> str:

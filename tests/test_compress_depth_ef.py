@@ -39,6 +39,8 @@ def test_depth_residuals_without_model_and_world_of_one(world_of_one):
         with pytest.raises(ValueError, match="no axonn_c.Linear of that name"):
             axonn_c.load_compression_state({"residuals": {}, "depth": {"x": torch.zeros(2)}},
                                            torch.nn.Sequential(layer))
+        with pytest.raises(ValueError, match="non-negative int"):  # (before any change)
+            axonn_c.load_compression_state({"residuals": {-1: torch.zeros(2)}})
         with pytest.raises(TypeError, match="must be a float32 tensor"):
             axonn_c.load_compression_state({"residuals": {}, "depth": {"0": torch.zeros(2).int()}},
                                            torch.nn.Sequential(layer))

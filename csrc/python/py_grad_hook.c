@@ -173,7 +173,10 @@ enum { FLAG_SYNC, FLAG_OVERLAP_DATA, FLAG_MICROBATCH };
 static PyObject *flag(PyObject *args, int which)
 {
     PyObject *arg = NULL;
-    if (!PyArg_UnpackTuple(args, "flag", 0, 1, &arg))
+    static const char *const names[] = {[FLAG_SYNC] = "grad_sync_enabled",
+                                        [FLAG_OVERLAP_DATA] = "grad_overlap_data",
+                                        [FLAG_MICROBATCH] = "microbatch_thread"};
+    if (!PyArg_UnpackTuple(args, names[which], 0, 1, &arg))
         return NULL;
     axc_runtime *rt = axc_py_runtime();
     int before = which == FLAG_SYNC           ? axc_runtime_grad_sync(rt)

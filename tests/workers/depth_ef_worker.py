@@ -11,7 +11,8 @@ torchrun on 4 ranks over grids with G_intra_d 2 and 4, overlap off and on.
   assertion that fails without error feedback). On grids with G_data 1 the gradient
   accumulates in .grad over the steps (overlap on: the deferred reduce-scatter's dw_prev);
   else it is zeroed each step and summed here. The data replicas' gradients are identical.
---mode checkpoint --dir D: trains with int4 depth + error feedback and SGD, saves
+--mode checkpoint --dir D: trains with int4 depth + error feedback and SGD (a
+  torch.autograd.grad of the input in between leaves the residuals alone), saves
   (axonn_c.checkpoint), trains on; then drops the residuals, loads, checks they are back bitwise
   and trains the same steps again: the weights equal the uninterrupted run's bitwise. Also the
   compression_state(model) round trip and its errors (no model, another layer shape).
@@ -165,6 +166,13 @@ def check_checkpoint(directory):
                 train(net, opt, 3, gen)
                 saved = axonn_c.compression_state(net)
                 assert sorted(saved["depth"]) == ["l1", "l2"], (what, sorted(saved["depth"]))
+                # a dW that no .grad receives (torch.autograd.grad of the input) leaves the
+                # training residuals alone
+                xin = torch.randn(8, 32, generator=gen, requires_grad=True)
+                torch.autograd.grad(net(xin).square().mean(), xin)
+                kept = axonn_c.compression_state(net)["depth"]
+                assert all(torch.equal(kept[k], saved["depth"][k]) for k in kept), \
+                    f"{what}: torch.autograd.grad changed the depth residuals"
                 # the round trip restores the same residuals
                 axonn_c.load_compression_state(saved, net)
                 again = axonn_c.compression_state(net)["depth"]
