@@ -4,7 +4,9 @@
 
 Trains the demo GPT (examples/train_gpt.py) on a data-parallel grid (default 4 ranks,
 G_data=4, torchrun, shm) once per setting: none, bf16, int8, int4 (error feedback on) and int4
-without error feedback, the same data and seed. The shm link is slowed down to
+without error feedback, the same data and seed. On a grid with tensor parallelism (--grid
+2,2,1,1) also "hybrid" (int8 data gradients, bf16 tensor-parallel traffic) and "naive" (int4 on
+every dimension, the setting the hybrid-compression paper warns about). The shm link is slowed down to
 `--sim-gbps` (AXONN_C_SIM_GBPS) so that the gradient all-reduce is what a step waits for, as
 on a real network. Writes <out>.json (per-step losses, seconds per step, data-group wire and
 logical bytes) and <out>.png (loss curves), and prints a table.
@@ -21,7 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = [("none", None), ("bf16", "bf16"), ("int8", "int8"), ("int4", "int4"),
-            ("int4, no error feedback", "int4-noef")]
+            ("int4, no error feedback", "int4-noef"),
+            ("hybrid: int8 data, bf16 tensor-parallel", "hybrid"),
+            ("naive: int4 on every dimension", "naive")]
+# the policies of the last two (on a grid with tensor parallelism, --grid): the hybrid one the
+# paper recommends and the one-codec-everywhere one it warns about
+POLICIES = {"hybrid": {"data": "int8", "row": "bf16", "col": "bf16", "depth": "bf16"},
+            "naive": {"data": "int4", "row": "int4", "col": "int4", "depth": "int4"}}
 
 
 def run_one(args, compression, out_json):
@@ -35,6 +43,7 @@ def run_one(args, compression, out_json):
     if compression and ":" in compression:  # CODEC:BLOCK (--settings), error feedback default
         codec, block = compression.split(":")
         spec = {"codec": codec, "block": int(block)}
+    spec = POLICIES.get(compression, spec)
     real_init = axonn_c.init
 
     def init(*a, **kw):  # the demo's init, with this setting (the CLI takes codec names only)
@@ -57,7 +66,10 @@ def run_one(args, compression, out_json):
         return out
     axonn_c.sync_gradients = sync_gradients
     t0 = time.perf_counter()
-    losses = train_gpt.main(["--G-data", str(args.ranks), "--steps", str(args.steps),
+    grid = [int(v) for v in args.grid.split(",")] if args.grid else [args.ranks, 1, 1, 1]
+    losses = train_gpt.main(["--G-data", str(grid[0]), "--G-intra-r", str(grid[1]),
+                             "--G-intra-c", str(grid[2]), "--G-intra-d", str(grid[3]),
+                             "--steps", str(args.steps),
                              "--log-every", str(max(args.steps // 4, 1)), "--sample-chars", "0",
                              "--no-overlap" if not args.overlap else "--overlap"])
     seconds = time.perf_counter() - t0
@@ -78,9 +90,12 @@ def main():
                    help="simulated link bandwidth in GB/s (0: the real shm speed)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="overlap the gradient sums with backward (off: the sums are exposed)")
-    p.add_argument("--settings", default=",".join(s or "none" for _, s in SETTINGS),
-                   help="comma-separated settings: none, bf16, int8, int4, int4-noef, or "
-                   "CODEC:BLOCK (e.g. int4:64, to measure a block size)")
+    p.add_argument("--settings", default=",".join(s or "none" for _, s in SETTINGS[:5]),
+                   help="comma-separated settings: none, bf16, int8, int4, int4-noef, hybrid, "
+                   "naive, or CODEC:BLOCK (e.g. int4:64, to measure a block size)")
+    p.add_argument("--grid", default="",
+                   help="G_data,G_intra_r,G_intra_c,G_intra_d (default: RANKS,1,1,1); the "
+                   "hybrid and naive settings differ from int8/int4 only with tensor parallelism")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each setting, interleaved; the step time is the lowest median")
     p.add_argument("--out", default="")
@@ -109,6 +124,7 @@ def main():
                        str(args.ranks), "--master_addr", "127.0.0.1", "--master_port",
                        str(port), __file__, "--ranks", str(args.ranks), "--steps",
                        str(args.steps), "--overlap" if args.overlap else "--no-overlap",
+                       *(["--grid", args.grid] if args.grid else []),
                        "--one", setting or "none", str(out)]
                 subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
                 r = json.loads(out.read_text())
@@ -122,18 +138,21 @@ def main():
         return min(statistics.median(steps[5:]) for steps in r["repeats"])
     base = step_time(results["none"])
     final = {k: sum(r["losses"][-20:]) / len(r["losses"][-20:]) for k, r in results.items()}
-    print(f"{args.ranks} ranks, G_data={args.ranks}, {args.steps} steps, simulated link "
+    print(f"{args.ranks} ranks, grid {args.grid or f'{args.ranks},1,1,1'} (G_data,r,c,d), "
+          f"{args.steps} steps, simulated link "
           f"{args.sim_gbps} GB/s, overlap {'on' if args.overlap else 'off'}; s/step: median "
           f"step, lowest of {args.repeat} interleaved run(s)")
-    print(f"{'setting':26s} {'final loss':>10s} {'vs none':>8s} {'s/step':>8s} {'speedup':>8s} "
+    wide = max(26, *(len(n) for n in results))
+    print(f"{'setting':{wide}s} {'final loss':>10s} {'vs none':>8s} {'s/step':>8s} {'speedup':>8s} "
           f"{'bytes /':>8s}")
     for name, r in results.items():
         ratio = r["data_logical_bytes_sent"] / max(r["data_bytes_sent"], 1)
-        print(f"{name:26s} {final[name]:10.4f} {final[name] / final['none'] - 1:+8.2%} "
+        print(f"{name:{wide}s} {final[name]:10.4f} {final[name] / final['none'] - 1:+8.2%} "
               f"{step_time(r):8.4f} {base / step_time(r):7.2f}x "
               f"{ratio:7.2f}x")
     if args.out:
-        meta = {"ranks": args.ranks, "steps": args.steps, "sim_gbps": args.sim_gbps,
+        meta = {"ranks": args.ranks, "grid": args.grid or f"{args.ranks},1,1,1",
+                "steps": args.steps, "sim_gbps": args.sim_gbps,
                 "repeat": args.repeat, "load_average": os.getloadavg(),
                 "overlap": args.overlap, "date": time.strftime("%Y-%m-%d"),
                 "command": " ".join(sys.argv)}
@@ -147,7 +166,8 @@ def main():
             ax.plot(r["losses"], label=f"{name} ({final[name]:.3f})", linewidth=1)
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (global batch)")
-        ax.set_title(f"demo GPT, {args.ranks} data-parallel ranks: compressed gradient sums")
+        ax.set_title(f"demo GPT, {args.ranks} ranks, grid {meta['grid']} (data,row,col,depth): "
+                     "compressed collectives", fontsize=10)
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.out + ".png", dpi=110)
