@@ -7,6 +7,7 @@ import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core bind
 from . import _C, comm
 from . import timeline
 from ._C import CommError, CommTimeoutError, Work
+from .auto_parallel import auto_parallelize
 from .chunking import Sequential, forward_backward
 from .compression import compression_state, load_compression_state
 from .conv import Conv1D, Conv2d
@@ -15,7 +16,7 @@ from .linear import Linear
 from .loss import parallel_cross_entropy
 from .microbatches import run_concurrent
 from .norm import LayerNorm, RMSNorm
-from .parallel import (auto_parallelize, clip_grad_norm_, finish_grads, full_state_dict,
+from .parallel import (clip_grad_norm_, finish_grads, full_state_dict,
                        no_grad_sync, no_sync, optimize_communication, sync_gradients)
 from .runtime import scheduler_stats
 from .runtime import Grid, build_info, comm_stats, finalize, grid, init, is_initialized, reset_comm_stats

@@ -3,7 +3,8 @@ works like `from axonn.intra_layer import ...` for code migrating from AxoNN
 (docs/migrating_from_axonn.md lists what still differs)."""
 from .. import _C, grads
 from ..linear import Linear
-from ..parallel import (auto_parallelize, clip_grad_norm_, full_state_dict, no_grad_sync,
+from ..auto_parallel import auto_parallelize
+from ..parallel import (clip_grad_norm_, full_state_dict, no_grad_sync,
                         optimize_communication, sync_gradients, sync_gradients_depth_parallel)
 from ..state import is_initialized
 from . import communication
