@@ -237,12 +237,34 @@ def keep_for_result(number: int, dx: Tensor) -> None:
 release_done = _C.keeps_release_done  # releases what tasks run and results awaited kept
 
 
+# (a torch without either falls back to get_gradient_edge)
+_ACCUMULATE_GRAD = getattr(torch._C._functions, "AccumulateGrad", None)
+_current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def _accumulate_node(param: Tensor):
+    """param's AccumulateGrad node: found from the node the engine is running (param's own, in
+    its gradient hook; an input edge of it, in a Linear's backward) in about a microsecond;
+    else through get_gradient_edge, which builds a view and its graph node (tens of
+    microseconds inside a backward pass)."""
+    node = _current_node()
+    if node is not None and _ACCUMULATE_GRAD is not None:
+        if type(node) is _ACCUMULATE_GRAD:
+            if node.variable is param:
+                return node
+        else:
+            for nxt, _ in node.next_functions:
+                if type(nxt) is _ACCUMULATE_GRAD and nxt.variable is param:
+                    return nxt
+    return get_gradient_edge(param).node
+
+
 def accumulates(param: Tensor) -> bool:
     """Whether the running backward pass accumulates into param.grad (loss.backward(), also with
     inputs=...) rather than handing its gradient back (torch.autograd.grad): only then may its
     gradient be deferred or summed into .grad. True outside a backward pass."""
     try:
-        return bool(torch._C._will_engine_execute_node(get_gradient_edge(param).node))
+        return bool(torch._C._will_engine_execute_node(_accumulate_node(param)))
     except RuntimeError as e:  # torch refuses the question for leaves inside autograd.grad
         return "autograd.grad" not in str(e)
 

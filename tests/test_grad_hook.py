@@ -101,3 +101,43 @@ def test_bad_hook_arguments_are_named():
 def test_hook_decides_from_the_runtime_on_two_ranks():
     out = torchrun(2, "grad_hook_worker.py")
     assert out.count("grad hook ok") == 2
+
+
+def test_accumulates_finds_the_node_without_a_view(monkeypatch):
+    """grads.accumulates in a parameter's hook and in a custom Function's backward finds the
+    AccumulateGrad node from the node the engine runs (no get_gradient_edge, which builds a view
+    and costs tens of microseconds per call), and gives torch's answer: True for backward()
+    (also with inputs= naming the parameter), False where torch.autograd.grad hands the gradient
+    back or backward(inputs=) leaves the parameter out."""
+    p, q = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))
+    seen = []
+
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return a * b
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("fn", grads.accumulates(q)))
+            return g, g
+
+    p.register_hook(lambda g: seen.append(("hook", grads.accumulates(p))))
+    slow = grads.get_gradient_edge
+
+    def refuse(t):  # the fast path found no node where it should have
+        if t is p or t is q:
+            raise AssertionError("accumulates built a gradient edge")
+        return slow(t)
+
+    monkeypatch.setattr(grads, "get_gradient_edge", refuse)
+    Mul.apply(p, q).sum().backward()
+    assert seen == [("fn", True), ("hook", True)]
+    seen.clear()
+    Mul.apply(p, q).sum().backward(inputs=[p])
+    assert seen == [("fn", False), ("hook", True)]
+    seen.clear()
+    torch.autograd.grad(Mul.apply(p, q).sum(), [p])
+    assert seen == [("fn", False), ("hook", False)]
+    monkeypatch.setattr(grads, "get_gradient_edge", slow)
+    assert grads.accumulates(p)  # (outside a backward pass: True)
