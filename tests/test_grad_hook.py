@@ -141,3 +141,15 @@ def test_accumulates_finds_the_node_without_a_view(monkeypatch):
     assert seen == [("fn", False), ("hook", False)]
     monkeypatch.setattr(grads, "get_gradient_edge", slow)
     assert grads.accumulates(p)  # (outside a backward pass: True)
+
+
+def test_a_hook_whose_work_holds_its_parameter_is_collected():
+    """A `work` callable that refers to its parameter makes a cycle through the hook: the cycle
+    collector sees it (GradHook is GC-tracked) and frees the parameter."""
+    import gc
+    p = torch.nn.Parameter(torch.ones(3))
+    p.register_hook(_C.GradHook(p, lambda q, g, held=p: held.numel()))
+    ref = weakref.ref(p)
+    del p
+    gc.collect()
+    assert ref() is None

@@ -106,7 +106,7 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (!PyArg_UnpackTuple(args, "GradHook", 1, 1, &g))
         return NULL;
-    if (g == Py_None) /* a Linear weight whose gradient this pass deferred: nothing came */
+    if (g == Py_None || !h->ref) /* a deferred Linear weight's (nothing came); cleared by GC */
         Py_RETURN_NONE;
     PyObject *p = param_of(h);
     if (!p) { /* (gone: nothing to take a gradient into) */
@@ -147,22 +147,42 @@ static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)h;
 }
 
-static void hook_dealloc(PyObject *self)
+/* GC-tracked: a `work` callable that holds the parameter (a default argument, a bound method
+ * of an object holding it) makes a cycle parameter -> hook -> work -> parameter that the
+ * collector must see. */
+static int hook_traverse(PyObject *self, visitproc visit, void *arg)
 {
     GradHook *h = (GradHook *)self;
-    Py_XDECREF(h->ref);
-    Py_XDECREF(h->work);
+    Py_VISIT(h->ref);
+    Py_VISIT(h->work);
+    return 0;
+}
+
+static int hook_clear(PyObject *self)
+{
+    GradHook *h = (GradHook *)self;
+    Py_CLEAR(h->ref);
+    Py_CLEAR(h->work);
+    return 0;
+}
+
+static void hook_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    (void)hook_clear(self);
     Py_TYPE(self)->tp_free(self);
 }
 
 static PyTypeObject GradHookType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "axonn_c._C.GradHook",
     .tp_basicsize = sizeof(GradHook),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "GradHook(param, work): a gradient hook for param (held weakly) that calls "
               "work(param, grad) only when the gradient needs the gradient code.",
     .tp_new = hook_new,
     .tp_dealloc = hook_dealloc,
+    .tp_traverse = hook_traverse,
+    .tp_clear = hook_clear,
     .tp_call = hook_call,
 };
 
