@@ -85,7 +85,6 @@ GRIDS = {  # G_data, G_intra_r, G_intra_c, G_intra_d
     4: [(1, 2, 2, 1), (1, 1, 2, 2), (2, 1, 2, 1)],
 }
 QUICK_GRIDS = {2: [(1, 1, 2, 1)], 4: [(1, 2, 2, 1)]}
-GROUPS = ("col", "row", "depth", "data", "intra", "world")
 KEYS = ("ranks", "G_data", "G_intra_r", "G_intra_c", "G_intra_d", "t_overlap_s",
         "t_no_overlap_s", "t_compute_s", "t_comm_s", "exposed_comm_s")
 
@@ -149,7 +148,7 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
     import torch.distributed as dist
 
     import axonn_c
-    from axonn_c import timeline
+    from axonn_c import state, timeline
 
     os.environ["AXONN_C_BENCH_SKIP"] = skip  # read by the C core at each call (benchmark only)
     os.environ["AXONN_C_SIM_GBPS"] = repr(gbps)  # read at init by the shm backend
@@ -210,8 +209,8 @@ def run_block(spec, G, gbps, sim_us, skip, overlap, steps, record=False, concurr
             cols[4].append(s["comm_s"])
         if i == 0:
             stats = axonn_c.comm_stats()
-            nbytes = sum(stats[k]["bytes_sent"] for k in GROUPS if sizes[k] > 1)
-            calls = sum(stats[k]["calls"] for k in GROUPS if sizes[k] > 1)
+            nbytes = sum(stats[k]["bytes_sent"] for k in state.GROUPS if sizes[k] > 1)
+            calls = sum(stats[k]["calls"] for k in state.GROUPS if sizes[k] > 1)
     vec = torch.tensor(sum(cols, []) + [float(nbytes), float(calls)], dtype=torch.float64)
     dist.all_reduce(vec, op=dist.ReduceOp.MAX)  # the slowest rank defines each step
     v = vec.tolist()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import axonn_c
+from axonn_c.state import GROUPS
 
 pytestmark = [
     pytest.mark.gpu,
@@ -19,7 +20,6 @@ pytestmark = [
                        reason="needs a CUDA device (torch.cuda.is_available() is False)"),
 ]
 
-GROUPS = ("col", "row", "depth", "data", "intra", "world")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8)
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "gpu_shm_worker.py")
 

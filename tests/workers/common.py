@@ -3,7 +3,8 @@ import itertools
 
 import torch
 
-GROUPS = ("col", "row", "depth", "data", "intra", "world")
+from axonn_c.state import GROUPS  # noqa: F401 (the workers import it from here)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int8": torch.int8, "uint8": torch.uint8}
 
