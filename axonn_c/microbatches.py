@@ -63,18 +63,6 @@ def _issue_on(channel: int, collective, *args):
         _C.set_thread_channel(session.thread.microbatch + 1)
 
 
-def _arrived(p: Tensor) -> None:
-    call = session.concurrent_call
-    if call is not None and call.reducer is not None and microbatch_active():
-        call.reducer.arrive(p)
-
-
-def _watch(p: nn.Parameter) -> None:
-    """Counts p's gradient arrivals (once per parameter; a deepcopy is watched again)."""
-    if first_hook(p, "arrivals"):
-        p.register_post_accumulate_grad_hook(_arrived)
-
-
 class _Gather:
     __slots__ = ("out", "work", "ready", "error", "uses", "src")
 
@@ -272,7 +260,7 @@ class _Call:
         (see _Scatters), else None (the layer reduce-scatters itself)."""
         if not (w.is_leaf and w.requires_grad):
             return None
-        if self.reducer is not None and w in self.reducer.params:
+        if _C.microbatch_reduces(w):
             return None
         return w.new_empty((numel,))
 
@@ -285,60 +273,29 @@ class _Call:
 
 
 class _Reducer:
-    """Sums the model's gradients over their groups, bucket by bucket in a fixed order, each as
-    soon as every micro-batch has added its part (runs on the calling thread, channel 0)."""
+    """Sums the model's gradients over their groups (runs on the calling thread, channel 0).
+    C (csrc/grads/microbatch.c) buckets the parameters in a fixed order, counts the
+    micro-batches' arrivals and hands out each bucket once all n have added to it."""
 
-    def __init__(self, model: nn.Module, n: int):
+    def __init__(self, model: nn.Module):
         replicated = _replicated_groups(_model_expert_mode(model, None))
-        self.n, self.cv = n, threading.Condition()
-        self.count: dict = {}
-        self.finished = 0
-        self.stop = False
-        self.buckets: List[tuple] = []  # (groups, [params])
-        self.params: set = set()
-        key, nbytes = None, 0
+        self.params: List[tuple] = []  # (parameter, groups) in the reducer's order
         for p in reversed([p for p in model.parameters() if p.requires_grad]):
             groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
-            if not groups:
-                continue
-            grads.check_unsynced(p)
-            _watch(p)
-            self.params.add(p)
-            size = p.numel() * p.element_size()
-            k = (groups, p.dtype, p.device)
-            if self.buckets and k == key and nbytes + size <= session.bucket_bytes:
-                self.buckets[-1][1].append(p)
-                nbytes += size
-            else:
-                self.buckets.append((groups, [p]))
-                key, nbytes = k, size
-
-    def arrive(self, p: Tensor) -> None:
-        with self.cv:
-            c = self.count[p] = self.count.get(p, 0) + 1
-            if c >= self.n:
-                self.cv.notify_all()
-
-    def thread_done(self, failed: bool) -> None:
-        with self.cv:
-            self.finished += 1
-            self.stop = self.stop or failed
-            self.cv.notify_all()
-
-    def _ready(self, params) -> bool:
-        return self.stop or self.finished == self.n or all(
-            self.count.get(p, 0) >= self.n for p in params)
+            if groups:
+                grads.check_unsynced(p)
+                if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
+                    p.register_post_accumulate_grad_hook(_C.microbatch_arrive)
+                self.params.append((p, groups))
 
     def run(self) -> None:
-        for groups, params in self.buckets:
-            with self.cv:
-                self.cv.wait_for(lambda: self._ready(params))
-                if self.stop:
-                    return
-            have = [p for p in params if p.grad is not None]
+        while (bucket := _C.microbatch_next_bucket()) is not None:
+            first, count = bucket
+            have = [(p, g) for p, g in self.params[first:first + count] if p.grad is not None]
             if have:
-                grads.reduce_now([p.grad for p in have], groups, None)
-                for p in have:
+                groups = have[0][1]
+                grads.reduce_now([p.grad for p, _ in have], groups, None)
+                for p, _ in have:
                     grads.mark_summed(p, groups)
 
 
@@ -382,7 +339,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             raise ValueError(f"run_concurrent splits inputs into {n} micro-batches along dim "
                              f"{dim}, but got an input of shape {list(t.shape)}")
     grads.finish()  # nothing deferred may still be in flight on channel 0
-    reducer = _Reducer(model, n) if model is not None and _C.grad_sync_enabled() else None
+    reducer = _Reducer(model) if model is not None and _C.grad_sync_enabled() else None
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]
     args = [[p[i] if p is not None else v for p, v in zip(pieces, inputs)] for i in range(n)]
     results: List[Any] = [None] * n
@@ -406,11 +363,11 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         finally:
             session.thread.microbatch = None
             _C.microbatch_thread(False)
-            if reducer is not None:
-                reducer.thread_done(errors[i] is not None)
+            _C.microbatch_thread_done(errors[i] is not None)
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
+    _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes)
     call = session.concurrent_call = _Call(n, reducer)
     try:
         for t in threads:
@@ -421,6 +378,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         for t in threads:
             t.join()
         session.concurrent_call = None
+        _C.microbatch_end()
         gathers, scatters = call.gathers, call.scatters
         ok = all(e is None for e in errors)
         gathers.close(ok)

@@ -13,6 +13,7 @@ struct axc_runtime {
     axc_buckets *buckets;
     axc_keeps *keeps;
     axc_grad_records *records;
+    axc_mb *mb; /* the running run_concurrent call, or NULL */
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
@@ -62,6 +63,7 @@ void axc_runtime_destroy(axc_runtime *rt)
     if (!rt)
         return;
     axc_runtime_close(rt);
+    axc_runtime_mb_end(rt);
     axc_records_destroy(rt->records);
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
@@ -186,4 +188,22 @@ int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const ax
         if (axc_grid_group_size(grid, groups->g[i]) > 1)
             return 1;
     return 0;
+}
+
+axc_status axc_runtime_mb_begin(axc_runtime *rt, int n, size_t bucket_bytes, axc_mb **out)
+{
+    if (rt->mb)
+        return axc_fail(AXC_ERR_STATE, "run_concurrent is already running: one call at a time");
+    AXC_TRY(axc_mb_create(&rt->mb, n, bucket_bytes));
+    if (out)
+        *out = rt->mb;
+    return AXC_OK;
+}
+
+axc_mb *axc_runtime_mb(const axc_runtime *rt) { return rt ? rt->mb : NULL; }
+
+void axc_runtime_mb_end(axc_runtime *rt)
+{
+    axc_mb_destroy(rt->mb);
+    rt->mb = NULL;
 }

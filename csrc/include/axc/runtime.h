@@ -20,6 +20,7 @@
 #include "axc/buckets.h"
 #include "axc/comm.h"
 #include "axc/keeps.h"
+#include "axc/microbatch.h"
 #include "axc/records.h"
 #include "axc/sched.h"
 #include "axc/status.h"
@@ -85,6 +86,12 @@ void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
 int axc_runtime_overlap_data(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
+
+/* The running run_concurrent call (axc/microbatch.h), one at a time: begin makes it
+ * (AXC_ERR_STATE while one runs), end destroys it (no-op when none). NULL when none runs. */
+axc_status axc_runtime_mb_begin(axc_runtime *rt, int n, size_t bucket_bytes, axc_mb **out);
+axc_mb *axc_runtime_mb(const axc_runtime *rt);
+void axc_runtime_mb_end(axc_runtime *rt);
 
 /* Nothing pending: no gradient record, taken .grad, held backward result or open bucket. */
 int axc_runtime_grads_idle(const axc_runtime *rt);

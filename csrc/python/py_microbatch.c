@@ -1,0 +1,130 @@
+/* Bindings of the running run_concurrent call (axc/microbatch.h), held by the runtime:
+ * microbatch_begin / _end, the reducer's arrivals, thread ends and bucket order. */
+#include "py_common.h"
+
+#include "axc/microbatch.h"
+
+static axc_mb *call(void) { return axc_runtime_mb(axc_py_runtime()); }
+
+static uintptr_t id_of(PyObject *p) { return (uintptr_t)p; }
+
+/* microbatch_begin(n, params, bucket_bytes): a run_concurrent call of n micro-batches whose
+ * reducer sums `params` (a sequence of (parameter, groups) in the reducer's order; empty: no
+ * reducer) in buckets of up to bucket_bytes */
+static PyObject *py_begin(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int n;
+    PyObject *params;
+    Py_ssize_t bytes;
+    if (!PyArg_ParseTuple(args, "iOn", &n, &params, &bytes))
+        return NULL;
+    if (bytes <= 0) {
+        PyErr_Format(PyExc_ValueError, "microbatch_begin: bucket_bytes=%zd, expected > 0", bytes);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(params, "microbatch_begin: params must be a sequence");
+    if (!seq)
+        return NULL;
+    axc_mb *mb;
+    axc_status st = axc_runtime_mb_begin(axc_py_runtime(), n, (size_t)bytes, &mb);
+    if (st != AXC_OK) {
+        Py_DECREF(seq);
+        return axc_py_raise(st);
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *pg = PySequence_Fast_GET_ITEM(seq, i), *p, *groups;
+        if (!PyArg_ParseTuple(pg, "OO", &p, &groups))
+            goto fail;
+        axc_bucket_key key;
+        if (axc_py_bucket_key(p, groups, &key) < 0)
+            goto fail;
+        PyObject *nb = PyObject_GetAttrString(p, "nbytes");
+        Py_ssize_t nbytes = nb ? PyLong_AsSsize_t(nb) : -1;
+        Py_XDECREF(nb);
+        if (nbytes < 0)
+            goto fail;
+        st = axc_mb_add_param(mb, id_of(p), &key, (size_t)nbytes);
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    axc_runtime_mb_end(axc_py_runtime());
+    return NULL;
+}
+
+/* microbatch_end(): the call is over (its threads joined); no-op when none runs */
+static PyObject *py_end(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_runtime_mb_end(axc_py_runtime());
+    Py_RETURN_NONE;
+}
+
+/* microbatch_arrive(p): a post-accumulate-grad hook: on a micro-batch thread, one more
+ * micro-batch's gradient of p arrived (elsewhere, or for a parameter not summed: nothing) */
+static PyObject *py_arrive(PyObject *self, PyObject *p)
+{
+    (void)self;
+    axc_mb *mb = call();
+    if (mb && axc_microbatch_thread())
+        axc_mb_arrive(mb, id_of(p));
+    Py_RETURN_NONE;
+}
+
+/* microbatch_reduces(p) -> whether the running call's reducer sums p */
+static PyObject *py_reduces(PyObject *self, PyObject *p)
+{
+    (void)self;
+    return PyBool_FromLong(axc_mb_has_param(call(), id_of(p)));
+}
+
+/* microbatch_thread_done(failed): a micro-batch thread ended */
+static PyObject *py_thread_done(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int failed = PyObject_IsTrue(arg);
+    if (failed < 0)
+        return NULL;
+    axc_mb *mb = call();
+    if (mb)
+        axc_mb_thread_done(mb, failed);
+    Py_RETURN_NONE;
+}
+
+/* microbatch_next_bucket() -> (first, count) of the reducer's order, once that bucket is ready;
+ * None: nothing more to sum (waits without the GIL) */
+static PyObject *py_next_bucket(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_mb *mb = call(); /* (ended only by the reducer's own thread, after this returns) */
+    if (!mb) {
+        PyErr_SetString(PyExc_RuntimeError, "microbatch_next_bucket: no run_concurrent call");
+        return NULL;
+    }
+    int first = 0, count = 0, got;
+    axc_bucket_key key;
+    Py_BEGIN_ALLOW_THREADS got = axc_mb_next_bucket(mb, &first, &count, &key);
+    Py_END_ALLOW_THREADS
+    if (!got)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(ii)", first, count);
+}
+
+PyMethodDef axc_py_microbatch_methods[] = {
+    {"microbatch_begin", py_begin, METH_VARARGS,
+     "microbatch_begin(n, params, bucket_bytes): a run_concurrent call starts"},
+    {"microbatch_end", py_end, METH_NOARGS, "microbatch_end(): the run_concurrent call ended"},
+    {"microbatch_arrive", py_arrive, METH_O, "microbatch_arrive(p): p's gradient arrived"},
+    {"microbatch_reduces", py_reduces, METH_O, "microbatch_reduces(p) -> bool"},
+    {"microbatch_thread_done", py_thread_done, METH_O, "microbatch_thread_done(failed)"},
+    {"microbatch_next_bucket", py_next_bucket, METH_NOARGS,
+     "microbatch_next_bucket() -> (first, count) or None"},
+    {NULL, NULL, 0, NULL}};
