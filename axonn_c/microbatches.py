@@ -63,25 +63,11 @@ def _issue_on(channel: int, collective, *args):
         _C.set_thread_channel(session.thread.microbatch + 1)
 
 
-class _Gather:
-    __slots__ = ("out", "work", "ready", "error", "uses", "src")
-
-    def __init__(self, out: Tensor, work, src: Tensor):
-        self.out, self.work, self.src = out, work, src  # src: the shard it gathers
-        self.ready, self.error, self.uses = threading.Event(), None, 0
-
-
 class _Memory:
-    """What one run_concurrent call leaves for the next (one instance, `_memory`)."""
+    """What one run_concurrent call leaves for the next (one instance, `_memory`); the learned
+    gather order and the gathers' counts are in C (csrc/grads/microbatch.c)."""
 
     def __init__(self):
-        # The first-arrival order of the last call of this init (reset() at finalize): [(key,
-        # weight, numel)]. Strong references: whether a prefetch is issued must not depend on
-        # when a rank's garbage collector frees a discarded model (layer ids are reused, so an
-        # old model's keys can match a new one's).
-        self.learned: list = []
-        # the last call's shared gathers: issued, and first asked for when already started
-        self.last_gathers = {"gathers": 0, "prefetched": 0}
         # the last call's shared dW reduce-scatters, and the most summed (full-size) blocks
         # they held at once
         self.last_scatters = {"reduce_scatters": 0, "peak_blocks": 0}
@@ -93,89 +79,21 @@ _memory = _Memory()
 SCATTER_BLOCKS_IN_FLIGHT = 2
 
 
-class _Gathers:
-    """One depth all-gather per (layer, phase, use) for all n micro-batches, and the next one in
-    the order learned on the previous call started as soon as this one is first asked for."""
-
-    def __init__(self, n: int):
-        self.n, self.lock, self.live = n, threading.Lock(), {}
-        self.seq: list = []  # this call's first arrivals
-        self.issued: set = set()
-        self.arrived: set = set()
-        self.prefetched = 0
-        self.learned = list(_memory.learned)
-
-    def _start(self, key, w: Tensor, numel: int) -> _Gather:
-        """Starts the gather of `key` on the gather channel (self.lock held: issue order)."""
-        out = w.new_empty((numel,))
-        work = _issue_on(self.n + 1, comm.all_gather, out, w, "depth")
-        g = self.live[key] = _Gather(out, work, w)
-        self.issued.add(key)
-        return g
-
-    def get(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
-        uses = session.thread.uses
-        k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
-        key = (layer, phase, k)
-        with self.lock:  # first arrivals start their gathers in the order they arrive
-            first = key not in self.arrived
-            self.arrived.add(key)
-            g = self.live.get(key)
-            if first and g is not None and g.src is not w:  # prefetched from another tensor
-                g.work.wait()
-                g = None
-            if g is None:
-                g = self._start(key, w, numel)
-            elif first:
-                self.prefetched += 1
-            if first:
-                j = len(self.seq)
-                # a per-call cast (autocast) can never match on the next call: not kept alive
-                self.seq.append((key, w if w.is_leaf else None, numel))
-                # prefetch the successor, if this call follows the learned order so far (the
-                # same key for the same tensor)
-                if (j + 1 < len(self.learned) and self.learned[j][0] == key
-                        and self.learned[j][1] is w):
-                    nkey, nw, nnumel = self.learned[j + 1]
-                    if nw is not None and nkey not in self.issued:
-                        self._start(nkey, nw, nnumel)
-        if first:
-            try:
-                g.work.wait()
-            except BaseException as e:
-                g.error = e
-                raise
-            finally:
-                g.ready.set()
-        else:
-            g.ready.wait()
-            if g.error is not None:
-                raise RuntimeError(f"the shared depth all-gather of this layer failed: "
-                                   f"{g.error}") from g.error
-        with self.lock:
-            g.uses += 1
-            if g.uses == self.n:
-                del self.live[key]
-        return g.out
-
-    def close(self, ok: bool) -> None:
-        """Waits for prefetches nobody used (every rank issued them), remembers the order."""
-        for g in list(self.live.values()):
-            if not g.ready.is_set():
-                try:
-                    g.work.wait()
-                except BaseException:
-                    if ok:
-                        raise
-        self.live.clear()
-        _memory.last_gathers.update(gathers=len(self.issued), prefetched=self.prefetched)
-        if ok:
-            _memory.learned[:] = self.seq
+def last_gathers() -> dict:
+    """The last call's shared depth all-gathers: {"gathers": started, "prefetched": first asked
+    for when already started (along the order learned on the call before)}."""
+    return _C.microbatch_stats()
 
 
-def reset() -> None:
-    """At finalize: the learned order holds the last call's weights."""
-    _memory.learned.clear()
+def learned_weights() -> list:
+    """The weights of the learned gather order, in order (None: a per-call tensor, not kept)."""
+    return _C.microbatch_learned()
+
+
+def last_scatters() -> dict:
+    """The last call's shared dW reduce-scatters: {"reduce_scatters", "peak_blocks": the most
+    summed blocks held at once}."""
+    return dict(_memory.last_scatters)
 
 
 class _Scatter:
@@ -253,7 +171,7 @@ class _Call:
     the micro-batch threads share."""
 
     def __init__(self, n: int, reducer: Optional["_Reducer"]):
-        self.reducer, self.gathers, self.scatters = reducer, _Gathers(n), _Scatters(n)
+        self.reducer, self.scatters = reducer, _Scatters(n)
 
     def scatter_block(self, w: Tensor, numel: int) -> Optional[Tensor]:
         """A buffer for w's unreduced dW block ([numel]) when its depth reduce-scatter is shared
@@ -268,8 +186,12 @@ class _Call:
         self.scatters.add(layer, w, block)
 
     def gather(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
-        """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches."""
-        return self.gathers.get(layer, phase, w, numel)
+        """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches
+        (one gather per (layer, phase, use); csrc/grads/microbatch.c)."""
+        uses = session.thread.uses
+        k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
+        # a per-call cast (autocast) can never match on the next call: not kept alive
+        return _C.microbatch_gather(layer, phase == "bwd", k, w, w.is_leaf, numel)
 
 
 class _Reducer:
@@ -378,11 +300,12 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         for t in threads:
             t.join()
         session.concurrent_call = None
-        _C.microbatch_end()
-        gathers, scatters = call.gathers, call.scatters
         ok = all(e is None for e in errors)
-        gathers.close(ok)
-        scatters.close(ok)
+        try:
+            _C.microbatch_close(ok)  # unused prefetches waited for, the order learned
+        finally:
+            _C.microbatch_end()
+            call.scatters.close(ok)
     for e in errors:
         if e is not None:
             raise e

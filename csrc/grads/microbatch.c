@@ -1,10 +1,13 @@
 /* One run_concurrent call's shared decisions (axc/microbatch.h): the reducer's buckets and
- * their readiness. */
+ * their readiness; the shared depth gathers, their learned order and prefetch. */
 #include "axc/microbatch.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "axc/grid.h"
 
 typedef struct mb_param {
     uintptr_t id;
@@ -19,8 +22,57 @@ typedef struct mb_bucket {
     int missing; /* parameters with fewer than n arrivals */
 } mb_bucket;
 
+typedef struct gather_key {
+    int layer, phase, use;
+} gather_key;
+
+static int same_gather(gather_key a, gather_key b)
+{
+    return a.layer == b.layer && a.phase == b.phase && a.use == b.use;
+}
+
+/* one first arrival: its key, its weight (a reference; NULL: not kept) and size */
+typedef struct arrival {
+    gather_key key;
+    void *w;
+    size_t numel;
+} arrival;
+
+struct axc_mb_memory {
+    axc_mb_ops ops;
+    arrival *learned;
+    int nlearned;
+    axc_mb_stats last;
+};
+
+/* a started shared gather */
+typedef struct gather {
+    gather_key key;
+    void *src;          /* the weight it gathers (identity) */
+    void *data, *owner; /* the gathered buffer */
+    axc_work *work;     /* NULL once taken by its waiter */
+    int live;           /* in the table: not yet used by all n */
+    int ready;          /* waited for: `status` is its outcome */
+    axc_status status;
+    char msg[256];
+    int uses;
+} gather;
+
 struct axc_mb {
     int n;
+    axc_comm *comm;
+    axc_mb_memory *mem;
+    axc_mb_ops ops;
+    pthread_mutex_t gmu; /* the gathers' state */
+    pthread_cond_t gcv;  /* a gather became ready */
+    gather *g;           /* every gather started in this call, in issue order */
+    int ng, capg;
+    gather_key *arrived; /* keys first asked for */
+    int narrived, caparrived;
+    arrival *seq; /* this call's first arrivals, in order */
+    int nseq, capseq;
+    long long prefetched;
+    int closed;
     size_t bucket_bytes;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* an arrival completed a parameter, or a thread ended */
@@ -61,7 +113,8 @@ static void put(axc_mb *mb, int i)
     mb->slot[h] = i + 1;
 }
 
-axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes)
+axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *comm,
+                         axc_mb_memory *mem)
 {
     if (!out)
         return axc_fail(AXC_ERR_INVALID, "axc_mb_create: NULL output");
@@ -75,14 +128,24 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes)
         return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: out of memory");
     mb->n = n;
     mb->bucket_bytes = bucket_bytes;
-    if (pthread_mutex_init(&mb->mu, NULL)) {
+    mb->comm = comm;
+    mb->mem = mem;
+    if (mem)
+        mb->ops = mem->ops;
+    int init = 0;
+    init += pthread_mutex_init(&mb->mu, NULL) == 0;
+    init += init == 1 && pthread_cond_init(&mb->cv, NULL) == 0;
+    init += init == 2 && pthread_mutex_init(&mb->gmu, NULL) == 0;
+    init += init == 3 && pthread_cond_init(&mb->gcv, NULL) == 0;
+    if (init < 4) {
+        if (init > 2)
+            pthread_mutex_destroy(&mb->gmu);
+        if (init > 1)
+            pthread_cond_destroy(&mb->cv);
+        if (init > 0)
+            pthread_mutex_destroy(&mb->mu);
         free(mb);
-        return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: pthread_mutex_init failed");
-    }
-    if (pthread_cond_init(&mb->cv, NULL)) {
-        pthread_mutex_destroy(&mb->mu);
-        free(mb);
-        return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: pthread_cond_init failed");
+        return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: a pthread lock could not be made");
     }
     *out = mb;
     return AXC_OK;
@@ -92,6 +155,13 @@ void axc_mb_destroy(axc_mb *mb)
 {
     if (!mb)
         return;
+    if (!mb->closed)
+        (void)axc_mb_close(mb, 0);
+    free(mb->g);
+    free(mb->arrived);
+    free(mb->seq);
+    pthread_cond_destroy(&mb->gcv);
+    pthread_mutex_destroy(&mb->gmu);
     pthread_cond_destroy(&mb->cv);
     pthread_mutex_destroy(&mb->mu);
     free(mb->p);
@@ -202,4 +272,303 @@ int axc_mb_next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key)
     }
     pthread_mutex_unlock(&mb->mu);
     return got;
+}
+
+/* ---- the learned order, kept across calls ---- */
+
+axc_status axc_mb_memory_create(axc_mb_memory **out, const axc_mb_ops *ops)
+{
+    if (!out || !ops || !ops->alloc || !ops->describe || !ops->retain || !ops->release)
+        return axc_fail(AXC_ERR_INVALID, "axc_mb_memory_create: missing output or ops");
+    axc_mb_memory *m = calloc(1, sizeof *m);
+    if (!m)
+        return axc_fail(AXC_ERR_NOMEM, "axc_mb_memory_create: out of memory");
+    m->ops = *ops;
+    *out = m;
+    return AXC_OK;
+}
+
+static void release_arrivals(const axc_mb_ops *ops, arrival *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].w)
+            ops->release(ops->ctx, a[i].w);
+}
+
+void axc_mb_memory_clear(axc_mb_memory *m)
+{
+    if (!m)
+        return;
+    release_arrivals(&m->ops, m->learned, m->nlearned);
+    free(m->learned);
+    m->learned = NULL;
+    m->nlearned = 0;
+}
+
+void axc_mb_memory_destroy(axc_mb_memory *m)
+{
+    axc_mb_memory_clear(m);
+    free(m);
+}
+
+void axc_mb_memory_stats(const axc_mb_memory *m, axc_mb_stats *out)
+{
+    *out = m ? m->last : (axc_mb_stats){0};
+}
+
+int axc_mb_memory_learned(const axc_mb_memory *m) { return m ? m->nlearned : 0; }
+
+void *axc_mb_memory_learned_weight(const axc_mb_memory *m, int i)
+{
+    return m && i >= 0 && i < m->nlearned ? m->learned[i].w : NULL;
+}
+
+/* ---- shared gathers ---- */
+
+static void *let_go(const axc_mb *mb)
+{
+    return mb->ops.blocking_begin ? mb->ops.blocking_begin(mb->ops.ctx) : NULL;
+}
+
+static void take_back(const axc_mb *mb, void *state)
+{
+    if (mb->ops.blocking_end)
+        mb->ops.blocking_end(mb->ops.ctx, state);
+}
+
+/* Takes the gathers' lock; waits for it without the caller's lock (whose holder may be waiting
+ * here too), which is taken back with this one held. */
+static void lock_gathers(axc_mb *mb)
+{
+    if (pthread_mutex_trylock(&mb->gmu) == 0)
+        return;
+    void *s = let_go(mb);
+    pthread_mutex_lock(&mb->gmu);
+    take_back(mb, s);
+}
+
+static axc_status wait_work(axc_mb *mb, axc_work *work)
+{
+    if (!work)
+        return AXC_OK;
+    void *s = let_go(mb);
+    axc_status st = axc_work_wait(work);
+    axc_work_free(work);
+    take_back(mb, s);
+    return st;
+}
+
+static int find_live(const axc_mb *mb, gather_key key)
+{
+    for (int i = 0; i < mb->ng; i++)
+        if (mb->g[i].live && same_gather(mb->g[i].key, key))
+            return i;
+    return -1;
+}
+
+static int was_issued(const axc_mb *mb, gather_key key)
+{
+    for (int i = 0; i < mb->ng; i++)
+        if (same_gather(mb->g[i].key, key))
+            return 1;
+    return 0;
+}
+
+/* Starts the gather of `key` from weight `w` on the gather channel (the lock held: issue
+ * order); its index in *gi. */
+static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel, int *gi)
+{
+    const void *shard;
+    size_t elems;
+    axc_dtype dtype;
+    int device;
+    AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &elems, &dtype, &device));
+    size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
+    if (elems * G != numel)
+        return axc_fail(AXC_ERR_INVALID, "shared depth all-gather of layer %d: %zu elements "
+                                         "asked for, but the shard has %zu over %zu ranks",
+                        key.layer, numel, elems, G);
+    if (grow((void **)&mb->g, &mb->capg, mb->ng + 1, sizeof *mb->g))
+        return axc_fail(AXC_ERR_NOMEM, "shared depth all-gathers: out of memory");
+    void *data, *owner;
+    AXC_TRY(mb->ops.alloc(mb->ops.ctx, w, numel, &data, &owner));
+    axc_coll c = {.kind = AXC_COLL_ALL_GATHER, .send = shard, .recv = data, .count = elems,
+                  .dtype = dtype, .op = AXC_RED_SUM, .device = device};
+    int channel = axc_comm_thread_channel();
+    axc_work *work = NULL;
+    axc_status st = axc_comm_set_thread_channel(mb->comm, mb->n + 1);
+    if (st == AXC_OK) {
+        st = axc_comm_start(mb->comm, AXC_GROUP_DEPTH, &c, &work);
+        axc_status back = axc_comm_set_thread_channel(mb->comm, channel);
+        if (st == AXC_OK && back != AXC_OK) {
+            axc_work_free(work);
+            st = back;
+        }
+    }
+    if (st != AXC_OK) {
+        mb->ops.release(mb->ops.ctx, owner);
+        return st;
+    }
+    *gi = mb->ng++;
+    mb->g[*gi] = (gather){.key = key, .src = w, .data = data, .owner = owner, .work = work,
+                          .live = 1};
+    return AXC_OK;
+}
+
+/* What a first arrival decides with the lock held: the gather to wait for in *gi. */
+static axc_status first_arrival(axc_mb *mb, gather_key key, void *w, int keep, size_t numel,
+                                int *gi)
+{
+    if (grow((void **)&mb->arrived, &mb->caparrived, mb->narrived + 1, sizeof *mb->arrived) ||
+        grow((void **)&mb->seq, &mb->capseq, mb->nseq + 1, sizeof *mb->seq))
+        return axc_fail(AXC_ERR_NOMEM, "shared depth all-gathers: out of memory");
+    mb->arrived[mb->narrived++] = key;
+    *gi = find_live(mb, key);
+    if (*gi >= 0 && mb->g[*gi].src != w) { /* prefetched from another tensor: not this one */
+        gather *g = &mb->g[*gi];
+        axc_work *work = g->work;
+        g->work = NULL;
+        g->live = 0;
+        g->ready = 1;
+        mb->ops.release(mb->ops.ctx, g->owner);
+        g->owner = NULL;
+        (void)wait_work(mb, work); /* (every rank started it; its data is not used) */
+        *gi = -1;
+    }
+    if (*gi < 0)
+        AXC_TRY(start_gather(mb, key, w, numel, gi));
+    else
+        mb->prefetched++;
+    int j = mb->nseq++;
+    if (keep)
+        mb->ops.retain(mb->ops.ctx, w);
+    mb->seq[j] = (arrival){key, keep ? w : NULL, numel};
+    /* the successor in the learned order, if this call follows it so far (the same key for the
+     * same weight) */
+    const axc_mb_memory *m = mb->mem;
+    if (j + 1 < m->nlearned && same_gather(m->learned[j].key, key) && m->learned[j].w == w) {
+        const arrival *next = &m->learned[j + 1];
+        int ni;
+        if (next->w && !was_issued(mb, next->key))
+            AXC_TRY(start_gather(mb, next->key, next->w, next->numel, &ni));
+    }
+    return AXC_OK;
+}
+
+/* The first arrival at `key` failed with `st` (its gather may have started: gi >= 0): the
+ * others asking for it fail too instead of waiting for ever. Returns st, its message kept. */
+static axc_status fail_key(axc_mb *mb, gather_key key, int gi, axc_status st)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", axc_last_error());
+    if (gi < 0) {
+        if (grow((void **)&mb->g, &mb->capg, mb->ng + 1, sizeof *mb->g))
+            return axc_fail(st, "%s", msg); /* (out of memory: the others will not be told) */
+        gi = mb->ng++;
+        mb->g[gi] = (gather){.key = key, .live = 1};
+    }
+    axc_work *work = mb->g[gi].work;
+    mb->g[gi].work = NULL;
+    (void)wait_work(mb, work); /* (started on every rank: it completes) */
+    gather *g = &mb->g[gi];
+    g->ready = 1;
+    g->status = st;
+    snprintf(g->msg, sizeof g->msg, "%s", msg);
+    pthread_cond_broadcast(&mb->gcv);
+    return axc_fail(st, "%s", msg);
+}
+
+axc_status axc_mb_gather(axc_mb *mb, int layer, int phase, int use, void *w, int keep,
+                         size_t numel, void **data, void **owner)
+{
+    if (!mb->comm || !mb->mem)
+        return axc_fail(AXC_ERR_STATE, "shared depth all-gather: the call has no communicator");
+    gather_key key = {layer, phase, use};
+    lock_gathers(mb);
+    int first = 1;
+    for (int i = 0; i < mb->narrived && first; i++)
+        first = !same_gather(mb->arrived[i], key);
+    int gi = first ? -1 : find_live(mb, key);
+    axc_status st = first ? first_arrival(mb, key, w, keep, numel, &gi) : AXC_OK;
+    if (st != AXC_OK)
+        st = fail_key(mb, key, gi, st);
+    else if (gi < 0)
+        st = axc_fail(AXC_ERR_STATE, "shared depth all-gather of layer %d: asked for by more "
+                                     "than %d micro-batches", layer, mb->n);
+    if (st != AXC_OK) {
+        pthread_mutex_unlock(&mb->gmu);
+        return st;
+    }
+    if (first) { /* wait for it without the lock, then wake the others */
+        axc_work *work = mb->g[gi].work;
+        mb->g[gi].work = NULL;
+        pthread_mutex_unlock(&mb->gmu);
+        st = wait_work(mb, work);
+        lock_gathers(mb);
+        gather *g = &mb->g[gi];
+        g->ready = 1;
+        g->status = st;
+        if (st != AXC_OK)
+            snprintf(g->msg, sizeof g->msg, "%s", axc_last_error());
+        pthread_cond_broadcast(&mb->gcv);
+    } else if (!mb->g[gi].ready) {
+        void *s = let_go(mb);
+        while (!mb->g[gi].ready)
+            pthread_cond_wait(&mb->gcv, &mb->gmu);
+        take_back(mb, s);
+    }
+    gather *g = &mb->g[gi];
+    if (g->status != AXC_OK) {
+        if (!first)
+            st = axc_fail(g->status, "the shared depth all-gather of this layer failed: %s",
+                          g->msg);
+        pthread_mutex_unlock(&mb->gmu);
+        return st;
+    }
+    *data = g->data;
+    *owner = g->owner;
+    mb->ops.retain(mb->ops.ctx, g->owner);
+    if (++g->uses == mb->n) {
+        mb->ops.release(mb->ops.ctx, g->owner);
+        g->owner = NULL;
+        g->live = 0;
+    }
+    pthread_mutex_unlock(&mb->gmu);
+    return AXC_OK;
+}
+
+axc_status axc_mb_close(axc_mb *mb, int ok)
+{
+    if (mb->closed)
+        return AXC_OK;
+    mb->closed = 1;
+    axc_status first = AXC_OK;
+    lock_gathers(mb);
+    for (int i = 0; i < mb->ng; i++) {
+        gather *g = &mb->g[i];
+        axc_work *work = g->work;
+        g->work = NULL;
+        axc_status st = wait_work(mb, work);
+        if (st != AXC_OK && first == AXC_OK)
+            first = st;
+        if (g->owner)
+            mb->ops.release(mb->ops.ctx, g->owner);
+        g->owner = NULL;
+        g->live = 0;
+    }
+    if (mb->mem) {
+        mb->mem->last = (axc_mb_stats){.gathers = mb->ng, .prefetched = mb->prefetched};
+        if (ok) {
+            axc_mb_memory_clear(mb->mem);
+            mb->mem->learned = mb->seq;
+            mb->mem->nlearned = mb->nseq;
+            mb->seq = NULL;
+            mb->nseq = mb->capseq = 0;
+        }
+    }
+    if (mb->seq)
+        release_arrivals(&mb->ops, mb->seq, mb->nseq);
+    mb->nseq = 0;
+    pthread_mutex_unlock(&mb->gmu);
+    return ok ? first : AXC_OK;
 }

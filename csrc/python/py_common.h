@@ -17,6 +17,8 @@ axc_comm *axc_py_comm(void);
 axc_sched *axc_py_sched(void);
 /* py_grads.c: the runtime's buffer and keep-alive ops (torch tensors, Python references) */
 void axc_py_grads_runtime_ops(axc_runtime_ops *ops);
+/* py_microbatch.c: run_concurrent's gathered buffers and weight references */
+void axc_py_microbatch_ops(axc_mb_ops *ops);
 
 /* Exception types created in module.c. */
 extern PyObject *axc_py_CommError;        /* RuntimeError: a peer died, the backend failed */

@@ -85,6 +85,7 @@ void axc_py_grads_runtime_ops(axc_runtime_ops *ops)
     ops->release_kept = release_owner;
     ops->hooks = (axc_runtime_hooks){gil_release, gil_acquire, NULL};
     ops->bucket_bytes = 4u << 20;
+    axc_py_microbatch_ops(&ops->microbatch);
 }
 
 /* Starts every sum that came due, in the engine's order; -1 with the exception set. */

@@ -3,10 +3,58 @@
 #include "py_common.h"
 
 #include "axc/microbatch.h"
+#include "axc/status.h"
 
 static axc_mb *call(void) { return axc_runtime_mb(axc_py_runtime()); }
 
 static uintptr_t id_of(PyObject *p) { return (uintptr_t)p; }
+
+/* the ops of axc/microbatch.h, called with the GIL held */
+static axc_status alloc_like(void *ctx, void *w, size_t elems, void **data, void **owner)
+{
+    (void)ctx;
+    PyObject *t = PyObject_CallMethod((PyObject *)w, "new_empty", "((n))", (Py_ssize_t)elems);
+    PyObject *ptr = t ? PyObject_CallMethod(t, "data_ptr", NULL) : NULL;
+    *data = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_XDECREF(ptr);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(t);
+        return axc_fail(AXC_ERR_NOMEM, "shared depth all-gather: no buffer of %zu elements",
+                        elems);
+    }
+    *owner = t;
+    return AXC_OK;
+}
+
+static axc_status describe(void *ctx, void *w, const void **data, size_t *elems,
+                           axc_dtype *dtype, int *device)
+{
+    (void)ctx;
+    void *p;
+    if (axc_py_read_tensor((PyObject *)w, "weight", &p, elems, dtype, device) < 0)
+        return axc_fail(AXC_ERR_INVALID, "shared depth all-gather: the weight is not a dense "
+                                         "contiguous tensor");
+    *data = p;
+    return AXC_OK;
+}
+
+static void retain(void *ctx, void *obj)
+{
+    (void)ctx;
+    Py_INCREF((PyObject *)obj);
+}
+
+static void release(void *ctx, void *obj)
+{
+    (void)ctx;
+    Py_DECREF((PyObject *)obj);
+}
+
+void axc_py_microbatch_ops(axc_mb_ops *ops)
+{
+    *ops = (axc_mb_ops){.alloc = alloc_like, .describe = describe, .retain = retain,
+                        .release = release};
+}
 
 /* microbatch_begin(n, params, bucket_bytes): a run_concurrent call of n micro-batches whose
  * reducer sums `params` (a sequence of (parameter, groups) in the reducer's order; empty: no
@@ -118,7 +166,77 @@ static PyObject *py_next_bucket(PyObject *self, PyObject *noargs)
     return Py_BuildValue("(ii)", first, count);
 }
 
+/* microbatch_gather(layer, phase, use, w, keep, numel) -> w's depth shard gathered ([numel]),
+ * shared by the micro-batches (axc_mb_gather) */
+static PyObject *py_gather(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int layer, phase, use, keep;
+    PyObject *w;
+    Py_ssize_t numel;
+    if (!PyArg_ParseTuple(args, "iiiOpn", &layer, &phase, &use, &w, &keep, &numel))
+        return NULL;
+    axc_mb *mb = call();
+    if (!mb || numel < 0) {
+        PyErr_Format(PyExc_RuntimeError, "microbatch_gather: %s", mb ? "numel < 0" :
+                     "no run_concurrent call");
+        return NULL;
+    }
+    void *data, *owner;
+    axc_status st = axc_mb_gather(mb, layer, phase, use, w, keep, (size_t)numel, &data, &owner);
+    if (st != AXC_OK)
+        return PyErr_Occurred() ? NULL : axc_py_raise(st);
+    return (PyObject *)owner; /* (a new reference) */
+}
+
+/* microbatch_close(ok): after the threads joined: unused prefetches waited for, the order
+ * learned when ok (raises the first failure then) */
+static PyObject *py_close(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int ok = PyObject_IsTrue(arg);
+    if (ok < 0)
+        return NULL;
+    axc_mb *mb = call();
+    axc_status st = mb ? axc_mb_close(mb, ok) : AXC_OK;
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* microbatch_stats() -> the last call's {"gathers", "prefetched"} */
+static PyObject *py_stats(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_mb_stats st;
+    axc_mb_memory_stats(axc_runtime_mb_memory(axc_py_runtime()), &st);
+    return Py_BuildValue("{sLsL}", "gathers", st.gathers, "prefetched", st.prefetched);
+}
+
+/* microbatch_learned() -> the learned order's weights (None: a per-call tensor, not kept) */
+static PyObject *py_learned(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    const axc_mb_memory *m = axc_runtime_mb_memory(axc_py_runtime());
+    int n = axc_mb_memory_learned(m);
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) {
+        PyObject *w = axc_mb_memory_learned_weight(m, i);
+        w = w ? w : Py_None;
+        Py_INCREF(w);
+        PyList_SET_ITEM(l, i, w);
+    }
+    return l;
+}
+
 PyMethodDef axc_py_microbatch_methods[] = {
+    {"microbatch_gather", py_gather, METH_VARARGS,
+     "microbatch_gather(layer, phase, use, w, keep, numel) -> Tensor"},
+    {"microbatch_close", py_close, METH_O, "microbatch_close(ok)"},
+    {"microbatch_stats", py_stats, METH_NOARGS, "microbatch_stats() -> dict"},
+    {"microbatch_learned", py_learned, METH_NOARGS, "microbatch_learned() -> list"},
     {"microbatch_begin", py_begin, METH_VARARGS,
      "microbatch_begin(n, params, bucket_bytes): a run_concurrent call starts"},
     {"microbatch_end", py_end, METH_NOARGS, "microbatch_end(): the run_concurrent call ended"},

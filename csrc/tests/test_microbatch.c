@@ -16,9 +16,9 @@ static axc_bucket_key key_of(axc_dtype dt, axc_group_kind g)
 static void test_buckets(void)
 {
     axc_mb *mb;
-    CHECK(axc_mb_create(&mb, 0, 64) == AXC_ERR_INVALID);
-    CHECK(axc_mb_create(&mb, 2, 0) == AXC_ERR_INVALID);
-    CHECK_OK(axc_mb_create(&mb, 2, 64));
+    CHECK(axc_mb_create(&mb, 0, 64, NULL, NULL) == AXC_ERR_INVALID);
+    CHECK(axc_mb_create(&mb, 2, 0, NULL, NULL) == AXC_ERR_INVALID);
+    CHECK_OK(axc_mb_create(&mb, 2, 64, NULL, NULL));
     axc_bucket_key data = key_of(AXC_DT_F32, AXC_GROUP_DATA);
     axc_bucket_key depth = key_of(AXC_DT_F32, AXC_GROUP_DEPTH);
     axc_bucket_key half = key_of(AXC_DT_BF16, AXC_GROUP_DATA);
@@ -59,7 +59,7 @@ static void test_buckets(void)
 static void test_many_params(void)
 {
     axc_mb *mb;
-    CHECK_OK(axc_mb_create(&mb, 1, 1 << 20));
+    CHECK_OK(axc_mb_create(&mb, 1, 1 << 20, NULL, NULL));
     axc_bucket_key data = key_of(AXC_DT_F32, AXC_GROUP_DATA);
     int ok = 1;
     for (uintptr_t i = 1; i <= 1000; i++)
@@ -105,7 +105,7 @@ static void nap(void)
 static void test_wait_across_threads(void)
 {
     axc_mb *mb;
-    CHECK_OK(axc_mb_create(&mb, 2, 8));
+    CHECK_OK(axc_mb_create(&mb, 2, 8, NULL, NULL));
     axc_bucket_key data = key_of(AXC_DT_F32, AXC_GROUP_DATA);
     for (uintptr_t id = 1; id <= 3; id++)
         CHECK_OK(axc_mb_add_param(mb, id, &data, 8)); /* a bucket each */
@@ -136,7 +136,7 @@ static void test_wait_across_threads(void)
 static void test_failure_stops(void)
 {
     axc_mb *mb;
-    CHECK_OK(axc_mb_create(&mb, 2, 8));
+    CHECK_OK(axc_mb_create(&mb, 2, 8, NULL, NULL));
     axc_bucket_key data = key_of(AXC_DT_F32, AXC_GROUP_DATA);
     CHECK_OK(axc_mb_add_param(mb, 1, &data, 8));
     CHECK_OK(axc_mb_add_param(mb, 2, &data, 8));
