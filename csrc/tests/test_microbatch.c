@@ -1,12 +1,19 @@
-/* One run_concurrent call's reducer (csrc/grads/microbatch.c): buckets in the fixed order,
- * readiness by arrival counts, thread ends and failures, and the wait across threads. */
+/* One run_concurrent call (csrc/grads/microbatch.c). The reducer: buckets in the fixed order,
+ * readiness by arrival counts, thread ends and failures, and the wait across threads. The shared
+ * depth gathers, on 2 forked ranks over shm (G_d = 2) with 2 micro-batch threads: one gather per
+ * (layer, phase, use) whatever thread asks first, its values, the learned order and the
+ * prefetch it starts on the next call, per-call weights not kept, a failed gather reported to
+ * every asker, and every reference given back (counted; leaks: LeakSanitizer in every rank). */
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
 #include "axc/microbatch.h"
+#include "axc/sched.h"
 #include "axc/runtime.h"
 #include "ctest.h"
+#include "fork_ranks.h"
+#include "rank_tally.h"
 
 static axc_bucket_key key_of(axc_dtype dt, axc_group_kind g)
 {
@@ -193,6 +200,219 @@ static void test_runtime_holds_one(void)
     axc_runtime_destroy(rt); /* ends the running call too (leak-checked under ASan) */
 }
 
+/* ---- shared gathers ---- */
+
+#define SHARD 5
+
+/* a test weight: its shard, and the references the call holds to it */
+typedef struct tweight {
+    float shard[SHARD];
+    size_t elems; /* what describe reports */
+    int refs;
+} tweight;
+
+/* a test buffer: an owner with a reference count */
+typedef struct tbuf {
+    int refs;
+    float data[];
+} tbuf;
+
+static int g_buffers_alive, g_fail_alloc;
+
+static axc_status t_alloc(void *ctx, void *w, size_t elems, void **data, void **owner)
+{
+    (void)ctx;
+    (void)w;
+    if (g_fail_alloc)
+        return axc_fail(AXC_ERR_NOMEM, "test allocator: refused");
+    tbuf *b = calloc(1, sizeof *b + elems * sizeof(float));
+    if (!b)
+        return AXC_ERR_NOMEM;
+    b->refs = 1;
+    g_buffers_alive++;
+    *data = b->data;
+    *owner = b;
+    return AXC_OK;
+}
+
+static axc_status t_describe(void *ctx, void *w, const void **data, size_t *elems,
+                             axc_dtype *dtype, int *device)
+{
+    (void)ctx;
+    tweight *t = w;
+    *data = t->shard;
+    *elems = t->elems;
+    *dtype = AXC_DT_F32;
+    *device = -1;
+    return AXC_OK;
+}
+
+/* owners are buffers (refs > 0 from alloc); weights are told apart by their address range */
+static tweight g_w[4];
+
+static int is_weight(void *obj)
+{
+    return (char *)obj >= (char *)g_w && (char *)obj < (char *)(g_w + 4);
+}
+
+static void t_retain(void *ctx, void *obj)
+{
+    (void)ctx;
+    if (is_weight(obj))
+        ((tweight *)obj)->refs++;
+    else
+        ((tbuf *)obj)->refs++;
+}
+
+static void t_release(void *ctx, void *obj)
+{
+    (void)ctx;
+    if (is_weight(obj)) {
+        ((tweight *)obj)->refs--;
+    } else if (--((tbuf *)obj)->refs == 0) {
+        g_buffers_alive--;
+        free(obj);
+    }
+}
+
+typedef struct mb_thread {
+    axc_mb *mb;
+    axc_comm *comm;
+    int index;
+    tweight *w[3]; /* the layers it visits, in order */
+    int keep;
+    axc_status st[3];
+    float got[3][2 * SHARD];
+    char msg[3][256];
+} mb_thread;
+
+static void *mb_run(void *arg)
+{
+    mb_thread *t = arg;
+    axc_comm_set_thread_channel(t->comm, t->index + 1);
+    for (int l = 0; l < 3; l++) {
+        void *data = NULL, *owner = NULL;
+        t->st[l] = axc_mb_gather(t->mb, l, AXC_PHASE_FWD, 1, t->w[l], t->keep, 2 * SHARD, &data,
+                                 &owner);
+        if (t->st[l] == AXC_OK) {
+            memcpy(t->got[l], data, sizeof t->got[l]);
+            t_release(NULL, owner);
+        } else {
+            snprintf(t->msg[l], sizeof t->msg[l], "%s", axc_last_error());
+        }
+    }
+    return NULL;
+}
+
+/* One call of 2 micro-batches over layers w[0..3); returns axc_mb_close's status. */
+static axc_status run_call(axc_comm *comm, axc_mb_memory *mem, mb_thread th[2], int keep)
+{
+    axc_mb *mb;
+    CHECK_OK(axc_mb_create(&mb, 2, 64, comm, mem));
+    pthread_t p[2];
+    for (int i = 0; i < 2; i++) {
+        th[i] = (mb_thread){.mb = mb, .comm = comm, .index = i, .keep = keep,
+                            .w = {&g_w[0], &g_w[1], &g_w[2]}};
+        CHECK(pthread_create(&p[i], NULL, mb_run, &th[i]) == 0);
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_join(p[i], NULL) == 0);
+    int ok = th[0].st[0] == AXC_OK && th[1].st[0] == AXC_OK;
+    axc_status st = axc_mb_close(mb, ok);
+    axc_mb_destroy(mb);
+    return st;
+}
+
+static void gathers_main(int rank, int world, const int dims[4], double timeout)
+{
+    rank_begin(rank);
+    axc_comm_config cfg;
+    CHECK_OK(fork_ranks_config(&cfg, rank, world, dims, "mbgather", timeout));
+    cfg.channels = 5; /* 2 micro-batches + the caller's + gathers + reduce-scatters */
+    axc_comm *comm = NULL;
+    axc_status st = axc_comm_create(&comm, &cfg);
+    CHECK_OK(st);
+    if (st != AXC_OK) {
+        rank_end(rank);
+        return;
+    }
+    for (int l = 0; l < 4; l++) {
+        g_w[l].elems = SHARD;
+        for (int i = 0; i < SHARD; i++)
+            g_w[l].shard[i] = (float)(100 * l + 10 * rank + i);
+    }
+    axc_mb_ops ops = {.alloc = t_alloc, .describe = t_describe, .retain = t_retain,
+                      .release = t_release};
+    axc_mb_memory *mem;
+    CHECK_OK(axc_mb_memory_create(&mem, &ops));
+    mb_thread th[2];
+    /* the first call: one gather per layer, nothing prefetched, every value in rank order */
+    CHECK_OK(run_call(comm, mem, th, 1));
+    axc_mb_stats stats;
+    axc_mb_memory_stats(mem, &stats);
+    CHECK_MSG(stats.gathers == 3 && stats.prefetched == 0, "%lld gathers, %lld prefetched",
+              stats.gathers, stats.prefetched);
+    int right = 1;
+    for (int t = 0; t < 2; t++)
+        for (int l = 0; l < 3; l++)
+            for (int r = 0; r < 2; r++)
+                for (int i = 0; i < SHARD; i++)
+                    right &= th[t].st[l] == AXC_OK &&
+                             th[t].got[l][r * SHARD + i] == (float)(100 * l + 10 * r + i);
+    CHECK(right);
+    CHECK(axc_mb_memory_learned(mem) == 3 && axc_mb_memory_learned_weight(mem, 1) == &g_w[1]);
+    CHECK(g_w[0].refs == 1 && g_w[2].refs == 1 && g_w[3].refs == 0); /* kept by the order */
+    CHECK(g_buffers_alive == 0);
+    /* the second call follows the learned order: each first arrival starts its successor */
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < SHARD; i++)
+            g_w[l].shard[i] += 1000.0f; /* (a prefetch reads the values at its start) */
+    CHECK_OK(run_call(comm, mem, th, 0));
+    axc_mb_memory_stats(mem, &stats);
+    CHECK_MSG(stats.gathers == 3 && stats.prefetched == 2, "%lld gathers, %lld prefetched",
+              stats.gathers, stats.prefetched);
+    CHECK(th[0].got[2][SHARD + 1] == 1000.0f + 200 + 10 + 1);
+    /* keep = 0 (per-call tensors): learned, but without the weights, so nothing is prefetched
+     * on the next call */
+    CHECK(axc_mb_memory_learned(mem) == 3 && axc_mb_memory_learned_weight(mem, 0) == NULL);
+    CHECK(g_w[0].refs == 0 && g_w[1].refs == 0);
+    CHECK_OK(run_call(comm, mem, th, 1));
+    axc_mb_memory_stats(mem, &stats);
+    CHECK(stats.gathers == 3 && stats.prefetched == 0);
+    /* a weight whose shard does not fit: the first asker fails, the other is told (nothing
+     * learned first: no prefetch of it) */
+    axc_mb_memory_clear(mem);
+    CHECK(g_w[1].refs == 0);
+    g_w[1].elems = SHARD - 1;
+    st = run_call(comm, mem, th, 1);
+    CHECK(st == AXC_OK); /* (its first layer went fine: closed as ok) */
+    int first = strstr(th[0].msg[1], "this layer failed") ? 1 : 0; /* (either thread) */
+    CHECK(th[first].st[1] == AXC_ERR_INVALID && strstr(th[first].msg[1], "shard has 4"));
+    CHECK_MSG(th[1 - first].st[1] == AXC_ERR_INVALID &&
+                  strstr(th[1 - first].msg[1], "shared depth all-gather of this layer failed"),
+              "%s", th[1 - first].msg[1]);
+    g_w[1].elems = SHARD;
+    /* a failed allocation: the same, and nothing leaks */
+    g_fail_alloc = 1;
+    axc_mb *mb;
+    CHECK_OK(axc_mb_create(&mb, 1, 64, comm, mem));
+    void *data, *owner;
+    CHECK(axc_mb_gather(mb, 9, AXC_PHASE_BWD, 1, &g_w[3], 1, 2 * SHARD, &data, &owner) ==
+          AXC_ERR_NOMEM);
+    g_fail_alloc = 0;
+    axc_mb_destroy(mb); /* (not closed: closes as failed, the learned order stays) */
+    CHECK(axc_mb_memory_learned(mem) == 2 && g_w[3].refs == 0); /* layers 0 and 2 */
+    /* without a communicator: refused */
+    CHECK_OK(axc_mb_create(&mb, 1, 64, NULL, NULL));
+    CHECK(axc_mb_gather(mb, 0, 0, 1, &g_w[0], 1, 2 * SHARD, &data, &owner) == AXC_ERR_STATE);
+    axc_mb_destroy(mb);
+    axc_mb_memory_clear(mem);
+    CHECK(g_w[0].refs == 0 && g_w[1].refs == 0 && g_w[2].refs == 0 && g_buffers_alive == 0);
+    axc_mb_memory_destroy(mem);
+    axc_comm_destroy(comm);
+    rank_end(rank);
+}
+
 int main(void)
 {
     test_buckets();
@@ -200,5 +420,9 @@ int main(void)
     test_wait_across_threads();
     test_failure_stops();
     test_runtime_holds_one();
+    if (!rank_tally_init())
+        return 1;
+    static const int depth2[4] = {1, 1, 1, 2};
+    spawn_and_tally("G_d=2 gathers", 2, gathers_main, depth2);
     return ctest_summary("test_microbatch");
 }
