@@ -38,7 +38,7 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import Tensor, nn
 
-from . import _C, comm, grads
+from . import _C, grads
 from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
 from .state import first_hook, is_initialized, microbatch_active, refuse_cuda, session
 
@@ -53,27 +53,6 @@ def caller_autocasts() -> list:
             for k in kinds]
 
 
-def _issue_on(channel: int, collective, *args):
-    """Starts collective(*args) asynchronously on `channel` (a shared one), then puts the
-    micro-batch thread back on its own channel."""
-    _C.set_thread_channel(channel)
-    try:
-        return collective(*args, async_op=True)
-    finally:
-        _C.set_thread_channel(session.thread.microbatch + 1)
-
-
-class _Memory:
-    """What one run_concurrent call leaves for the next (one instance, `_memory`); the learned
-    gather order and the gathers' counts are in C (csrc/grads/microbatch.c)."""
-
-    def __init__(self):
-        # the last call's shared dW reduce-scatters, and the most summed (full-size) blocks
-        # they held at once
-        self.last_scatters = {"reduce_scatters": 0, "peak_blocks": 0}
-
-
-_memory = _Memory()
 # summed dW blocks in flight at most: each is a whole unsharded weight, so without a bound a
 # call would hold the model's full gradient until its end, what depth sharding is there to avoid
 SCATTER_BLOCKS_IN_FLIGHT = 2
@@ -82,7 +61,8 @@ SCATTER_BLOCKS_IN_FLIGHT = 2
 def last_gathers() -> dict:
     """The last call's shared depth all-gathers: {"gathers": started, "prefetched": first asked
     for when already started (along the order learned on the call before)}."""
-    return _C.microbatch_stats()
+    st = _C.microbatch_stats()
+    return {"gathers": st["gathers"], "prefetched": st["prefetched"]}
 
 
 def learned_weights() -> list:
@@ -93,89 +73,20 @@ def learned_weights() -> list:
 def last_scatters() -> dict:
     """The last call's shared dW reduce-scatters: {"reduce_scatters", "peak_blocks": the most
     summed blocks held at once}."""
-    return dict(_memory.last_scatters)
-
-
-class _Scatter:
-    __slots__ = ("param", "out", "work", "block")
-
-    def __init__(self, param: Tensor, out: Tensor, work, block: Tensor):
-        self.param, self.out, self.work, self.block = param, out, work, block
-
-
-class _Scatters:
-    """One depth reduce-scatter of dW per (layer, use) for all n micro-batches: each hands in
-    its unreduced block, the last to arrive sums them and starts the reduce-scatter on a channel
-    of its own (last arrivals come in program order too); the shard is added to .grad when the
-    call ends. Only for weights the reducer does not sum: it counts autograd's accumulations,
-    which these gradients bypass. At most SCATTER_BLOCKS_IN_FLIGHT summed blocks stay alive:
-    finished reduce-scatters release theirs, and past the bound the oldest is waited for."""
-
-    def __init__(self, n: int):
-        self.n, self.lock, self.live = n, threading.Lock(), {}
-        self.pending: List[_Scatter] = []  # every reduce-scatter of the call, for close()
-        self.held: List[_Scatter] = []  # those whose summed block nobody has released yet
-        self.peak = 0
-
-    def add(self, layer: int, p: Tensor, block: Tensor) -> None:
-        uses = session.thread.uses
-        k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
-        with self.lock:
-            blocks = self.live.setdefault((layer, k), [])
-            blocks.append(block)
-            if len(blocks) < self.n:
-                return
-            del self.live[(layer, k)]
-        total = blocks[0]
-        for b in blocks[1:]:
-            total.add_(b)
-        out = p.new_empty(p.shape)
-        work = _issue_on(self.n + 2, comm.reduce_scatter, out, total, "depth")
-        with self.lock:
-            new = _Scatter(p, out, work, total)
-            self.pending.append(new)
-            self.held.append(new)
-            # release the finished ones, and wait for the oldest past the bound; each entry
-            # leaves `held` once, so one thread waits for it (not two at once on one Work)
-            done, busy = [], []
-            for e in self.held:
-                (done if e.work.is_completed() else busy).append(e)
-            keep = max(len(busy) - SCATTER_BLOCKS_IN_FLIGHT, 0)
-            retire, self.held = done + busy[:keep], busy[keep:]
-            self.peak = max(self.peak, len(self.held))
-        for e in retire:  # the oldest first; the reduce-scatters run in issue order
-            e.work.wait()
-            e.block = None
-
-    @torch.no_grad()
-    def close(self, ok: bool) -> None:
-        """Waits for the reduce-scatters and adds each shard to its parameter's .grad."""
-        _memory.last_scatters.update(reduce_scatters=len(self.pending), peak_blocks=self.peak)
-        for e in self.pending:
-            try:
-                e.work.wait()
-            except BaseException:
-                if ok:
-                    raise
-                continue
-            if ok:
-                if e.param.grad is None:
-                    e.param.grad = e.out
-                else:
-                    e.param.grad.add_(e.out)
-        self.pending.clear()
+    st = _C.microbatch_stats()
+    return {"reduce_scatters": st["reduce_scatters"], "peak_blocks": st["peak_blocks"]}
 
 
 class _Call:
     """The running run_concurrent call (session.concurrent_call): what axonn_c.Linear's calls on
     the micro-batch threads share."""
 
-    def __init__(self, n: int, reducer: Optional["_Reducer"]):
-        self.reducer, self.scatters = reducer, _Scatters(n)
+    def __init__(self, reducer: Optional["_Reducer"]):
+        self.reducer = reducer
 
     def scatter_block(self, w: Tensor, numel: int) -> Optional[Tensor]:
         """A buffer for w's unreduced dW block ([numel]) when its depth reduce-scatter is shared
-        (see _Scatters), else None (the layer reduce-scatters itself)."""
+        (reduce_scatter), else None (the layer reduce-scatters itself)."""
         if not (w.is_leaf and w.requires_grad):
             return None
         if _C.microbatch_reduces(w):
@@ -183,7 +94,13 @@ class _Call:
         return w.new_empty((numel,))
 
     def reduce_scatter(self, layer: int, w: Tensor, block: Tensor) -> None:
-        self.scatters.add(layer, w, block)
+        """Hands in this micro-batch's unreduced dW block of w: the last of the n to arrive sums
+        them and starts one depth reduce-scatter (csrc/grads/microbatch.c); the shard is added
+        to .grad when the call ends. Only for weights the reducer does not sum: it counts
+        autograd's accumulations, which these gradients bypass."""
+        uses = session.thread.uses
+        k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
+        _C.microbatch_scatter(layer, k, w, block)
 
     def gather(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
         """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches
@@ -289,8 +206,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes)
-    call = session.concurrent_call = _Call(n, reducer)
+    _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes,
+                        SCATTER_BLOCKS_IN_FLIGHT)
+    session.concurrent_call = _Call(reducer)
     try:
         for t in threads:
             t.start()
@@ -301,11 +219,17 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             t.join()
         session.concurrent_call = None
         ok = all(e is None for e in errors)
-        try:
-            _C.microbatch_close(ok)  # unused prefetches waited for, the order learned
+        try:  # reduce-scatters and unused prefetches waited for, the gather order learned
+            _C.microbatch_close(ok)
+            if ok:
+                with torch.no_grad():
+                    for w, shard in _C.microbatch_scatters():
+                        if w.grad is None:
+                            w.grad = shard.view_as(w)
+                        else:
+                            w.grad.add_(shard.view_as(w))
         finally:
             _C.microbatch_end()
-            call.scatters.close(ok)
     for e in errors:
         if e is not None:
             raise e

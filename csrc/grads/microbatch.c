@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "axc/grid.h"
+#include "axc/reduce.h"
 
 typedef struct mb_param {
     uintptr_t id;
@@ -58,6 +59,22 @@ typedef struct gather {
     int uses;
 } gather;
 
+/* a key's blocks while micro-batches still hand theirs in */
+typedef struct scatter_part {
+    int layer, use, count;
+    void **owners, **blocks; /* [n] */
+} scatter_part;
+
+/* a started shared reduce-scatter */
+typedef struct scatter {
+    void *w;            /* the weight (a reference) */
+    void *out;          /* the reduced shard's owner */
+    axc_work *work;     /* NULL once waited by close */
+    void *block_owner;  /* the summed block, until let go */
+    int held;
+    axc_status status;
+} scatter;
+
 struct axc_mb {
     int n;
     axc_comm *comm;
@@ -72,6 +89,13 @@ struct axc_mb {
     arrival *seq; /* this call's first arrivals, in order */
     int nseq, capseq;
     long long prefetched;
+    scatter_part *parts;
+    int nparts, capparts;
+    scatter *sc;
+    int nsc, capsc;
+    int bound;     /* summed blocks held at most */
+    int held;      /* summed blocks held now */
+    int peak_held;
     int closed;
     size_t bucket_bytes;
     pthread_mutex_t mu;
@@ -130,6 +154,7 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *com
     mb->bucket_bytes = bucket_bytes;
     mb->comm = comm;
     mb->mem = mem;
+    mb->bound = 2;
     if (mem)
         mb->ops = mem->ops;
     int init = 0;
@@ -157,6 +182,12 @@ void axc_mb_destroy(axc_mb *mb)
         return;
     if (!mb->closed)
         (void)axc_mb_close(mb, 0);
+    for (int i = 0; i < mb->nparts; i++) {
+        free(mb->parts[i].owners);
+        free(mb->parts[i].blocks);
+    }
+    free(mb->parts);
+    free(mb->sc);
     free(mb->g);
     free(mb->arrived);
     free(mb->seq);
@@ -556,8 +587,28 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         g->owner = NULL;
         g->live = 0;
     }
+    for (int i = 0; i < mb->nsc; i++) { /* (in issue order: they run in it) */
+        scatter *e = &mb->sc[i];
+        axc_work *work = e->work;
+        e->work = NULL;
+        axc_status st = wait_work(mb, work);
+        if (st != AXC_OK && e->status == AXC_OK)
+            e->status = st;
+        if (e->status != AXC_OK && first == AXC_OK)
+            first = e->status;
+        if (e->block_owner)
+            mb->ops.release(mb->ops.ctx, e->block_owner);
+        e->block_owner = NULL;
+    }
+    for (int i = 0; i < mb->nparts; i++) { /* blocks of keys not every micro-batch reached */
+        for (int k = 0; k < mb->parts[i].count; k++)
+            mb->ops.release(mb->ops.ctx, mb->parts[i].owners[k]);
+        mb->parts[i].count = 0;
+    }
     if (mb->mem) {
-        mb->mem->last = (axc_mb_stats){.gathers = mb->ng, .prefetched = mb->prefetched};
+        mb->mem->last = (axc_mb_stats){.gathers = mb->ng, .prefetched = mb->prefetched,
+                                       .reduce_scatters = mb->nsc,
+                                       .peak_blocks = mb->peak_held};
         if (ok) {
             axc_mb_memory_clear(mb->mem);
             mb->mem->learned = mb->seq;
@@ -571,4 +622,157 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
     mb->nseq = 0;
     pthread_mutex_unlock(&mb->gmu);
     return ok ? first : AXC_OK;
+}
+
+/* ---- shared dW reduce-scatters ---- */
+
+void axc_mb_set_scatter_bound(axc_mb *mb, int bound) { mb->bound = bound < 0 ? 0 : bound; }
+
+int axc_mb_scatters(const axc_mb *mb) { return mb->nsc; }
+
+int axc_mb_scatter_result(const axc_mb *mb, int i, void **w, void **out)
+{
+    if (i < 0 || i >= mb->nsc)
+        return 0;
+    *w = mb->sc[i].w;
+    *out = mb->sc[i].out;
+    return mb->sc[i].status == AXC_OK;
+}
+
+static int find_part(axc_mb *mb, int layer, int use)
+{
+    for (int i = 0; i < mb->nparts; i++)
+        if (mb->parts[i].layer == layer && mb->parts[i].use == use)
+            return i;
+    if (grow((void **)&mb->parts, &mb->capparts, mb->nparts + 1, sizeof *mb->parts))
+        return -1;
+    scatter_part p = {.layer = layer, .use = use};
+    p.owners = calloc((size_t)mb->n, sizeof *p.owners);
+    p.blocks = calloc((size_t)mb->n, sizeof *p.blocks);
+    if (!p.owners || !p.blocks) {
+        free(p.owners);
+        free(p.blocks);
+        return -1;
+    }
+    mb->parts[mb->nparts] = p;
+    return mb->nparts++;
+}
+
+/* Sums the part's blocks into its first and starts the reduce-scatter (the lock held). */
+static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t elems)
+{
+    const void *shard;
+    size_t shard_elems;
+    axc_dtype dtype;
+    int device;
+    AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &shard_elems, &dtype, &device));
+    size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
+    if (device >= 0 || shard_elems * G != elems)
+        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: a host block of "
+                                         "%zu elements, expected %zu (the shard over %zu ranks)",
+                        p->layer, elems, shard_elems * G, G);
+    if (grow((void **)&mb->sc, &mb->capsc, mb->nsc + 1, sizeof *mb->sc))
+        return axc_fail(AXC_ERR_NOMEM, "shared dW reduce-scatters: out of memory");
+    void *s = let_go(mb); /* (a sum of whole weights: without the caller's lock) */
+    axc_reduce(dtype, AXC_RED_SUM, p->blocks[0], (const void *const *)p->blocks, p->count, elems,
+               1);
+    take_back(mb, s);
+    void *data, *out;
+    AXC_TRY(mb->ops.alloc(mb->ops.ctx, w, shard_elems, &data, &out));
+    axc_coll c = {.kind = AXC_COLL_REDUCE_SCATTER, .send = p->blocks[0], .recv = data,
+                  .count = shard_elems, .dtype = dtype, .op = AXC_RED_SUM, .device = -1};
+    int channel = axc_comm_thread_channel();
+    axc_work *work = NULL;
+    axc_status st = axc_comm_set_thread_channel(mb->comm, mb->n + 2);
+    if (st == AXC_OK) {
+        st = axc_comm_start(mb->comm, AXC_GROUP_DEPTH, &c, &work);
+        axc_status back = axc_comm_set_thread_channel(mb->comm, channel);
+        if (st == AXC_OK && back != AXC_OK) {
+            axc_work_free(work);
+            st = back;
+        }
+    }
+    if (st != AXC_OK) {
+        mb->ops.release(mb->ops.ctx, out);
+        return st;
+    }
+    mb->ops.retain(mb->ops.ctx, w);
+    mb->sc[mb->nsc++] = (scatter){.w = w, .out = out, .work = work,
+                                  .block_owner = p->owners[0], .held = 1};
+    p->owners[0] = NULL;
+    for (int k = 1; k < p->count; k++) /* (summed into the first) */
+        mb->ops.release(mb->ops.ctx, p->owners[k]);
+    p->count = 0;
+    return AXC_OK;
+}
+
+axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_owner,
+                          void *block, size_t elems)
+{
+    if (!mb->comm || !mb->mem)
+        return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter: the call has no communicator");
+    lock_gathers(mb);
+    int pi = find_part(mb, layer, use);
+    if (pi < 0) {
+        pthread_mutex_unlock(&mb->gmu);
+        return axc_fail(AXC_ERR_NOMEM, "shared dW reduce-scatters: out of memory");
+    }
+    scatter_part *p = &mb->parts[pi];
+    if (p->count == mb->n) { /* (the part of an earlier key that failed to start) */
+        pthread_mutex_unlock(&mb->gmu);
+        return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter of layer %d: more than %d "
+                                       "blocks", layer, mb->n);
+    }
+    mb->ops.retain(mb->ops.ctx, block_owner);
+    p->owners[p->count] = block_owner;
+    p->blocks[p->count++] = block;
+    if (p->count < mb->n) {
+        pthread_mutex_unlock(&mb->gmu);
+        return AXC_OK;
+    }
+    axc_status st = start_scatter(mb, p, w, elems);
+    /* let go of finished ones; past the bound, the oldest busy ones are waited for */
+    int busy = 0;
+    for (int i = 0; i < mb->nsc; i++)
+        busy += mb->sc[i].held && !axc_work_done(mb->sc[i].work);
+    int excess = busy > mb->bound ? busy - mb->bound : 0;
+    int retire[64], nretire = 0; /* (at most the blocks held: a few) */
+    for (int i = 0; i < mb->nsc && nretire < 64; i++) {
+        scatter *e = &mb->sc[i];
+        if (!e->held)
+            continue;
+        int done = axc_work_done(e->work);
+        if (done || excess > 0) {
+            excess -= !done;
+            e->held = 0;
+            retire[nretire++] = i;
+        }
+    }
+    int held = 0;
+    for (int i = 0; i < mb->nsc; i++)
+        held += mb->sc[i].held;
+    if (held > mb->peak_held)
+        mb->peak_held = held;
+    axc_work *works[64];
+    for (int k = 0; k < nretire; k++)
+        works[k] = mb->sc[retire[k]].work;
+    pthread_mutex_unlock(&mb->gmu);
+    /* the oldest first (they run in issue order); each left `held` once, so one thread waits
+     * for it here (close waits again: the result is kept, and frees it) */
+    axc_status ws[64];
+    void *s = nretire ? let_go(mb) : NULL;
+    for (int k = 0; k < nretire; k++)
+        ws[k] = axc_work_wait(works[k]);
+    if (nretire)
+        take_back(mb, s);
+    lock_gathers(mb);
+    for (int k = 0; k < nretire; k++) {
+        scatter *e = &mb->sc[retire[k]];
+        if (ws[k] != AXC_OK && e->status == AXC_OK)
+            e->status = ws[k];
+        mb->ops.release(mb->ops.ctx, e->block_owner);
+        e->block_owner = NULL;
+    }
+    pthread_mutex_unlock(&mb->gmu);
+    return st;
 }

@@ -56,16 +56,17 @@ void axc_py_microbatch_ops(axc_mb_ops *ops)
                         .release = release};
 }
 
-/* microbatch_begin(n, params, bucket_bytes): a run_concurrent call of n micro-batches whose
- * reducer sums `params` (a sequence of (parameter, groups) in the reducer's order; empty: no
- * reducer) in buckets of up to bucket_bytes */
+/* microbatch_begin(n, params, bucket_bytes, scatter_bound): a run_concurrent call of n
+ * micro-batches whose reducer sums `params` (a sequence of (parameter, groups) in the reducer's
+ * order; empty: no reducer) in buckets of up to bucket_bytes, holding at most scatter_bound
+ * summed dW blocks */
 static PyObject *py_begin(PyObject *self, PyObject *args)
 {
     (void)self;
-    int n;
+    int n, bound;
     PyObject *params;
     Py_ssize_t bytes;
-    if (!PyArg_ParseTuple(args, "iOn", &n, &params, &bytes))
+    if (!PyArg_ParseTuple(args, "iOni", &n, &params, &bytes, &bound))
         return NULL;
     if (bytes <= 0) {
         PyErr_Format(PyExc_ValueError, "microbatch_begin: bucket_bytes=%zd, expected > 0", bytes);
@@ -80,6 +81,7 @@ static PyObject *py_begin(PyObject *self, PyObject *args)
         Py_DECREF(seq);
         return axc_py_raise(st);
     }
+    axc_mb_set_scatter_bound(mb, bound);
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *pg = PySequence_Fast_GET_ITEM(seq, i), *p, *groups;
         if (!PyArg_ParseTuple(pg, "OO", &p, &groups))
@@ -204,14 +206,62 @@ static PyObject *py_close(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* microbatch_stats() -> the last call's {"gathers", "prefetched"} */
+/* microbatch_scatter(layer, use, w, block): a micro-batch's unreduced dW block of w, reduce-
+ * scattered once all n handed theirs in (axc_mb_scatter) */
+static PyObject *py_scatter(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int layer, use;
+    PyObject *w, *block;
+    if (!PyArg_ParseTuple(args, "iiOO", &layer, &use, &w, &block))
+        return NULL;
+    axc_mb *mb = call();
+    void *data;
+    size_t elems;
+    axc_dtype dt;
+    int dev;
+    if (!mb) {
+        PyErr_SetString(PyExc_RuntimeError, "microbatch_scatter: no run_concurrent call");
+        return NULL;
+    }
+    if (axc_py_read_tensor(block, "block", &data, &elems, &dt, &dev) < 0)
+        return NULL;
+    axc_status st = axc_mb_scatter(mb, layer, use, w, block, data, elems);
+    if (st != AXC_OK)
+        return PyErr_Occurred() ? NULL : axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* microbatch_scatters() -> [(w, reduced shard)] of the call's reduce-scatters that completed
+ * (after microbatch_close) */
+static PyObject *py_scatters(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    axc_mb *mb = call();
+    PyObject *l = PyList_New(0);
+    for (int i = 0; l && mb && i < axc_mb_scatters(mb); i++) {
+        void *w, *out;
+        if (!axc_mb_scatter_result(mb, i, &w, &out))
+            continue;
+        PyObject *t = Py_BuildValue("(OO)", (PyObject *)w, (PyObject *)out);
+        if (!t || PyList_Append(l, t) < 0)
+            Py_CLEAR(l);
+        Py_XDECREF(t);
+    }
+    return l;
+}
+
+/* microbatch_stats() -> the last call's {"gathers", "prefetched", "reduce_scatters",
+ * "peak_blocks"} */
 static PyObject *py_stats(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     axc_mb_stats st;
     axc_mb_memory_stats(axc_runtime_mb_memory(axc_py_runtime()), &st);
-    return Py_BuildValue("{sLsL}", "gathers", st.gathers, "prefetched", st.prefetched);
+    return Py_BuildValue("{sLsLsLsL}", "gathers", st.gathers, "prefetched", st.prefetched,
+                         "reduce_scatters", st.reduce_scatters, "peak_blocks", st.peak_blocks);
 }
 
 /* microbatch_learned() -> the learned order's weights (None: a per-call tensor, not kept) */
@@ -235,6 +285,8 @@ PyMethodDef axc_py_microbatch_methods[] = {
     {"microbatch_gather", py_gather, METH_VARARGS,
      "microbatch_gather(layer, phase, use, w, keep, numel) -> Tensor"},
     {"microbatch_close", py_close, METH_O, "microbatch_close(ok)"},
+    {"microbatch_scatter", py_scatter, METH_VARARGS, "microbatch_scatter(layer, use, w, block)"},
+    {"microbatch_scatters", py_scatters, METH_NOARGS, "microbatch_scatters() -> list"},
     {"microbatch_stats", py_stats, METH_NOARGS, "microbatch_stats() -> dict"},
     {"microbatch_learned", py_learned, METH_NOARGS, "microbatch_learned() -> list"},
     {"microbatch_begin", py_begin, METH_VARARGS,

@@ -59,8 +59,10 @@ typedef struct axc_mb_ops {
 typedef struct axc_mb_memory axc_mb_memory;
 
 typedef struct axc_mb_stats {
-    long long gathers;    /* shared gathers started */
-    long long prefetched; /* ... first asked for when already started */
+    long long gathers;         /* shared gathers started */
+    long long prefetched;      /* ... first asked for when already started */
+    long long reduce_scatters; /* shared dW reduce-scatters started */
+    long long peak_blocks;     /* summed dW blocks held at once, at most */
 } axc_mb_stats;
 
 axc_status axc_mb_memory_create(axc_mb_memory **out, const axc_mb_ops *ops);
@@ -105,7 +107,22 @@ int axc_mb_next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key);
 axc_status axc_mb_gather(axc_mb *mb, int layer, int phase, int use, void *w, int keep,
                          size_t numel, void **data, void **owner);
 
-/* After the threads joined: waits for prefetches nobody used (every rank started them), lets
+/* Shared dW reduce-scatters: one depth reduce-scatter of dW per (layer, use) for all n
+ * micro-batches. Each hands in its unreduced block (`block`, `elems` elements, kept allocated by
+ * `block_owner`, which the call takes a reference to); the last to arrive sums them into the
+ * first block and starts the reduce-scatter on the reduce-scatter channel (n + 2) into a buffer
+ * like `w` (last arrivals come in program order too, and the start happens under the lock that
+ * decided it). At most `bound` summed blocks stay referenced (axc_mb_set_scatter_bound, default
+ * 2): finished reduce-scatters let go of theirs, and past the bound the oldest is waited for. */
+void axc_mb_set_scatter_bound(axc_mb *mb, int bound);
+axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_owner,
+                          void *block, size_t elems);
+/* After axc_mb_close: the reduce-scatters started, and the i-th one's weight and reduced shard
+ * (a buffer owner the call holds); 0 when it failed. */
+int axc_mb_scatters(const axc_mb *mb);
+int axc_mb_scatter_result(const axc_mb *mb, int i, void **w, void **out);
+
+/* After the threads joined: waits for the reduce-scatters and for prefetches nobody used (every rank started them), lets
  * go of the buffers, records the counts and, when `ok`, makes this call's first-arrival order
  * the learned one. Returns the first failure of a wait when `ok`. */
 axc_status axc_mb_close(axc_mb *mb, int ok);
