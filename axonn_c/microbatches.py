@@ -15,19 +15,25 @@ thread). Inside a micro-batch thread the cross-layer scheduler's shared state st
 dW's depth reduce-scatter runs in the layer's backward, and gradients accumulate into .grad
 through autograd (which serialises the adds).
 
+The shared decisions are made in C (csrc/grads/microbatch.c, one call object held by the
+runtime); this module runs the threads (they run user Python), registers the autograd hook and
+makes thin calls.
+
 Depth gathers are shared: the first micro-batch to reach a layer (in a phase, for its k-th use
 there) all-gathers the weight on the gather channel (n + 1), the others wait for it and use the
 same buffer, which is dropped once all n have. The order of first arrivals is the order in
 which the uses first occur in the (identical) program of the threads, whichever thread gets
-there first, so every rank issues the gathers in the same order.
+there first, so every rank issues the gathers in the same order; the next call prefetches one
+ahead along it. dW's depth reduce-scatters are shared the same way (channel n + 2).
 
 Gradient sums: with `model=` the calling thread is a reducer on channel 0 while the
 micro-batches run. A post-accumulate hook counts, per parameter, the micro-batches whose
-gradient has arrived; the reducer walks the parameters in a fixed order (reverse registration,
-about the order backward finishes them), in buckets, and sums each bucket over its groups
-(sync_gradients' groups) as soon as all n micro-batches have added to it. The fixed order keeps
-the ranks' collectives matched whatever order the threads finish in. sync_gradients() then
-skips what is summed and only scales. Without `model=` everything is summed by sync_gradients.
+gradient has arrived; C buckets the parameters in a fixed order (reverse registration, about
+the order backward finishes them) and hands the reducer each bucket as soon as all n
+micro-batches have added to it, which it sums over its groups (sync_gradients' groups). The
+fixed order keeps the ranks' collectives matched whatever order the threads finish in.
+sync_gradients() then skips what is summed and only scales. Without `model=` everything is
+summed by sync_gradients.
 """
 from __future__ import annotations
 

@@ -182,6 +182,10 @@ void axc_mb_destroy(axc_mb *mb)
         return;
     if (!mb->closed)
         (void)axc_mb_close(mb, 0);
+    for (int i = 0; i < mb->nsc; i++) { /* (the results, kept for axc_mb_scatter_result) */
+        mb->ops.release(mb->ops.ctx, mb->sc[i].w);
+        mb->ops.release(mb->ops.ctx, mb->sc[i].out);
+    }
     for (int i = 0; i < mb->nparts; i++) {
         free(mb->parts[i].owners);
         free(mb->parts[i].blocks);
@@ -204,16 +208,6 @@ void axc_mb_destroy(axc_mb *mb)
 int axc_mb_n(const axc_mb *mb) { return mb->n; }
 int axc_mb_params(const axc_mb *mb) { return mb->np; }
 int axc_mb_buckets(const axc_mb *mb) { return mb->nb; }
-
-static int same_key(const axc_bucket_key *a, const axc_bucket_key *b)
-{
-    if (a->dtype != b->dtype || a->device != b->device || a->ngroups != b->ngroups)
-        return 0;
-    for (int i = 0; i < a->ngroups; i++)
-        if (a->groups[i] != b->groups[i])
-            return 0;
-    return 1;
-}
 
 static int grow(void **v, int *cap, int need, size_t size)
 {
@@ -252,7 +246,7 @@ axc_status axc_mb_add_param(axc_mb *mb, uintptr_t id, const axc_bucket_key *key,
             put(mb, i);
     }
     mb_bucket *last = mb->nb ? &mb->b[mb->nb - 1] : NULL;
-    if (!last || !same_key(&last->key, key) || last->bytes + bytes > mb->bucket_bytes) {
+    if (!last || !axc_bucket_key_same(&last->key, key) || last->bytes + bytes > mb->bucket_bytes) {
         if (grow((void **)&mb->b, &mb->capb, mb->nb + 1, sizeof *mb->b))
             return axc_fail(AXC_ERR_NOMEM, "micro-batch reducer: out of memory");
         last = &mb->b[mb->nb++];
