@@ -15,19 +15,25 @@ thread). Inside a micro-batch thread the cross-layer scheduler's shared state st
 dW's depth reduce-scatter runs in the layer's backward, and gradients accumulate into .grad
 through autograd (which serialises the adds).
 
+The shared decisions are made in C (csrc/grads/microbatch.c, one call object held by the
+runtime); this module runs the threads (they run user Python), registers the autograd hook and
+makes thin calls.
+
 Depth gathers are shared: the first micro-batch to reach a layer (in a phase, for its k-th use
 there) all-gathers the weight on the gather channel (n + 1), the others wait for it and use the
 same buffer, which is dropped once all n have. The order of first arrivals is the order in
 which the uses first occur in the (identical) program of the threads, whichever thread gets
-there first, so every rank issues the gathers in the same order.
+there first, so every rank issues the gathers in the same order; the next call prefetches one
+ahead along it. dW's depth reduce-scatters are shared the same way (channel n + 2).
 
 Gradient sums: with `model=` the calling thread is a reducer on channel 0 while the
 micro-batches run. A post-accumulate hook counts, per parameter, the micro-batches whose
-gradient has arrived; the reducer walks the parameters in a fixed order (reverse registration,
-about the order backward finishes them), in buckets, and sums each bucket over its groups
-(sync_gradients' groups) as soon as all n micro-batches have added to it. The fixed order keeps
-the ranks' collectives matched whatever order the threads finish in. sync_gradients() then
-skips what is summed and only scales. Without `model=` everything is summed by sync_gradients.
+gradient has arrived; C buckets the parameters in a fixed order (reverse registration, about
+the order backward finishes them) and hands the reducer each bucket as soon as all n
+micro-batches have added to it, which it sums over its groups (sync_gradients' groups). The
+fixed order keeps the ranks' collectives matched whatever order the threads finish in.
+sync_gradients() then skips what is summed and only scales. Without `model=` everything is
+summed by sync_gradients.
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import Tensor, nn
 
-from . import _C, comm, grads
+from . import _C, grads
 from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
 from .state import first_hook, is_initialized, microbatch_active, refuse_cuda, session
 
@@ -53,292 +59,88 @@ def caller_autocasts() -> list:
             for k in kinds]
 
 
-def _issue_on(channel: int, collective, *args):
-    """Starts collective(*args) asynchronously on `channel` (a shared one), then puts the
-    micro-batch thread back on its own channel."""
-    _C.set_thread_channel(channel)
-    try:
-        return collective(*args, async_op=True)
-    finally:
-        _C.set_thread_channel(session.thread.microbatch + 1)
-
-
-def _arrived(p: Tensor) -> None:
-    call = session.concurrent_call
-    if call is not None and call.reducer is not None and microbatch_active():
-        call.reducer.arrive(p)
-
-
-def _watch(p: nn.Parameter) -> None:
-    """Counts p's gradient arrivals (once per parameter; a deepcopy is watched again)."""
-    if first_hook(p, "arrivals"):
-        p.register_post_accumulate_grad_hook(_arrived)
-
-
-class _Gather:
-    __slots__ = ("out", "work", "ready", "error", "uses", "src")
-
-    def __init__(self, out: Tensor, work, src: Tensor):
-        self.out, self.work, self.src = out, work, src  # src: the shard it gathers
-        self.ready, self.error, self.uses = threading.Event(), None, 0
-
-
-class _Memory:
-    """What one run_concurrent call leaves for the next (one instance, `_memory`)."""
-
-    def __init__(self):
-        # The first-arrival order of the last call of this init (reset() at finalize): [(key,
-        # weight, numel)]. Strong references: whether a prefetch is issued must not depend on
-        # when a rank's garbage collector frees a discarded model (layer ids are reused, so an
-        # old model's keys can match a new one's).
-        self.learned: list = []
-        # the last call's shared gathers: issued, and first asked for when already started
-        self.last_gathers = {"gathers": 0, "prefetched": 0}
-        # the last call's shared dW reduce-scatters, and the most summed (full-size) blocks
-        # they held at once
-        self.last_scatters = {"reduce_scatters": 0, "peak_blocks": 0}
-
-
-_memory = _Memory()
 # summed dW blocks in flight at most: each is a whole unsharded weight, so without a bound a
 # call would hold the model's full gradient until its end, what depth sharding is there to avoid
 SCATTER_BLOCKS_IN_FLIGHT = 2
 
 
-class _Gathers:
-    """One depth all-gather per (layer, phase, use) for all n micro-batches, and the next one in
-    the order learned on the previous call started as soon as this one is first asked for."""
-
-    def __init__(self, n: int):
-        self.n, self.lock, self.live = n, threading.Lock(), {}
-        self.seq: list = []  # this call's first arrivals
-        self.issued: set = set()
-        self.arrived: set = set()
-        self.prefetched = 0
-        self.learned = list(_memory.learned)
-
-    def _start(self, key, w: Tensor, numel: int) -> _Gather:
-        """Starts the gather of `key` on the gather channel (self.lock held: issue order)."""
-        out = w.new_empty((numel,))
-        work = _issue_on(self.n + 1, comm.all_gather, out, w, "depth")
-        g = self.live[key] = _Gather(out, work, w)
-        self.issued.add(key)
-        return g
-
-    def get(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
-        uses = session.thread.uses
-        k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
-        key = (layer, phase, k)
-        with self.lock:  # first arrivals start their gathers in the order they arrive
-            first = key not in self.arrived
-            self.arrived.add(key)
-            g = self.live.get(key)
-            if first and g is not None and g.src is not w:  # prefetched from another tensor
-                g.work.wait()
-                g = None
-            if g is None:
-                g = self._start(key, w, numel)
-            elif first:
-                self.prefetched += 1
-            if first:
-                j = len(self.seq)
-                # a per-call cast (autocast) can never match on the next call: not kept alive
-                self.seq.append((key, w if w.is_leaf else None, numel))
-                # prefetch the successor, if this call follows the learned order so far (the
-                # same key for the same tensor)
-                if (j + 1 < len(self.learned) and self.learned[j][0] == key
-                        and self.learned[j][1] is w):
-                    nkey, nw, nnumel = self.learned[j + 1]
-                    if nw is not None and nkey not in self.issued:
-                        self._start(nkey, nw, nnumel)
-        if first:
-            try:
-                g.work.wait()
-            except BaseException as e:
-                g.error = e
-                raise
-            finally:
-                g.ready.set()
-        else:
-            g.ready.wait()
-            if g.error is not None:
-                raise RuntimeError(f"the shared depth all-gather of this layer failed: "
-                                   f"{g.error}") from g.error
-        with self.lock:
-            g.uses += 1
-            if g.uses == self.n:
-                del self.live[key]
-        return g.out
-
-    def close(self, ok: bool) -> None:
-        """Waits for prefetches nobody used (every rank issued them), remembers the order."""
-        for g in list(self.live.values()):
-            if not g.ready.is_set():
-                try:
-                    g.work.wait()
-                except BaseException:
-                    if ok:
-                        raise
-        self.live.clear()
-        _memory.last_gathers.update(gathers=len(self.issued), prefetched=self.prefetched)
-        if ok:
-            _memory.learned[:] = self.seq
+def last_gathers() -> dict:
+    """The last call's shared depth all-gathers: {"gathers": started, "prefetched": first asked
+    for when already started (along the order learned on the call before)}."""
+    st = _C.microbatch_stats()
+    return {"gathers": st["gathers"], "prefetched": st["prefetched"]}
 
 
-def reset() -> None:
-    """At finalize: the learned order holds the last call's weights."""
-    _memory.learned.clear()
+def learned_weights() -> list:
+    """The weights of the learned gather order, in order (None: a per-call tensor, not kept)."""
+    return _C.microbatch_learned()
 
 
-class _Scatter:
-    __slots__ = ("param", "out", "work", "block")
-
-    def __init__(self, param: Tensor, out: Tensor, work, block: Tensor):
-        self.param, self.out, self.work, self.block = param, out, work, block
-
-
-class _Scatters:
-    """One depth reduce-scatter of dW per (layer, use) for all n micro-batches: each hands in
-    its unreduced block, the last to arrive sums them and starts the reduce-scatter on a channel
-    of its own (last arrivals come in program order too); the shard is added to .grad when the
-    call ends. Only for weights the reducer does not sum: it counts autograd's accumulations,
-    which these gradients bypass. At most SCATTER_BLOCKS_IN_FLIGHT summed blocks stay alive:
-    finished reduce-scatters release theirs, and past the bound the oldest is waited for."""
-
-    def __init__(self, n: int):
-        self.n, self.lock, self.live = n, threading.Lock(), {}
-        self.pending: List[_Scatter] = []  # every reduce-scatter of the call, for close()
-        self.held: List[_Scatter] = []  # those whose summed block nobody has released yet
-        self.peak = 0
-
-    def add(self, layer: int, p: Tensor, block: Tensor) -> None:
-        uses = session.thread.uses
-        k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
-        with self.lock:
-            blocks = self.live.setdefault((layer, k), [])
-            blocks.append(block)
-            if len(blocks) < self.n:
-                return
-            del self.live[(layer, k)]
-        total = blocks[0]
-        for b in blocks[1:]:
-            total.add_(b)
-        out = p.new_empty(p.shape)
-        work = _issue_on(self.n + 2, comm.reduce_scatter, out, total, "depth")
-        with self.lock:
-            new = _Scatter(p, out, work, total)
-            self.pending.append(new)
-            self.held.append(new)
-            # release the finished ones, and wait for the oldest past the bound; each entry
-            # leaves `held` once, so one thread waits for it (not two at once on one Work)
-            done, busy = [], []
-            for e in self.held:
-                (done if e.work.is_completed() else busy).append(e)
-            keep = max(len(busy) - SCATTER_BLOCKS_IN_FLIGHT, 0)
-            retire, self.held = done + busy[:keep], busy[keep:]
-            self.peak = max(self.peak, len(self.held))
-        for e in retire:  # the oldest first; the reduce-scatters run in issue order
-            e.work.wait()
-            e.block = None
-
-    @torch.no_grad()
-    def close(self, ok: bool) -> None:
-        """Waits for the reduce-scatters and adds each shard to its parameter's .grad."""
-        _memory.last_scatters.update(reduce_scatters=len(self.pending), peak_blocks=self.peak)
-        for e in self.pending:
-            try:
-                e.work.wait()
-            except BaseException:
-                if ok:
-                    raise
-                continue
-            if ok:
-                if e.param.grad is None:
-                    e.param.grad = e.out
-                else:
-                    e.param.grad.add_(e.out)
-        self.pending.clear()
+def last_scatters() -> dict:
+    """The last call's shared dW reduce-scatters: {"reduce_scatters", "peak_blocks": the most
+    summed blocks held at once}."""
+    st = _C.microbatch_stats()
+    return {"reduce_scatters": st["reduce_scatters"], "peak_blocks": st["peak_blocks"]}
 
 
 class _Call:
     """The running run_concurrent call (session.concurrent_call): what axonn_c.Linear's calls on
     the micro-batch threads share."""
 
-    def __init__(self, n: int, reducer: Optional["_Reducer"]):
-        self.reducer, self.gathers, self.scatters = reducer, _Gathers(n), _Scatters(n)
+    def __init__(self, reducer: Optional["_Reducer"]):
+        self.reducer = reducer
 
     def scatter_block(self, w: Tensor, numel: int) -> Optional[Tensor]:
         """A buffer for w's unreduced dW block ([numel]) when its depth reduce-scatter is shared
-        (see _Scatters), else None (the layer reduce-scatters itself)."""
+        (reduce_scatter), else None (the layer reduce-scatters itself)."""
         if not (w.is_leaf and w.requires_grad):
             return None
-        if self.reducer is not None and w in self.reducer.params:
+        if _C.microbatch_reduces(w):
             return None
         return w.new_empty((numel,))
 
     def reduce_scatter(self, layer: int, w: Tensor, block: Tensor) -> None:
-        self.scatters.add(layer, w, block)
+        """Hands in this micro-batch's unreduced dW block of w: the last of the n to arrive sums
+        them and starts one depth reduce-scatter (csrc/grads/microbatch.c); the shard is added
+        to .grad when the call ends. Only for weights the reducer does not sum: it counts
+        autograd's accumulations, which these gradients bypass."""
+        uses = session.thread.uses
+        k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
+        _C.microbatch_scatter(layer, k, w, block)
 
     def gather(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
-        """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches."""
-        return self.gathers.get(layer, phase, w, numel)
+        """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches
+        (one gather per (layer, phase, use); csrc/grads/microbatch.c)."""
+        uses = session.thread.uses
+        k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
+        # a per-call cast (autocast) can never match on the next call: not kept alive
+        return _C.microbatch_gather(layer, phase == "bwd", k, w, w.is_leaf, numel)
 
 
 class _Reducer:
-    """Sums the model's gradients over their groups, bucket by bucket in a fixed order, each as
-    soon as every micro-batch has added its part (runs on the calling thread, channel 0)."""
+    """Sums the model's gradients over their groups (runs on the calling thread, channel 0).
+    C (csrc/grads/microbatch.c) buckets the parameters in a fixed order, counts the
+    micro-batches' arrivals and hands out each bucket once all n have added to it."""
 
-    def __init__(self, model: nn.Module, n: int):
+    def __init__(self, model: nn.Module):
         replicated = _replicated_groups(_model_expert_mode(model, None))
-        self.n, self.cv = n, threading.Condition()
-        self.count: dict = {}
-        self.finished = 0
-        self.stop = False
-        self.buckets: List[tuple] = []  # (groups, [params])
-        self.params: set = set()
-        key, nbytes = None, 0
+        self.params: List[tuple] = []  # (parameter, groups) in the reducer's order
         for p in reversed([p for p in model.parameters() if p.requires_grad]):
             groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
-            if not groups:
-                continue
-            grads.check_unsynced(p)
-            _watch(p)
-            self.params.add(p)
-            size = p.numel() * p.element_size()
-            k = (groups, p.dtype, p.device)
-            if self.buckets and k == key and nbytes + size <= session.bucket_bytes:
-                self.buckets[-1][1].append(p)
-                nbytes += size
-            else:
-                self.buckets.append((groups, [p]))
-                key, nbytes = k, size
-
-    def arrive(self, p: Tensor) -> None:
-        with self.cv:
-            c = self.count[p] = self.count.get(p, 0) + 1
-            if c >= self.n:
-                self.cv.notify_all()
-
-    def thread_done(self, failed: bool) -> None:
-        with self.cv:
-            self.finished += 1
-            self.stop = self.stop or failed
-            self.cv.notify_all()
-
-    def _ready(self, params) -> bool:
-        return self.stop or self.finished == self.n or all(
-            self.count.get(p, 0) >= self.n for p in params)
+            if groups:
+                grads.check_unsynced(p)
+                if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
+                    p.register_post_accumulate_grad_hook(_C.microbatch_arrive)
+                self.params.append((p, groups))
 
     def run(self) -> None:
-        for groups, params in self.buckets:
-            with self.cv:
-                self.cv.wait_for(lambda: self._ready(params))
-                if self.stop:
-                    return
-            have = [p for p in params if p.grad is not None]
+        while (bucket := _C.microbatch_next_bucket()) is not None:
+            first, count = bucket
+            have = [(p, g) for p, g in self.params[first:first + count] if p.grad is not None]
             if have:
-                grads.reduce_now([p.grad for p in have], groups, None)
-                for p in have:
+                groups = have[0][1]
+                grads.reduce_now([p.grad for p, _ in have], groups, None)
+                for p, _ in have:
                     grads.mark_summed(p, groups)
 
 
@@ -382,7 +184,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             raise ValueError(f"run_concurrent splits inputs into {n} micro-batches along dim "
                              f"{dim}, but got an input of shape {list(t.shape)}")
     grads.finish()  # nothing deferred may still be in flight on channel 0
-    reducer = _Reducer(model, n) if model is not None and _C.grad_sync_enabled() else None
+    reducer = _Reducer(model) if model is not None and _C.grad_sync_enabled() else None
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]
     args = [[p[i] if p is not None else v for p, v in zip(pieces, inputs)] for i in range(n)]
     results: List[Any] = [None] * n
@@ -406,12 +208,13 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         finally:
             session.thread.microbatch = None
             _C.microbatch_thread(False)
-            if reducer is not None:
-                reducer.thread_done(errors[i] is not None)
+            _C.microbatch_thread_done(errors[i] is not None)
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    call = session.concurrent_call = _Call(n, reducer)
+    _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes,
+                        SCATTER_BLOCKS_IN_FLIGHT)
+    session.concurrent_call = _Call(reducer)
     try:
         for t in threads:
             t.start()
@@ -421,10 +224,18 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         for t in threads:
             t.join()
         session.concurrent_call = None
-        gathers, scatters = call.gathers, call.scatters
         ok = all(e is None for e in errors)
-        gathers.close(ok)
-        scatters.close(ok)
+        try:  # reduce-scatters and unused prefetches waited for, the gather order learned
+            _C.microbatch_close(ok)
+            if ok:
+                with torch.no_grad():
+                    for w, shard in _C.microbatch_scatters():
+                        if w.grad is None:
+                            w.grad = shard.view_as(w)
+                        else:
+                            w.grad.add_(shard.view_as(w))
+        finally:
+            _C.microbatch_end()
     for e in errors:
         if e is not None:
             raise e

@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _C, grads, microbatches, validate
+from . import _C, grads, validate
 from . import compression as compression_policy
 from .bootstrap import InitStore, env_store
 from .state import Grid, configure_scheduler, grid, is_initialized, knobs_changed, session
@@ -216,7 +216,6 @@ def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
     session.epoch += 1
     session.microbatches, session.placement = 1, None
-    microbatches.reset()
     if is_initialized():
         try:  # what still writes into tensors grads keeps alive completes before they go
             _C.sched_finish()

@@ -126,12 +126,10 @@ def test_module_state_is_named_here():
     assert state == EXPECTED_STATE
 
 
-# what init() set; the layers' call
-# memos; what one run_concurrent call leaves the next; AxoNN's module attributes
+# what init() set; the layers' call memos; AxoNN's module attributes
 EXPECTED_STATE = {
     "state.py": ["session"],
     "linear.py": ["_cache"],
-    "microbatches.py": ["_memory"],
     "axonn.py": ["comm_handle", "config", "is_initialized"],
 }
 

@@ -37,7 +37,7 @@ struct axc_buckets {
     int pass; /* passes with buckets since the last axc_buckets_new_step */
 };
 
-static int same_key(const axc_bucket_key *a, const axc_bucket_key *b)
+int axc_bucket_key_same(const axc_bucket_key *a, const axc_bucket_key *b)
 {
     if (a->dtype != b->dtype || a->device != b->device || a->ngroups != b->ngroups)
         return 0;
@@ -165,7 +165,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
     AXC_TRY(check_key(key));
     int open = -1;
     for (int i = 0; i < b->n; i++)
-        if (b->v[i].state == BUCKET_OPEN && same_key(&b->v[i].key, key)) {
+        if (b->v[i].state == BUCKET_OPEN && axc_bucket_key_same(&b->v[i].key, key)) {
             open = i;
             break;
         }

@@ -17,6 +17,8 @@ axc_comm *axc_py_comm(void);
 axc_sched *axc_py_sched(void);
 /* py_grads.c: the runtime's buffer and keep-alive ops (torch tensors, Python references) */
 void axc_py_grads_runtime_ops(axc_runtime_ops *ops);
+/* py_microbatch.c: run_concurrent's gathered buffers and weight references */
+void axc_py_microbatch_ops(axc_mb_ops *ops);
 
 /* Exception types created in module.c. */
 extern PyObject *axc_py_CommError;        /* RuntimeError: a peer died, the backend failed */
@@ -40,11 +42,14 @@ extern PyMethodDef axc_py_compress_methods[];
 extern PyMethodDef axc_py_grads_methods[];
 extern PyMethodDef axc_py_records_methods[];
 extern PyMethodDef axc_py_grad_hook_methods[];
+extern PyMethodDef axc_py_microbatch_methods[];
 
 /* shared by the gradient bindings (py_grads.c, py_records.c) */
 typedef axc_status (*bucket_fn)(axc_buckets *, int);
 PyObject *axc_py_bucket_op(PyObject *bucket, bucket_fn fn); /* fn on a bucket, then due sums */
 PyObject *axc_py_grad_buckets_finish(void);                 /* _C.grad_buckets_finish() */
+/* py_grads.c: the bucket key of gradients like `like` summed over `groups` (names) */
+int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */
 
 /* Types registered on the module (each file adds its own). */

@@ -85,6 +85,7 @@ void axc_py_grads_runtime_ops(axc_runtime_ops *ops)
     ops->release_kept = release_owner;
     ops->hooks = (axc_runtime_hooks){gil_release, gil_acquire, NULL};
     ops->bucket_bytes = 4u << 20;
+    axc_py_microbatch_ops(&ops->microbatch);
 }
 
 /* Starts every sum that came due, in the engine's order; -1 with the exception set. */
@@ -99,7 +100,7 @@ static int start_due(void)
     return 0;
 }
 
-static int parse_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
+int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
 {
     PyObject *dt = PyObject_GetAttr(like, s_dtype);
     PyObject *dts = dt ? PyObject_Str(dt) : NULL;
@@ -156,7 +157,7 @@ static PyObject *py_take(PyObject *self, PyObject *args)
         return NULL;
     }
     axc_buckets *b = buckets();
-    if (!b || parse_key(like, groups, &key) < 0)
+    if (!b || axc_py_bucket_key(like, groups, &key) < 0)
         return NULL;
     (void)axc_buckets_set_bytes(b, (size_t)bytes);
     int id;

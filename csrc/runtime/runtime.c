@@ -13,6 +13,8 @@ struct axc_runtime {
     axc_buckets *buckets;
     axc_keeps *keeps;
     axc_grad_records *records;
+    axc_mb *mb; /* the running run_concurrent call, or NULL */
+    axc_mb_memory *mbmem; /* what the calls learned (NULL without the ops) */
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
@@ -49,6 +51,12 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
         st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
     if (st == AXC_OK)
         st = axc_records_create(&rt->records, ops->release_kept, ops->kept_ctx);
+    if (st == AXC_OK && ops->microbatch.alloc) {
+        axc_mb_ops mo = ops->microbatch;
+        mo.blocking_begin = ops->hooks.blocking_begin;
+        mo.blocking_end = ops->hooks.blocking_end;
+        st = axc_mb_memory_create(&rt->mbmem, &mo);
+    }
     if (st != AXC_OK) {
         axc_runtime_destroy(rt);
         return st;
@@ -62,6 +70,8 @@ void axc_runtime_destroy(axc_runtime *rt)
     if (!rt)
         return;
     axc_runtime_close(rt);
+    axc_runtime_mb_end(rt);
+    axc_mb_memory_destroy(rt->mbmem);
     axc_records_destroy(rt->records);
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
@@ -107,6 +117,7 @@ axc_status axc_runtime_close(axc_runtime *rt)
                                        "thread, or re-entered while it waits for the ranks)");
     axc_comm *comm = rt->comm;
     axc_sched *sched = rt->sched;
+    axc_mb_memory_clear(rt->mbmem); /* (the learned order holds the last call's weights) */
     rt->comm = NULL;
     rt->sched = NULL;
     void *b = blocking_begin(rt);
@@ -186,4 +197,23 @@ int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const ax
         if (axc_grid_group_size(grid, groups->g[i]) > 1)
             return 1;
     return 0;
+}
+
+axc_status axc_runtime_mb_begin(axc_runtime *rt, int n, size_t bucket_bytes, axc_mb **out)
+{
+    if (rt->mb)
+        return axc_fail(AXC_ERR_STATE, "run_concurrent is already running: one call at a time");
+    AXC_TRY(axc_mb_create(&rt->mb, n, bucket_bytes, rt->comm, rt->comm ? rt->mbmem : NULL));
+    if (out)
+        *out = rt->mb;
+    return AXC_OK;
+}
+
+axc_mb *axc_runtime_mb(const axc_runtime *rt) { return rt ? rt->mb : NULL; }
+axc_mb_memory *axc_runtime_mb_memory(const axc_runtime *rt) { return rt ? rt->mbmem : NULL; }
+
+void axc_runtime_mb_end(axc_runtime *rt)
+{
+    axc_mb_destroy(rt->mb);
+    rt->mb = NULL;
 }

@@ -143,7 +143,7 @@ def check_shared_gathers(g, n):
     # the next call prefetches along the learned order: every gather but the first is started
     # before any micro-batch asks for it
     axonn_c.run_concurrent(lambda xb: model(xb).sum().backward(), x)
-    st = axonn_c.microbatches._memory.last_gathers
+    st = axonn_c.microbatches.last_gathers()
     assert st == {"gathers": 2 * len(model.layers), "prefetched": 2 * len(model.layers) - 1}, \
         f"rank {g.rank}: {st}"
     axonn_c.sync_gradients(model)
@@ -207,7 +207,7 @@ def check_scatter_blocks_bounded(sizes, n):
     finally:
         cc.SCATTER_BLOCKS_IN_FLIGHT = default
     axonn_c.sync_gradients(model)
-    st = cc._memory.last_scatters
+    st = cc.last_scatters()
     assert st == {"reduce_scatters": len(model.layers), "peak_blocks": 1}, \
         f"rank {g.rank}: {st}, expected {len(model.layers)} reduce-scatters, 1 block held"
     axonn_c.finalize()
@@ -232,7 +232,7 @@ def check_autocast(g, n):
         axonn_c.sync_gradients(model)
     assert all(y.dtype == torch.bfloat16 for y in ys), f"{what}: {[y.dtype for y in ys]}"
     # the learned gather order does not keep the calls' bf16 weight copies alive
-    kept = [w for _, w, _ in axonn_c.microbatches._memory.learned]
+    kept = axonn_c.microbatches.learned_weights()
     assert all(w is None or w.is_leaf for w in kept), f"{what}: per-call casts kept alive"
     (serial_forward(refs, X) * dY).sum().backward()
     for m, r in zip(model.layers, refs):

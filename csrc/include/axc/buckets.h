@@ -32,6 +32,9 @@ typedef struct axc_bucket_key {
     axc_group_kind groups[AXC_BUCKET_MAX_GROUPS];
 } axc_bucket_key;
 
+/* Whether two keys hold the same gradients (dtype, device, groups in order). */
+int axc_bucket_key_same(const axc_bucket_key *a, const axc_bucket_key *b);
+
 typedef struct axc_bucket_ops {
     /* A flat buffer of `elems` elements for `key`: its address and a handle that keeps it
      * allocated until release(owner). */

@@ -20,6 +20,7 @@
 #include "axc/buckets.h"
 #include "axc/comm.h"
 #include "axc/keeps.h"
+#include "axc/microbatch.h"
 #include "axc/records.h"
 #include "axc/sched.h"
 #include "axc/status.h"
@@ -39,6 +40,9 @@ typedef struct axc_runtime_ops {
                                                      * gradient records held */
     void *kept_ctx;
     axc_runtime_hooks hooks;
+    /* run_concurrent's gathered buffers and weight references (its blocking hooks: `hooks`);
+     * all NULL: no shared gathers */
+    axc_mb_ops microbatch;
     size_t bucket_bytes;                            /* the initial gradient bucket size */
 } axc_runtime_ops;
 
@@ -85,6 +89,14 @@ void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
 int axc_runtime_overlap_data(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
+
+/* The running run_concurrent call (axc/microbatch.h), one at a time: begin makes it over the
+ * open communicator (AXC_ERR_STATE while one runs), end destroys it (no-op when none). NULL
+ * when none runs. The memory the calls learn into is kept until the communicator closes. */
+axc_status axc_runtime_mb_begin(axc_runtime *rt, int n, size_t bucket_bytes, axc_mb **out);
+axc_mb *axc_runtime_mb(const axc_runtime *rt);
+void axc_runtime_mb_end(axc_runtime *rt);
+axc_mb_memory *axc_runtime_mb_memory(const axc_runtime *rt); /* NULL without the ops */
 
 /* Nothing pending: no gradient record, taken .grad, held backward result or open bucket. */
 int axc_runtime_grads_idle(const axc_runtime *rt);
