@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import _C, comm, grads, replicate, validate
 from . import compression as compression_policy
 from .comm import _stream
-from .state import OVERLAP_KNOBS, grid, grid_sizes, microbatch_active, refuse_cuda, session
+from .state import OVERLAP_KNOBS, grid, microbatch_active, refuse_cuda, session
 
 _EASY, _EXPERT = 0, 1
 
@@ -392,14 +392,6 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
 _plain_apply = super(torch.autograd.Function, _PlainLinear).apply
 
 
-def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int, place: tuple) -> Tensor:
-    # (an eager handle here while compiling: torch.compile skipped Linear.forward and traces
-    # this function alone; the eager path keeps the scheduler's semantics)
-    if torch.compiler.is_compiling() and call.layer < 0:
-        return _linear_fwd(x, w, b, list(call.cfg), list(place))[0]
-    return _EagerLinear.apply(x, w, b, call, hold)
-
-
 def _knob(name: str) -> property:
     """A per-layer overlap knob (None: inherited); setting it drops the layer's plain-call memo,
     which was decided with the old value."""
@@ -761,8 +753,10 @@ class Linear(nn.Module):
                     f"depth codec {depth[0]!r}) is not supported under torch.compile: a "
                     "compiled graph keeps no residual; pass compression={'depth': {'codec': "
                     f"{depth[0]!r}, 'error_feedback': False}}}} or run the model eagerly")
-            call = self._handle(x2.dtype, use_bias, (ov_ar, ov_rs, chunks))
-            y = linear_op(x2, w, bc, call, 0, self._placed_on)
+            # (the handle's ints, written out: nothing of C may run while torch.compile traces;
+            # the op maps them to the handle when the graph runs, _op_call)
+            cfg = [*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks]
+            y = _linear_fwd(x2, w, bc, cfg, list(self._placed_on))[0]
         else:
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast;
             # (a knob that asks for the scheduler: the handle refuses a CUDA graph capture)
@@ -778,7 +772,7 @@ class Linear(nn.Module):
             else:
                 if call.layer < 0:
                     call.layer = self._layer_id()
-                y = linear_op(x2, w, bc, call, hold, self._placed_on)
+                y = _EagerLinear.apply(x2, w, bc, call, hold)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
         if self.skip_bias_add:
