@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import _C, comm, grads, replicate, validate
 from . import compression as compression_policy
 from .comm import _stream
-from .state import OVERLAP_KNOBS, grid, grid_sizes, microbatch_active, refuse_cuda, session
+from .state import OVERLAP_KNOBS, grid, microbatch_active, refuse_cuda, session
 
 _EASY, _EXPERT = 0, 1
 
@@ -30,8 +30,8 @@ class _Caches:
     """Per-process memos of the layer calls (one instance, `_cache`)."""
 
     def __init__(self):
-        self.desc: dict = {}  # (cfg, dtype) -> the description tuple the C calls take
-        self.shapes: dict = {}  # (desc, rows, epoch) -> _C.linear_shapes
+        # (cfg, dtype, epoch) -> the C handle the custom ops' ints stand for (torch.compile)
+        self.op_calls: dict = {}
         # the scheduler reads a layer's last-seen shard when it prefetches: kept alive per id
         self.keep: dict = {}
         self.layer_id_lock = threading.Lock()  # one scheduler id per layer, across threads
@@ -39,11 +39,6 @@ class _Caches:
 
 _cache = _Caches()
 
-# cfg: (in_features, out_features, transpose, has_bias, layout[, overlap_all_reduce,
-#       overlap_reduce_scatter, fwd_chunks, scheduled, overlap_data, layer_id, defer_wgrad,
-#       hold])
-_SCHED, _OV_DATA, _LAYER, _DEFER_DW, _HOLD = 8, 9, 10, 11, 12
-_CODECS = 13  # [13:20]: the layer's own codecs (Linear.compression), compression.layer_codec_ints
 # hold bits (axonn_c.Sequential's chunk pipelining, axonn_c/chunking.py): a direct child leaves
 # its forward all-reduce of y (HOLD_FWD) and its dX all-reduce (HOLD_BWD) in flight for the next
 # consumer to await; every Linear call while a container pipelines on this thread is one of
@@ -61,33 +56,19 @@ def hold_flags(layer) -> int:
     return HOLD_CHUNK if session.thread.hold_depth else 0
 
 
-def _hold(cfg) -> int:
-    return cfg[_HOLD] if len(cfg) > _HOLD else 0
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype)[6:]  # torch.float32 -> "float32"
 
 
-def _desc(cfg, dtype: torch.dtype) -> tuple:
-    """The layer description the C functions take, memoised (this runs on every call)."""
-    key = (*cfg, dtype)
-    d = _cache.desc.get(key)
-    if d is None:
-        in_f, out_f, transpose, has_bias, layout, *knobs = cfg
-        ov_ar, ov_rs, chunks, scheduled = (*knobs, 0, 0, 1, 0)[:4] if knobs else (0, 0, 1, 0)
-        defer_dw = len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW])
-        d = _cache.desc[key] = (in_f, out_f, bool(transpose), bool(has_bias), layout,
-                                str(dtype)[6:], bool(ov_ar), bool(ov_rs), chunks, bool(scheduled),
-                                defer_dw) + ((tuple(cfg[_CODECS:]),) if len(cfg) > _CODECS else ())
-    return d
-
-
-
-
-def _sched_args(w: Tensor, cfg) -> tuple:
-    """(layer id, weight version, prefetch_ok) for the C call."""
-    if len(cfg) <= _LAYER:
-        return (-1, 0, False)
-    if cfg[_SCHED]:
-        _cache.keep[cfg[_LAYER]] = w
-    return (cfg[_LAYER], w._version, bool(cfg[_SCHED]))
+def _op_call(cfg: List[int], dtype: torch.dtype):
+    """The C handle a custom op's ints (Linear._handle's cfg) stand for, per init()."""
+    key = (*cfg, dtype, session.epoch)
+    call = _cache.op_calls.get(key)
+    if call is None:
+        if len(_cache.op_calls) > 4096:
+            _cache.op_calls.clear()
+        call = _cache.op_calls[key] = _C.LinearCall(cfg, _dtype_name(dtype))
+    return call
 
 
 def _placement() -> tuple:
@@ -104,18 +85,17 @@ def _forget(layer_id: int, ep: int) -> None:
         session.dw_residuals.pop(layer_id, None)  # (an id reused by another layer starts at 0)
 
 
-def _dw_residual(desc: tuple, cfg, s: dict, dy: Tensor, trains: Callable[[], bool]
-                 ) -> Optional[Tensor]:
+def _dw_residual(call, dy: Tensor, trains: Callable[[], bool]) -> Optional[Tensor]:
     """The error-feedback residual of this layer's depth dW reduce-scatter, or None where the
-    call needs none: C decides (_C.linear_dw_residual_elems: Gd > 1, a compressed float32
+    call needs none: C decides (call.dw_residual_elems: Gd > 1, a compressed float32
     reduce-scatter with error feedback on). It is the training state of the layer, kept across
     steps in session.dw_residuals by the layer's scheduler id (cleared at init and finalize,
     like the buckets' residuals; compression.compression_state names them by module), and
     starts again from zeros when its size or device changes. A call without a layer id (a
     torch.compile graph) has none: the C call then refuses error feedback by name."""
-    if s["depth_size"] == 1 or dy.dtype != torch.float32 or len(cfg) <= _LAYER:
+    if call.shapes["depth_size"] == 1 or dy.dtype != torch.float32 or call.layer < 0:
         return None
-    n = _C.linear_dw_residual_elems(desc, _dev(dy))
+    n = call.dw_residual_elems(_dev(dy))
     if not n:
         return None
     if microbatch_active() or not trains():
@@ -125,160 +105,110 @@ def _dw_residual(desc: tuple, cfg, s: dict, dy: Tensor, trains: Callable[[], boo
         # does a dW that no .grad receives (torch.autograd.grad, a frozen weight) spend the
         # training residual
         return dy.new_zeros(n)
-    r = session.dw_residuals.get(cfg[_LAYER])
+    r = session.dw_residuals.get(call.layer)
     if r is None or r.numel() != n or r.device != dy.device:
-        r = session.dw_residuals[cfg[_LAYER]] = dy.new_zeros(n)
+        r = session.dw_residuals[call.layer] = dy.new_zeros(n)
     return r
 
 
-def _shapes(desc: tuple, rows: int) -> dict:
-    """_C.linear_shapes, memoised per init() (session.epoch changes at init and finalize)."""
-    key = (desc, rows, session.epoch)
-    s = _cache.shapes.get(key)
-    if s is None:
-        if len(_cache.shapes) > 4096:
-            _cache.shapes.clear()
-        s = _cache.shapes[key] = _C.linear_shapes(desc, rows)
-    return s
-
-
-def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int]):
-    """x: [rows, features] -> (y, saved); saved is what backward needs besides x (easy layout;
-    empty in the expert layout)."""
-    desc = _desc(cfg, x.dtype)
-    rows = x.shape[0]
-    t_max = _C.linear_plane_tokens(desc, rows, _dev(x), _stream(x)) if cfg[4] == _EASY else rows
-    s = _shapes(desc, t_max)
-    if w.numel() != s["shard"]:  # (a layer built for another grid, reached without the check)
-        raise RuntimeError(f"axonn_c.Linear({cfg[0]}, {cfg[1]}): the weight shard has "
-                           f"{w.numel()} elements, the current grid needs {s['shard']}; build "
-                           "the layer after init(), or move its weights with full_state_dict()")
-    if cfg[4] == _EASY:
-        y = x.new_empty((rows, cfg[1]))
-        saved = x.new_empty((s["saved_rows"], s["saved_cols"]))
-    else:  # backward reads x itself
-        y = x.new_empty((rows, s["n_local"]))
-        saved = None
-    n_ws = s["workspace_elems"]
-    ws_t = x.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
-    ws = ws_t.data_ptr() if n_ws else 0
-    wf = _shared_gather(w, cfg, s, "fwd")  # kept alive until the C call returns
-    _C.linear_forward(desc, _dev(x), _stream(x), rows, t_max, x.data_ptr(), w.data_ptr(),
-                      b.data_ptr() if b is not None else 0, y.data_ptr(),
-                      saved.data_ptr() if saved is not None else 0, ws, *_sched_args(w, cfg),
-                      wf.data_ptr() if wf is not None else 0, bool(_hold(cfg) & HOLD_FWD))
-    if _hold(cfg) & HOLD_FWD:  # y may still be written by its all-reduce (axonn_c.Sequential)
+def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int = 0):
+    """x: [rows, features] -> (y, saved) through the layer's C handle `call`; saved is what
+    backward needs besides x (easy layout; None in the expert layout). The handle checks the
+    shard against the grid and allocates the outputs."""
+    if call.scheduled and call.layer >= 0:
+        _cache.keep[call.layer] = w
+    wf = _shared_gather(w, call, "fwd")  # kept alive until the C call returns
+    y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), wf, bool(hold & HOLD_FWD))
+    if hold & HOLD_FWD:  # y may still be written by its all-reduce (axonn_c.Sequential)
         grads.keep_output(_C.sched_counters()[1], y)
     return y, saved
 
 
-def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=None,
-                   need_dx: bool = True, trains: Callable[[], bool] = lambda: True):
+def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, call,
+                   hold: int = 0, param=None, need_dx: bool = True,
+                   trains: Callable[[], bool] = lambda: True):
     """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
-    parameter itself, eager mode with deferral on) dW is deferred: it is completed into
-    param.grad at the end of backward (axonn_c/grads.py) and dw is None. need_dx=False (the
+    parameter itself, eager mode, when _deferred_param says so) dW is deferred: it is completed
+    into param.grad at the end of backward (axonn_c/grads.py) and dw is None. need_dx=False (the
     input needs no gradient, e.g. a first layer on raw data): no dX GEMM and no dX collectives,
     dx is None."""
-    desc = _desc(cfg, dy.dtype)
-    dy = dy.contiguous()
-    rows = x.shape[0]
-    t_max = rows
-    s = _shapes(desc, rows)
-    if cfg[4] == _EASY:
-        t_max = saved.shape[0] // (s["gin_size"] * s["gout_size"])
-        s = _shapes(desc, t_max)
-    dx = torch.empty_like(x) if need_dx else None
-    db = dy.new_empty((s["n_local"],)) if cfg[3] else None
-    n_ws = s["workspace_elems"]
-    ws_t = dy.new_empty((n_ws,)) if n_ws else None  # kept alive until the C call returns
-    ws = ws_t.data_ptr() if n_ws else 0
-    src = saved if cfg[4] == _EASY else x
-    chunk = param is not None and bool(_hold(cfg) & HOLD_CHUNK)
+    dy = dy.contiguous()  # (kept alive below: the one the C call reads)
+    s = call.shapes
+    chunk = param is not None and bool(hold & HOLD_CHUNK)
+    dw = fold = None
     if chunk:  # the chunks of axonn_c.Sequential accumulate dW in the GEMM (grads.chunk_prepare)
-        dw, fold = grads.chunk_prepare(param, s["shard"], bool(cfg[_OV_DATA]))
+        dw, fold = grads.chunk_prepare(param, s["shard"], call.overlap_data)
     elif param is not None:
-        dw, fold, replace, bucket = grads.prepare(param, s["shard"], bool(cfg[_OV_DATA]))
-    if param is not None:
-        tail = (*_sched_args(w, cfg), True, fold.data_ptr() if fold is not None else 0)
-    else:
-        dw, tail = torch.empty_like(w), (*_sched_args(w, cfg), False, 0)
-    wf = _shared_gather(w, cfg, s, "bwd")  # kept alive until the C call returns
+        dw, fold, replace, bucket = grads.prepare(param, s["shard"], call.overlap_data)
+    wf = _shared_gather(w, call, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
-    dwf = _shared_scatter_block(w, cfg, s) if param is None else None
-    hold = need_dx and bool(_hold(cfg) & HOLD_BWD)
-    res = _dw_residual(desc, cfg, s, dy, trains) if dwf is None else None
-    task = _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(),
-                              w.data_ptr(), dy.data_ptr(), dx.data_ptr() if need_dx else 0,
-                              dw.data_ptr(),
-                              db.data_ptr() if db is not None else 0, ws, *tail,
-                              wf.data_ptr() if wf is not None else 0,
-                              dwf.data_ptr() if dwf is not None else 0, hold,
-                              res.data_ptr() if res is not None else 0)
+    dwf = _shared_scatter_block(w, call) if param is None else None
+    hold = need_dx and bool(hold & HOLD_BWD)
+    res = _dw_residual(call, dy, trains) if dwf is None else None
+    # (dw given: deferred, the handle hands its completion to the scheduler)
+    dx, dw, db, ws_t, task = call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), dw,
+                                           fold, wf, dwf, res, hold)
     if hold:  # dx may still be written by its all-reduce: kept until the latest result is done
         grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
-        session.concurrent_call.reduce_scatter(cfg[_LAYER], w, dwf)
+        session.concurrent_call.reduce_scatter(call.layer, w, dwf)
         return dx, None, db
     if chunk:  # (no dW GEMM task: chunk calls run it in the call, G_d == 1: no reduce-scatter)
         grads.chunk_done(param)
         return dx, None, db
     if param is not None:
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
-            grads.keep_for_task(task, (dy, src, dw, fold, ws_t))
+            grads.keep_for_task(task, (dy, x, saved, dw, fold, ws_t))
         # the reduce-scatter reads the workspace and the residual (which a size or device change,
         # init or the layer's end may drop from the session meanwhile) and writes dw until
         # grads.finish()
         grads.add(param, dw, (ws_t, fold, res) if s["depth_size"] > 1 else (fold,), replace,
                   bucket)
         return dx, None, db
-    if len(cfg) > _LAYER and cfg[_SCHED]:
+    if call.scheduled and call.layer >= 0:
         grads.queue_finish()  # the end of backward ends the scheduler's step
     return dx, dw, db
 
 
-def _shares_depth(cfg, s: dict) -> bool:
+def _deferred_param(param, call, hold: int):
+    """`param` when this backward hands its dW to the deferred completion (grads.prepare /
+    grads.add), else None. C decides from the layer, its knobs and the grid (call.defers, as
+    csrc/layers/linear.c's backward); Python adds what only autograd knows: the weight is the
+    leaf parameter itself (not a per-call cast) and the pass accumulates into .grad (not
+    torch.autograd.grad)."""
+    if param is None or call.layer < 0 or not param.requires_grad:
+        return None
+    mb = microbatch_active()
+    if mb and not hold:  # autograd accumulates each micro-batch's dW (microbatches.py)
+        grads.check_unsynced(param)
+    return param if call.defers(bool(hold), mb) and grads.accumulates(param) else None
+
+
+def _shares_depth(call) -> bool:
     """An unscheduled depth-sharded call on a micro-batch thread of run_concurrent: its depth
     traffic is shared by the micro-batches (axonn_c/microbatches.py)."""
-    return (s["depth_size"] > 1 and len(cfg) > _LAYER and not cfg[_SCHED]
+    return (call.shapes["depth_size"] > 1 and call.layer >= 0 and not call.scheduled
             and session.concurrent_call is not None and microbatch_active())
 
 
-def _shared_gather(w: Tensor, cfg, s: dict, phase: str) -> Optional[Tensor]:
+def _shared_gather(w: Tensor, call, phase: str) -> Optional[Tensor]:
     """The weight gathered over depth once for all micro-batches, or None (the call gathers it
     itself)."""
-    if not _shares_depth(cfg, s):
+    if not _shares_depth(call):
         return None
-    return session.concurrent_call.gather(cfg[_LAYER], phase, w, s["shard"] * s["depth_size"])
+    s = call.shapes
+    return session.concurrent_call.gather(call.layer, phase, w, s["shard"] * s["depth_size"])
 
 
-def _shared_scatter_block(w: Tensor, cfg, s: dict) -> Optional[Tensor]:
+def _shared_scatter_block(w: Tensor, call) -> Optional[Tensor]:
     """A buffer for dW's unreduced block when the micro-batches share its depth reduce-scatter,
     or None (the call reduce-scatters it itself)."""
-    if not _shares_depth(cfg, s):
+    if not _shares_depth(call):
         return None
     if not grads.accumulates(w):  # torch.autograd.grad wants dW handed back
         return None
+    s = call.shapes
     return session.concurrent_call.scatter_block(w, s["shard"] * s["depth_size"])
-
-
-def _defers(w: Tensor, cfg) -> bool:
-    """Whether this backward hands dW to the scheduler: eager mode, the weight is the parameter
-    itself (not a per-call cast), there is a deferred reduction or a deferred dW GEMM
-    (defer_wgrad) to run, and the pass accumulates into .grad (not torch.autograd.grad)."""
-    if len(cfg) <= _LAYER or not (w.is_leaf and w.requires_grad):
-        return False
-    if _hold(cfg):  # one call per chunk: the chunks accumulate into one gradient (grads.py)
-        return grads.accumulates(w)
-    if microbatch_active():  # autograd accumulates each micro-batch's dW (microbatches.py)
-        grads.check_unsynced(w)
-        return False
-    g_data, g_r, g_c, g_d = grid_sizes()
-    # defer_wgrad as csrc/layers/linear.c's defers_dw: under a dX reduction of a tensor-parallel
-    # grid, and not with depth sharding
-    defer_dw = (len(cfg) > _DEFER_DW and bool(cfg[_DEFER_DW]) and bool(cfg[5]) and g_d == 1
-                and g_r * g_c > 1)
-    return (((bool(cfg[6]) and g_d > 1) or (bool(cfg[_OV_DATA]) and g_data > 1) or defer_dw)
-            and grads.accumulates(w))  # torch.autograd.grad wants dW handed back
 
 
 def _placement_error(in_f: int, out_f: int, placed_on: tuple, now: Optional[tuple]) -> str:
@@ -309,13 +239,13 @@ def _check_place(cfg, place) -> None:
 def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int],
                 place: List[int]) -> Tuple[Tensor, Tensor]:
     _check_place(cfg, place)
-    y, saved = _forward_impl(x, w, b, cfg)
+    y, saved = _forward_impl(x, w, b, _op_call(cfg, x.dtype))
     return y, (saved if saved is not None else x.new_empty((0,)))
 
 
 @_linear_fwd.register_fake
 def _(x, w, b, cfg, place):
-    s = _shapes(_desc(cfg, x.dtype), x.shape[0])
+    s = _op_call(cfg, x.dtype).shapes_for(x.shape[0])
     if cfg[4] == _EASY:
         return x.new_empty((x.shape[0], cfg[1])), x.new_empty((s["saved_rows"], s["saved_cols"]))
     return x.new_empty((x.shape[0], s["n_local"])), x.new_empty((0,))
@@ -342,14 +272,14 @@ _stale_layer.register_autograd(lambda ctx, g: (None, None, None, None))
 def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[int],
                 need_dx: bool, place: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
     _check_place(cfg, place)
-    dx, dw, db = _backward_impl(dy, x, saved, w, cfg, None, need_dx)
+    dx, dw, db = _backward_impl(dy, x, saved, w, _op_call(cfg, dy.dtype), need_dx=need_dx)
     return ((dx if dx is not None else dy.new_empty((0,))), dw,
             (db if db is not None else dy.new_empty((0,))))
 
 
 @_linear_bwd.register_fake
 def _(dy, x, saved, w, cfg, need_dx, place):
-    s = _shapes(_desc(cfg, dy.dtype), x.shape[0])
+    s = _op_call(cfg, dy.dtype).shapes
     return (torch.empty_like(x) if need_dx else dy.new_empty((0,)), torch.empty_like(w),
             dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
 
@@ -376,10 +306,10 @@ class _EagerLinear(torch.autograd.Function):
     path (tens of microseconds less per call). torch.compile uses the custom ops above."""
 
     @staticmethod
-    def forward(ctx, x, w, b, cfg):
-        y, saved = _forward_impl(x, w, b, cfg)
+    def forward(ctx, x, w, b, call, hold):
+        y, saved = _forward_impl(x, w, b, call, hold)
         ctx.save_for_backward(x, saved, w)
-        ctx.cfg, ctx.has_bias = cfg, b is not None
+        ctx.call, ctx.hold, ctx.has_bias = call, hold, b is not None
         # the weight as passed (the Parameter, or a per-call cast): a deferred gradient goes to
         # its .grad. Not the saved tensor: under torch.utils.checkpoint(use_reentrant=False) that
         # is a recomputed alias, whose .grad nobody reads
@@ -389,17 +319,16 @@ class _EagerLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
-        cfg = ctx.cfg
-        param = ctx.param
+        call, hold, param = ctx.call, ctx.hold, ctx.param
         # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
-        dx, dw, db = _backward_impl(dy, x, saved, w, cfg,
-                                    param if param is not None and _defers(param, cfg) else None,
+        dx, dw, db = _backward_impl(dy, x, saved, w, call, hold,
+                                    _deferred_param(param, call, hold),
                                     ctx.needs_input_grad[0],
                                     # whether a .grad receives this dW (asked only when a
                                     # residual is kept; a per-call cast: the training step's)
                                     lambda: ctx.needs_input_grad[1] and (
                                         param is None or grads.accumulates(param)))
-        return dx, dw, (db if ctx.has_bias else None), None
+        return dx, dw, (db if ctx.has_bias else None), None, None
 
 
 # whether the layer's C handle reads the device and torch's current CUDA stream itself (torch's
@@ -416,6 +345,11 @@ def _dev_stream(t: Tensor) -> tuple:
     return d, (None if _TORCH_STREAMS else _stream(t))
 
 
+def _dev_stream_or_c(t: Tensor) -> tuple:
+    """The handle's (device, stream) arguments: (None, None) where it reads them itself."""
+    return (None, None) if _C_PICKS_STREAM else _dev_stream(t)
+
+
 _CAPTURE_REFUSAL = (
     "axonn_c.Linear cannot be captured in a CUDA graph with the cross-layer scheduler on (its "
     "prefetch order, gradient buckets and deferred dW GEMMs are decided at run time): set "
@@ -424,7 +358,8 @@ _CAPTURE_REFUSAL = (
 
 
 class _PlainLinear(torch.autograd.Function):
-    """An eager call with nothing cross-layer to do (Linear._plain_call): forward and backward
+    """An eager call with nothing cross-layer to do (a self-contained handle, outside chunk
+    pipelining and micro-batches, Linear._forward): forward and backward
     are one C call each through the layer's handle, which allocates the outputs and (where it
     can: _C_PICKS_STREAM) reads the device and torch's current stream itself."""
 
@@ -455,14 +390,6 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
 # torch's C apply without Function.apply's Python wrapper (functorch unwrapping, default
 # arguments): a few microseconds per call that _PlainLinear does not need
 _plain_apply = super(torch.autograd.Function, _PlainLinear).apply
-
-
-def linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], cfg, place: tuple) -> Tensor:
-    # (an eager cfg here while compiling: torch.compile skipped Linear.forward and traces this
-    # function alone; the eager path keeps the scheduler's semantics)
-    if torch.compiler.is_compiling() and len(cfg) <= _SCHED:
-        return _linear_fwd(x, w, b, list(cfg), list(place))[0]
-    return _EagerLinear.apply(x, w, b, cfg)
 
 
 def _knob(name: str) -> property:
@@ -538,7 +465,7 @@ class Linear(nn.Module):
         self._cfg = [self.in_features, self.out_features, int(self.transpose), int(bias),
                      _EXPERT if self.expert_mode else _EASY]
         # raises before init()
-        s = self._shard_shapes = _C.linear_shapes(_desc(self._cfg, dtype), 0)
+        s = self._shard_shapes = _C.LinearCall(self._cfg, _dtype_name(dtype)).shapes
         self._placed_on, self._epoch = _placement(), session.epoch
         if s["gin_size"] * s["gout_size"] == 1:
             # no feature sharding: both layouts hold full features and this rank's tokens, so
@@ -567,7 +494,7 @@ class Linear(nn.Module):
         """What sync_gradients, clip_grad_norm_ and the gradient hooks read off the parameters.
         Also run on a copy: copy.deepcopy of a Parameter keeps only its data, and neither a
         deepcopy nor torch.load restores hooks."""
-        self._plain_memo = None  # (new parameters: decide again)
+        self._plain_memo = self._calls = None  # (new parameters, maybe another device: again)
         w, b = self.weight, self.bias
         w._axonn_grad_groups = ("data",)
         w._axonn_deferred = True  # its gradient goes through grads.prepare/add
@@ -601,9 +528,10 @@ class Linear(nn.Module):
 
     def __getstate__(self):
         state = super().__getstate__()
-        if "_plain_memo" in state:  # (a C handle: not picklable; the copy makes its own)
-            state = dict(state)
-            del state["_plain_memo"]
+        if "_plain_memo" in state or "_calls" in state:  # (C handles: not picklable; the copy
+            state = dict(state)                             # makes its own)
+            state.pop("_plain_memo", None)
+            state.pop("_calls", None)
         return state
 
     def __setstate__(self, state):
@@ -617,13 +545,13 @@ class Linear(nn.Module):
         """After a new init() (or in a copy): the shards must be this rank's on this grid."""
         _placement()  # raises: no init()
         _check_place(self._cfg, self._placed_on)
-        self._shard_shapes = _C.linear_shapes(_desc(self._cfg, self.weight.dtype), 0)
+        self._shard_shapes = _C.LinearCall(self._cfg, _dtype_name(self.weight.dtype)).shapes
         self._epoch = session.epoch
         self._tag_parameters()  # (a larger world than the layer was built in needs the hooks)
 
     @property
     def _shapes(self) -> dict:
-        """The shard's shapes and this rank's place (_C.linear_shapes), checked against the
+        """The shard's shapes and this rank's place (_C.LinearCall.shapes), checked against the
         current grid once per init() in eager mode (compiled code: forward)."""
         if self._epoch != session.epoch and not torch.compiler.is_compiling():
             self._check_placement()
@@ -811,15 +739,9 @@ class Linear(nn.Module):
                 grads.expect_chunk(w)  # its backward joins the pass's chunk record early
             if x.dtype != in_dtype or not x.is_contiguous():
                 hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
-        if (x.is_cuda and (ov_ag or ov_rs or ov_data or defer_dw)
-                and torch.cuda.is_current_stream_capturing()):
-            raise RuntimeError(_CAPTURE_REFUSAL)
-        codecs = self._codecs()
-        plain = None if torch.compiler.is_compiling() or codecs else self._plain_call(
-            x.dtype, use_bias, (ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw), hold)
-        if plain is not None:  # nothing cross-layer to do: one C call each way
-            y = _PlainLinear.apply(x2, w, b if use_bias else None, plain)
-        elif torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
+        bc = b if use_bias else None  # (the bias the C call adds)
+        if torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
+            codecs = self._codecs()
             if codecs:
                 raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
                                           "supported under torch.compile yet")
@@ -831,14 +753,26 @@ class Linear(nn.Module):
                     f"depth codec {depth[0]!r}) is not supported under torch.compile: a "
                     "compiled graph keeps no residual; pass compression={'depth': {'codec': "
                     f"{depth[0]!r}, 'error_feedback': False}}}} or run the model eagerly")
-            cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks)
-            y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
+            # (the handle's ints, written out: nothing of C may run while torch.compile traces;
+            # the op maps them to the handle when the graph runs, _op_call)
+            cfg = [*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks]
+            y = _linear_fwd(x2, w, bc, cfg, list(self._placed_on))[0]
         else:
-            # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast
-            scheduled = ov_ag and w is self.weight
-            cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks,
-                   int(scheduled), ov_data, self._layer_id(), defer_dw, hold) + codecs
-            y = linear_op(x2, w, b if use_bias else None, cfg, self._placed_on)
+            # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast;
+            # (a knob that asks for the scheduler: the handle refuses a CUDA graph capture)
+            call = self._handle(x2.dtype, use_bias, (ov_ar, ov_rs, chunks,
+                                                     int(ov_ag and w is self.weight), ov_data,
+                                                     defer_dw), self._codecs(),
+                                bool(ov_ag or ov_rs or ov_data or defer_dw))
+            if call.self_contained and not hold and not microbatch_active():
+                # nothing cross-layer to do: one C call each way (and the next call of the same
+                # kind takes forward's shortcut)
+                self._remember_plain(call, x2.dtype, use_bias, w)
+                y = _PlainLinear.apply(x2, w, bc, call)
+            else:
+                if call.layer < 0:
+                    call.layer = self._layer_id()
+                y = _EagerLinear.apply(x2, w, bc, call, hold)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
         if self.skip_bias_add:
@@ -890,43 +824,37 @@ class Linear(nn.Module):
             out.append(int(v))
         return tuple(out)
 
-    _plain_memo = None
+    _plain_memo = _calls = None
     # its depth dW reduce-scatter may keep an error-feedback residual (_dw_residual): how
     # compression.compression_state(model) finds the layers
     _keeps_depth_residual = True
 
-    def _plain_call(self, dtype, use_bias, knobs: tuple, hold: int):
-        """The layer's C handle (_C.LinearCall) when this call needs nothing cross-layer: no
-        chunk pipelining or concurrent micro-batch, no scheduled depth gather, no deferred dW
-        (reduce-scatter, data-parallel bucket or dW GEMM); else None. Kept per init() and knob
-        setting: the same decision as _defers and linear.c's defers_dw, made once."""
-        if hold or microbatch_active():
-            return None
-        ov_ar, ov_rs, chunks, ov_ag, ov_data, defer_dw = knobs
-        g_data, g_r, g_c, g_d = grid_sizes()
-        if ((ov_ag or ov_rs) and g_d > 1) or (ov_data and g_data > 1) or (
-                defer_dw and ov_ar and g_d == 1 and g_r * g_c > 1):
-            return None
-        if g_d > 1 and dtype is torch.float32 and _C.linear_dw_residual_elems(
-                _desc(self._cfg, dtype), _dev(self.weight)):
-            return None  # (its depth dW reduce-scatter keeps an error-feedback residual)
-        memo = self._plain_memo
-        key = (session.epoch, session.knobs_version)
-        if (memo is not None and memo[0] == key and memo[1] is dtype
-                and memo[4] == (use_bias, knobs)):
-            return memo[3]
-        # (a knob that asks for the scheduler: the handle refuses a CUDA graph capture, as the
-        # general path does)
-        refuse = _CAPTURE_REFUSAL if (ov_ag or ov_rs or ov_data or defer_dw) else None
-        call = _C.LinearCall((*self._cfg[:3], bool(use_bias), self._cfg[4], str(dtype)[6:],
-                              bool(ov_ar), bool(ov_rs), chunks), refuse)
-        w = self.weight
-        if use_bias == (self.bias is not None and not self.skip_bias_add) and w.dtype is dtype:
+    def _handle(self, dtype, use_bias: bool, knobs: tuple, codecs: tuple = (),
+                refuse_capture: bool = False):
+        """The layer's C handle (_C.LinearCall) for these knobs ((overlap_all_reduce,
+        overlap_reduce_scatter, fwd_chunks[, scheduled, overlap_data, defer_wgrad]): eager
+        calls name all six, compiled ones the first three), dtype, bias use and codecs; made
+        once per init() and knob setting and kept on the layer."""
+        memo, key = self._calls, (session.epoch, session.knobs_version)
+        if memo is None or memo[0] != key:
+            memo = self._calls = (key, {})
+        k = (dtype, use_bias, knobs, codecs, refuse_capture)
+        call = memo[1].get(k)
+        if call is None:
+            cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], *knobs, *codecs)
+            call = memo[1][k] = _C.LinearCall(cfg, _dtype_name(dtype), _dev(self.weight),
+                                              _CAPTURE_REFUSAL if refuse_capture else None)
+        return call
+
+    def _remember_plain(self, call, dtype, use_bias: bool, w: Tensor) -> None:
+        """Keeps a self-contained handle for forward's shortcut when this call is the common
+        one: the layer's own parameters in their dtype."""
+        if (use_bias == (self.bias is not None and not self.skip_bias_add) and w.dtype is dtype
+                and w is self._parameters.get("weight")):
             # (forward's check: input features, device)
             want = self._shapes["k_local"] if self.expert_mode else self.in_features
-            self._plain_memo = (key, dtype, want, call, (use_bias, knobs), w, self.bias,
-                                self.skip_bias_add)
-        return call
+            self._plain_memo = ((session.epoch, session.knobs_version), dtype, want, call,
+                                use_bias, w, self.bias, self.skip_bias_add)
 
     _sched_key = None
 

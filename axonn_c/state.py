@@ -51,7 +51,7 @@ class Session:
     overlap_defaults: dict = field(default_factory=_knobs_off)
     overlap_overrides: dict = field(default_factory=dict)
     # changes whenever overlap_defaults or overlap_overrides do: keys what a layer decided from
-    # them (Linear._plain_call)
+    # them (Linear._handle, Linear._plain_memo)
     knobs_version: int = 0
     sizes: tuple = None  # (epoch, (G_data, G_intra_r, G_intra_c, G_intra_d))
     microbatches: int = 1  # concurrent_microbatches of the current init (microbatches.py)

@@ -582,6 +582,33 @@ static axc_status dw_finish(ctx *c, bwd_bufs *w, const void *dy, int64_t rows, a
     return coll_finish(&rs, st);
 }
 
+/* ------------------------------------------------------------------ deferral */
+
+/* The grid's part of defers_dw (below): a dW GEMM task is deferred only where a later dX
+ * reduction can hide it (overlap_all_reduce, a tensor-parallel grid) and no depth
+ * reduce-scatter follows it. */
+static int defers_gemm_on(const axc_grid *g, const axc_linear_desc *d)
+{
+    return d->defer_dw_gemm && d->overlap_all_reduce && g->G_d == 1 && g->G_r * g->G_c > 1;
+}
+
+int axc_linear_defers(const axc_grid *g, const axc_linear_desc *d, int facts)
+{
+    if (facts & AXC_LINEAR_HOLD)
+        return 1;
+    if (facts & AXC_LINEAR_MICROBATCH)
+        return 0;
+    return (d->overlap_reduce_scatter && g->G_d > 1) || (d->overlap_data && g->G_data > 1) ||
+           defers_gemm_on(g, d);
+}
+
+int axc_linear_self_contained(const axc_comm *comm, const axc_linear_desc *d, int device)
+{
+    const axc_grid *g = axc_comm_grid(comm);
+    return !d->own_codecs && !axc_linear_defers(g, d, 0) && !(d->scheduled && g->G_d > 1) &&
+           !(d->dtype == AXC_DT_F32 && dw_error_feedback(comm, d, device));
+}
+
 /* ------------------------------------------------------------------ deferred dW GEMM */
 
 /* A layer's dW GEMM, run later by the scheduler: what it reads and writes, copied out of the
@@ -607,13 +634,13 @@ static axc_status dw_task_run(void *arg)
 /* Whether this backward hands its dW GEMM to the scheduler. Only where a later dX reduction can
  * hide it (overlap_all_reduce, a tensor-parallel grid: else nothing runs the queue before the
  * end of backward, and the tensors it reads pile up), and not when a depth reduce-scatter
- * follows it, which should start as early as it can; nor without dX (no reduction in this
- * layer). axonn_c/linear.py's _defers mirrors this (but for the dX case: the layer then
- * computes dW in the call, which the caller's bookkeeping allows). */
+ * follows it, which should start as early as it can (defers_gemm_on, which
+ * axc_linear_defers uses too); nor without dX (no reduction in this layer: the layer then
+ * computes dW in the call, which the caller's deferred bookkeeping allows). */
 static int defers_dw(const ctx *c)
 {
-    return c->d->defer_dw_gemm && c->io->defer && c->io->dx && c->d->overlap_all_reduce &&
-           !c->io->hold_result && c->s.depth_size == 1 && c->s.gin_size * c->s.gout_size > 1;
+    return c->io->defer && c->io->dx && !c->io->hold_result &&
+           defers_gemm_on(axc_comm_grid(c->comm), c->d);
 }
 
 static axc_status dw_defer(ctx *c, bwd_bufs *w, const void *dy, const void *x, int64_t rows)

@@ -33,7 +33,7 @@ PyObject *axc_py_raise(axc_status status)
 }
 
 static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
-                                    axc_py_linear_methods, axc_py_gemm_methods,
+                                    axc_py_gemm_methods,
                                     axc_py_timeline_methods, axc_py_sched_methods,
                                     axc_py_compress_methods, axc_py_grads_methods,
                                     axc_py_records_methods, axc_py_grad_hook_methods,

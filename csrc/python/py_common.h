@@ -34,7 +34,6 @@ int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *num
 /* Method tables, each NULL-terminated, one per binding file. */
 extern PyMethodDef axc_py_comm_methods[];
 extern PyMethodDef axc_py_model_methods[];
-extern PyMethodDef axc_py_linear_methods[];
 extern PyMethodDef axc_py_gemm_methods[];
 extern PyMethodDef axc_py_timeline_methods[];
 extern PyMethodDef axc_py_sched_methods[];

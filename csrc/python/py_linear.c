@@ -1,68 +1,60 @@
-/* Bindings of the sharded linear layer: parse ints (pointers, shapes, flags), hand off to
- * csrc/layers/linear.c with the GIL released. Tensor-level checks happen in axonn_c/linear.py,
- * which allocates outputs and workspace with torch's allocator. */
+/* The layer description of axonn_c._C.LinearCall (py_linear_call.c): parsed once, when a
+ * Linear makes its handle, from a sequence of ints (axonn_c/linear.py Linear._handle). */
 #include <stdint.h>
 
 #include "axc/linear.h"
 #include "py_common.h"
 
-
-/* The layer's own codecs: None (the communicator's policy) or (depth codec, depth block, row
- * codec, row block, col codec, col block[, depth error feedback]) as ints
- * (axonn_c/compression.py layer_codec_ints). */
-static int parse_layer_codecs(PyObject *o, axc_linear_desc *d)
+/* cfg: (in_features, out_features, transpose, has_bias, layout[, overlap_all_reduce,
+ *       overlap_reduce_scatter, fwd_chunks[, scheduled, overlap_data, defer_dw_gemm[,
+ *       depth codec, depth block, row codec, row block, col codec, col block,
+ *       depth error feedback]]]): 5, 8, 11 or 18 ints; the last 7 are the layer's own codecs
+ * (axonn_c/compression.py layer_codec_ints), without them the communicator's policy. */
+int axc_py_parse_linear_desc(PyObject *cfg, const char *dtype, axc_linear_desc *d)
 {
-    d->own_codecs = 0;
-    d->depth_error_feedback = 0;
-    if (!o || o == Py_None)
-        return 0;
-    static const axc_group_kind groups[3] = {AXC_GROUP_DEPTH, AXC_GROUP_ROW, AXC_GROUP_COL};
-    int v[6], ef = 0;
-    if (!PyArg_ParseTuple(o, "iiiiii|p;a layer's codecs are 6 ints and a bool", &v[0], &v[1],
-                          &v[2], &v[3], &v[4], &v[5], &ef))
+    PyObject *seq = PySequence_Fast(cfg, "LinearCall: cfg must be a sequence of ints");
+    if (!seq)
         return -1;
-    d->depth_error_feedback = ef;
-    for (int i = 0; i < 3; i++) {
-        axc_status st = axc_codec_check((axc_codec)v[2 * i], v[2 * i + 1], NULL);
-        if (st != AXC_OK) {
-            axc_py_raise(st);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    long long v[18] = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+    if (n != 5 && n != 8 && n != 11 && n != 18) {
+        PyErr_Format(PyExc_TypeError, "LinearCall: cfg has 5, 8, 11 or 18 ints, got %zd", n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        v[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
             return -1;
         }
-        d->codec[groups[i]] = (axc_codec)v[2 * i];
-        d->block[groups[i]] = v[2 * i + 1];
     }
-    d->own_codecs = 1;
-    return 0;
-}
-
-/* desc tuple: (in_features, out_features, transpose, has_bias, layout, dtype name
- *              [, overlap_all_reduce, overlap_reduce_scatter, fwd_chunks, scheduled,
- *               defer_dw_gemm, codecs]) */
-int axc_py_parse_linear_desc(PyObject *t, axc_linear_desc *d)
-{
-    long long in, out;
-    int transpose, has_bias, layout, ov_ar = 0, ov_rs = 0, chunks = 1, scheduled = 0, dw = 0;
-    const char *dtype;
-    PyObject *codecs = NULL;
-    if (!PyArg_ParseTuple(t, "LLppis|ppippO", &in, &out, &transpose, &has_bias, &layout, &dtype,
-                          &ov_ar, &ov_rs, &chunks, &scheduled, &dw, &codecs) ||
-        parse_layer_codecs(codecs, d) < 0)
-        return -1;
-    if (chunks < 0 || chunks > 64) {
-        PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %d",
-                     chunks);
+    Py_DECREF(seq);
+    if (v[7] < 0 || v[7] > 64) {
+        PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %lld",
+                     v[7]);
         return -1;
     }
-    d->scheduled = scheduled;
-    d->defer_dw_gemm = dw;
-    d->overlap_all_reduce = ov_ar;
-    d->overlap_reduce_scatter = ov_rs;
-    d->fwd_chunks = chunks;
-    d->in_features = in;
-    d->out_features = out;
-    d->transpose = transpose;
-    d->has_bias = has_bias;
-    d->layout = layout ? AXC_LAYOUT_EXPERT : AXC_LAYOUT_EASY;
+    *d = (axc_linear_desc){.in_features = v[0], .out_features = v[1], .transpose = !!v[2],
+                           .has_bias = !!v[3],
+                           .layout = v[4] ? AXC_LAYOUT_EXPERT : AXC_LAYOUT_EASY,
+                           .overlap_all_reduce = !!v[5], .overlap_reduce_scatter = !!v[6],
+                           .fwd_chunks = (int)v[7], .scheduled = !!v[8], .overlap_data = !!v[9],
+                           .defer_dw_gemm = !!v[10]};
+    if (n == 18) {
+        static const axc_group_kind groups[3] = {AXC_GROUP_DEPTH, AXC_GROUP_ROW, AXC_GROUP_COL};
+        for (int i = 0; i < 3; i++) {
+            axc_status st = axc_codec_check((axc_codec)v[11 + 2 * i], (int)v[12 + 2 * i], NULL);
+            if (st != AXC_OK) {
+                axc_py_raise(st);
+                return -1;
+            }
+            d->codec[groups[i]] = (axc_codec)v[11 + 2 * i];
+            d->block[groups[i]] = (int)v[12 + 2 * i];
+        }
+        d->own_codecs = 1;
+        d->depth_error_feedback = !!v[17];
+    }
     axc_status st = axc_dtype_from_name(dtype, &d->dtype);
     if (st != AXC_OK) {
         axc_py_raise(st);
@@ -81,21 +73,11 @@ axc_comm *axc_py_linear_comm(void)
     return c;
 }
 
-/* linear_shapes(desc, rows) -> dict */
-static PyObject *py_linear_shapes(PyObject *self, PyObject *args)
+/* The shapes of a call with `rows` rows as the dict axonn_c/linear.py reads */
+PyObject *axc_py_linear_shapes(axc_comm *comm, const axc_linear_desc *d, int64_t rows)
 {
-    (void)self;
-    PyObject *dt;
-    long long rows;
-    axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!L", &PyTuple_Type, &dt, &rows) ||
-        axc_py_parse_linear_desc(dt, &d) < 0)
-        return NULL;
-    axc_comm *comm = axc_py_linear_comm();
-    if (!comm)
-        return NULL;
     axc_linear_shapes s;
-    axc_status st = axc_linear_shapes_for(comm, &d, rows, &s);
+    axc_status st = axc_linear_shapes_for(comm, d, rows, &s);
     if (st != AXC_OK)
         return axc_py_raise(st);
     return Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "gin",
@@ -107,158 +89,3 @@ static PyObject *py_linear_shapes(PyObject *self, PyObject *args)
                          (long long)s.saved_rows, "saved_cols", (long long)s.saved_cols,
                          "workspace_elems", (long long)s.workspace_elems);
 }
-
-static void *ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
-
-/* linear_plane_tokens(desc, t, device, stream) -> t_max over the gin x gout plane */
-static PyObject *py_linear_plane_tokens(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *dt;
-    long long t;
-    int device;
-    unsigned long long stream;
-    axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!LiK", &PyTuple_Type, &dt, &t, &device, &stream) ||
-        axc_py_parse_linear_desc(dt, &d) < 0)
-        return NULL;
-    axc_comm *comm = axc_py_linear_comm();
-    if (!comm)
-        return NULL;
-    int64_t t_max = 0;
-    axc_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        axc_linear_plane_tokens(comm, &d, t, device, ptr(stream), &t_max);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
-    return PyLong_FromLongLong(t_max);
-}
-
-/* linear_dw_residual_elems(desc, device) -> the error-feedback residual dW's depth
- * reduce-scatter needs (0: none), axc_linear_dw_residual_elems */
-static PyObject *py_linear_dw_residual_elems(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *dt;
-    int device;
-    axc_linear_desc d;
-    if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &dt, &device) ||
-        axc_py_parse_linear_desc(dt, &d) < 0)
-        return NULL;
-    axc_comm *comm = axc_py_linear_comm();
-    if (!comm)
-        return NULL;
-    int64_t elems = 0;
-    axc_status st = axc_linear_dw_residual_elems(comm, &d, device, &elems);
-    if (st != AXC_OK)
-        return axc_py_raise(st);
-    return PyLong_FromLongLong(elems);
-}
-
-typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_linear_io *);
-
-
-/* The arguments both calls share: (desc, device, stream, rows, t_max, <pointers>, layer,
- * version, prefetch_ok[, defer, dw_prev]) */
-typedef struct layer_args {
-    PyObject *desc;
-    int device, layer, prefetch_ok, defer, hold_result;
-    unsigned long long stream, dw_prev, w_full, dw_full, dw_residual, p[7];
-    long long rows, t_max, version;
-} layer_args;
-
-/* Fills io from `a`, runs `fn` with the GIL released, raises on failure; returns the number of
- * the scheduler task that computes dW (0: none; axc_linear_io.task_number). */
-static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
-{
-    axc_linear_desc d;
-    if (axc_py_parse_linear_desc(a->desc, &d) < 0)
-        return NULL;
-    axc_comm *comm = axc_py_linear_comm();
-    if (!comm)
-        return NULL;
-    if ((d.scheduled || a->defer) && a->layer < 0) {
-        PyErr_SetString(PyExc_ValueError, "a scheduled Linear call needs its layer id");
-        return NULL;
-    }
-    if (a->dw_full && (a->defer || a->dw_prev)) {
-        PyErr_SetString(PyExc_ValueError, "dw_full excludes defer and dw_prev");
-        return NULL;
-    }
-    io->device = a->device;
-    io->stream = ptr(a->stream);
-    io->rows = a->rows;
-    io->t_max = a->t_max;
-    io->sched = axc_py_sched();
-    io->layer = a->layer;
-    io->w_version = a->version;
-    io->prefetch_ok = a->prefetch_ok;
-    io->defer = a->defer;
-    io->dw_prev = ptr(a->dw_prev);
-    io->w_full = ptr(a->w_full);
-    io->dw_full = ptr(a->dw_full);
-    io->dw_residual = ptr(a->dw_residual);
-    io->hold_result = a->hold_result;
-    uint64_t task = 0;
-    io->task_number = &task;
-    axc_status st;
-    Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, io);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
-    return PyLong_FromUnsignedLongLong(task);
-}
-
-/* linear_forward(desc, device, stream, rows, t_max, x, w, bias, y, saved, workspace
- *                [, layer, version, prefetch_ok, w_full, hold_result]) */
-static PyObject *py_linear_forward(PyObject *self, PyObject *args)
-{
-    (void)self;
-    layer_args a = {.layer = -1};
-    unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKK|iLpKp", &PyTuple_Type, &a.desc, &a.device,
-                          &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
-                          &a.layer, &a.version, &a.prefetch_ok, &a.w_full, &a.hold_result))
-        return NULL;
-    axc_linear_io io = {0};
-    io.x = ptr(p[0]);
-    io.w = ptr(p[1]);
-    io.bias = ptr(p[2]);
-    io.y = ptr(p[3]);
-    io.saved = ptr(p[4]);
-    io.workspace = ptr(p[5]);
-    return run_layer(&a, &io, axc_linear_forward);
-}
-
-/* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
- *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full, dw_full,
- *                  hold_result, dw_residual]) */
-static PyObject *py_linear_backward(PyObject *self, PyObject *args)
-{
-    (void)self;
-    layer_args a = {.layer = -1};
-    unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKKpK", &PyTuple_Type, &a.desc, &a.device,
-                          &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
-                          &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev,
-                          &a.w_full, &a.dw_full, &a.hold_result, &a.dw_residual))
-        return NULL;
-    axc_linear_io io = {0};
-    io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */
-    io.saved = ptr(p[0]);
-    io.w = ptr(p[1]);
-    io.dy = ptr(p[2]);
-    io.dx = ptr(p[3]);
-    io.dw = ptr(p[4]);
-    io.db = ptr(p[5]);
-    io.workspace = ptr(p[6]);
-    return run_layer(&a, &io, axc_linear_backward);
-}
-
-PyMethodDef axc_py_linear_methods[] = {
-    {"linear_shapes", py_linear_shapes, METH_VARARGS, "Shapes of a sharded linear layer."},
-    {"linear_plane_tokens", py_linear_plane_tokens, METH_VARARGS,
-     "Largest token count over the gin x gout plane (easy layout)."},
-    {"linear_dw_residual_elems", py_linear_dw_residual_elems, METH_VARARGS,
-     "linear_dw_residual_elems(desc, device): the depth dW reduce-scatter's error-feedback "
-     "residual length (0: none)."},
-    {"linear_forward", py_linear_forward, METH_VARARGS, "Forward of the sharded layer."},
-    {"linear_backward", py_linear_backward, METH_VARARGS, "Backward of the sharded layer."},
-    {NULL, NULL, 0, NULL}};

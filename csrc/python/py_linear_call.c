@@ -1,47 +1,73 @@
-/* axonn_c._C.LinearCall: one axonn_c.Linear's C handle for the eager calls that need nothing of
- * the cross-layer machinery (no scheduler gather, no deferred gradient, no held result): the
- * layer description is parsed once when the handle is made, and each forward / backward is one
- * call that takes the tensors, allocates the outputs with torch (new_empty on the input) and
- * runs csrc/layers/linear.c with the GIL released. axonn_c/linear.py decides when a call may
- * take this path (Linear._plain_call) and keeps the handle per init() and knob setting. */
+/* axonn_c._C.LinearCall: one axonn_c.Linear's C handle, made once per init(), knob setting,
+ * dtype, bias use and codecs (axonn_c/linear.py Linear._handle): the layer description, its
+ * shapes, its scheduler id and what its calls need (csrc/layers/linear.c decides: whether a
+ * call is self-contained, whether a backward defers dW). Each forward / backward is one call
+ * that takes the tensors and the per-call facts, allocates the outputs with torch (new_empty on
+ * the input) and runs csrc/layers/linear.c with the GIL released. */
 #include <stdint.h>
 
 #include "axc/cuda_rt.h"
 #include "axc/linear.h"
 #include "axc/torch_shim.h"
 #include "py_common.h"
+#include "structmember.h"
 
-/* py_linear.c: the description tuple's parser (this handle's is its 9-item prefix) and the
- * communicator or the "not initialised" error */
-int axc_py_parse_linear_desc(PyObject *t, axc_linear_desc *d);
+/* py_linear.c: the description's parser, the communicator or the "not initialised" error, the
+ * shapes as a dict */
+int axc_py_parse_linear_desc(PyObject *cfg, const char *dtype, axc_linear_desc *d);
 axc_comm *axc_py_linear_comm(void);
+PyObject *axc_py_linear_shapes(axc_comm *comm, const axc_linear_desc *d, int64_t rows);
 
 typedef struct {
     PyObject_HEAD axc_linear_desc d;
+    int layer;          /* the scheduler id (-1: none; set by the layer before a call needs it) */
+    int self_contained; /* axc_linear_self_contained, decided when the handle is made */
+    int scheduled, overlap_data;
+    PyObject *cfg;    /* the ints the handle was made from (torch.compile's custom ops) */
+    PyObject *shapes; /* the row-independent shapes (shard, groups, blocks) as a dict */
     /* the error a call on a CUDA stream being captured into a graph raises (the layer's knobs
      * ask for the cross-layer scheduler, whose decisions are made at run time); NULL: allowed */
     PyObject *refuse_capture;
 } LinearCall;
 
-static PyObject *s_shape, *s_data_ptr, *s_new_empty, *s_contiguous, *s_numel, *s_get_device;
+static PyObject *s_shape, *s_data_ptr, *s_new_empty, *s_contiguous, *s_numel, *s_get_device,
+    *s_version;
 static PyObject *g_empty_like; /* torch.empty_like: parses one argument, half new_empty's cost */
 
-/* LinearCall((in, out, transpose, has_bias, layout, dtype, overlap_all_reduce,
- *             overlap_reduce_scatter, fwd_chunks)[, refuse_capture: str or None]) */
+/* LinearCall(cfg, dtype[, device[, refuse_capture: str or None]]): cfg as
+ * axc_py_parse_linear_desc reads it; dtype torch's name ("float32"); device the weights' (-1:
+ * host: whether a residual is kept depends on the transport of the device) */
 static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *t, *refuse = Py_None;
+    PyObject *cfg, *refuse = Py_None;
+    const char *dtype;
+    int device = -1;
     if (kwargs && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "LinearCall takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O!|O", &PyTuple_Type, &t, &refuse) ||
-        axc_py_parse_linear_desc(t, &self->d) < 0)
+    if (!PyArg_ParseTuple(args, "Os|iO", &cfg, &dtype, &device, &refuse) ||
+        axc_py_parse_linear_desc(cfg, dtype, &self->d) < 0)
         return -1;
     if (refuse != Py_None && !PyUnicode_Check(refuse)) {
         PyErr_SetString(PyExc_TypeError, "LinearCall: refuse_capture must be a str or None");
         return -1;
     }
+    axc_comm *comm = axc_py_linear_comm();
+    if (!comm)
+        return -1;
+    PyObject *shapes = axc_py_linear_shapes(comm, &self->d, 0);
+    PyObject *t = shapes ? PySequence_Tuple(cfg) : NULL;
+    if (!t) {
+        Py_XDECREF(shapes);
+        return -1;
+    }
+    Py_XSETREF(self->shapes, shapes);
+    Py_XSETREF(self->cfg, t);
+    self->layer = -1;
+    self->self_contained = axc_linear_self_contained(comm, &self->d, device);
+    self->scheduled = self->d.scheduled;
+    self->overlap_data = self->d.overlap_data;
     Py_XSETREF(self->refuse_capture, refuse == Py_None ? NULL : Py_NewRef(refuse));
     return 0;
 }
@@ -49,6 +75,8 @@ static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
 static void call_dealloc(LinearCall *self)
 {
     Py_XDECREF(self->refuse_capture);
+    Py_XDECREF(self->cfg);
+    Py_XDECREF(self->shapes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -86,10 +114,10 @@ static int stream_of(PyObject *arg, int device, void **stream)
 
 /* The call's device and stream: explicit (device, stream) arguments, or when they are left out
  * the tensor's device and, on CUDA, torch's current stream (the common call: no Python helper
- * computes them per call). */
+ * computes them per call); a device None is read from the tensor, too. */
 static int device_stream_of(PyObject *t, PyObject *const *given, int *device, void **stream)
 {
-    if (given) {
+    if (given && given[0] != Py_None) {
         *device = (int)PyLong_AsLong(given[0]);
         return PyErr_Occurred() ? -1 : stream_of(given[1], *device, stream);
     }
@@ -177,19 +205,57 @@ static int check_shard(const LinearCall *self, PyObject *w, const axc_linear_sha
     return 0;
 }
 
-/* forward(x, w, b[, device, stream]) -> (y, saved or None); x: [rows, features], contiguous;
- * device -1: CPU; stream None: torch's current stream of the device; both left out: x's device
- * and torch's current stream */
+/* w._version: what the scheduler's cached gather of the shard is checked against */
+static int64_t version_of(PyObject *w)
+{
+    PyObject *v = PyObject_GetAttr(w, s_version);
+    if (!v)
+        return -1;
+    long long n = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return n;
+}
+
+/* An optional tensor argument's data pointer (None: NULL) */
+static void *opt_ptr(PyObject *t, int *err) { return t == Py_None ? NULL : ptr_of(t, err); }
+
+/* The io fields the handle decides: its scheduler and layer id, and for a scheduled gather
+ * the shard's version. (A self-contained handle has no id: with Gd == 1 nothing is gathered.) */
+static int layer_io(const LinearCall *self, const axc_comm *comm, PyObject *w, int defer,
+                    axc_linear_io *io)
+{
+    io->sched = axc_py_sched();
+    io->layer = self->layer;
+    int gathers = self->d.scheduled && axc_comm_grid(comm)->G_d > 1;
+    if ((gathers || defer) && self->layer < 0) {
+        PyErr_SetString(PyExc_ValueError, "a scheduled Linear call needs its layer id");
+        return -1;
+    }
+    if (self->d.scheduled && self->layer >= 0) {
+        io->prefetch_ok = 1;
+        if ((io->w_version = version_of(w)) == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+/* forward(x, w, b[, device, stream[, w_full, hold_result]]) -> (y, saved or None); x: [rows,
+ * features], contiguous; device -1: CPU, None: x's; stream None: torch's current stream of
+ * the device; both left out: x's device and torch's current stream. w_full: the weight
+ * gathered over depth by the caller, or None; hold_result: y's all-reduce is left in flight
+ * (axc_linear_io.hold_result). */
 static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 3 && n != 5) {
-        PyErr_SetString(PyExc_TypeError, "LinearCall.forward(x, w, b[, device, stream])");
+    if (n != 3 && n != 5 && n != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "LinearCall.forward(x, w, b[, device, stream[, w_full, hold_result]])");
         return NULL;
     }
-    PyObject *x = a[0], *w = a[1], *b = a[2];
+    PyObject *x = a[0], *w = a[1], *b = a[2], *w_full = n == 7 ? a[5] : Py_None;
+    int hold = n == 7 ? PyObject_IsTrue(a[6]) : 0;
     int device = -1;
     void *stream = NULL;
-    if (device_stream_of(x, n == 5 ? a + 3 : NULL, &device, &stream) < 0 ||
+    if (hold < 0 || device_stream_of(x, n >= 5 ? a + 3 : NULL, &device, &stream) < 0 ||
         check_capture(self, device, stream) < 0)
         return NULL;
     axc_comm *comm = axc_py_linear_comm();
@@ -221,13 +287,16 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
         goto done;
     int err = 0;
     axc_linear_io io = {.device = device, .stream = stream, .rows = rows, .t_max = t_max,
-                        .sched = axc_py_sched(), .layer = -1};
+                        .layer = -1, .hold_result = hold};
+    if (layer_io(self, comm, w, 0, &io) < 0)
+        goto done;
     io.x = ptr_of(x, &err);
     io.w = ptr_of(w, &err);
-    io.bias = b == Py_None ? NULL : ptr_of(b, &err);
+    io.bias = opt_ptr(b, &err);
     io.y = ptr_of(y, &err);
-    io.saved = saved == Py_None ? NULL : ptr_of(saved, &err);
-    io.workspace = ws == Py_None ? NULL : ptr_of(ws, &err);
+    io.saved = opt_ptr(saved, &err);
+    io.workspace = opt_ptr(ws, &err);
+    io.w_full = opt_ptr(w_full, &err);
     if (err)
         goto done;
     Py_BEGIN_ALLOW_THREADS st = axc_linear_forward(comm, d, &io);
@@ -244,21 +313,34 @@ done:
     return out;
 }
 
-/* backward(dy, x, saved, w, need_dx[, device, stream]) -> (dx or None, dw, db or None) */
+/* backward(dy, x, saved, w, need_dx[, device, stream[, dw, dw_prev, w_full, dw_full,
+ *          dw_residual, hold_result]]) -> (dx or None, dw, db or None), and with the 13
+ * arguments (dx or None, dw, db or None, workspace or None, task number). dw: a tensor given by
+ * the caller's deferred completion (the call then hands dW's reduce-scatter to the scheduler,
+ * axc_linear_io.defer, and adds dw_prev in first), or None: allocated here; w_full, dw_full,
+ * dw_residual: as axc_linear_io's, or None; hold_result: dx's all-reduce is left in flight. */
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 5 && n != 7) {
+    if (n != 5 && n != 7 && n != 13) {
         PyErr_SetString(PyExc_TypeError,
-                        "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream])");
+                        "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream[, dw, "
+                        "dw_prev, w_full, dw_full, dw_residual, hold_result]])");
         return NULL;
     }
     PyObject *x = a[1], *saved = a[2], *w = a[3];
-    int need_dx = PyObject_IsTrue(a[4]);
+    PyObject *const *more = n == 13 ? a + 7 : NULL;
+    int need_dx = PyObject_IsTrue(a[4]), hold = more ? PyObject_IsTrue(more[5]) : 0;
+    int defer = more && more[0] != Py_None;
     int device = -1;
     void *stream = NULL;
-    if (need_dx < 0 || device_stream_of(a[0], n == 7 ? a + 5 : NULL, &device, &stream) < 0 ||
+    if (need_dx < 0 || hold < 0 ||
+        device_stream_of(a[0], n >= 7 ? a + 5 : NULL, &device, &stream) < 0 ||
         check_capture(self, device, stream) < 0)
         return NULL;
+    if (more && more[3] != Py_None && (defer || more[1] != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "dw_full excludes dw and dw_prev");
+        return NULL;
+    }
     axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
@@ -284,7 +366,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         return NULL;
     /* (x and w are contiguous: the forward and the shard check saw to it) */
     dx = need_dx ? empty_like(x) : (Py_INCREF(Py_None), Py_None);
-    if (!dx || !(dw = empty_like(w)))
+    if (!dx || !(dw = defer ? Py_NewRef(more[0]) : empty_like(w)))
         goto done;
     if ( !(db = d->has_bias ? new_empty(dy, s.n_local, 0, 0) : (Py_INCREF(Py_None), Py_None)) ||
         !(ws = s.workspace_elems ? new_empty(dy, s.workspace_elems, 0, 0)
@@ -292,14 +374,22 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         goto done;
     int err = 0;
     axc_linear_io io = {.device = device, .stream = stream, .rows = rows, .t_max = t_max,
-                        .sched = axc_py_sched(), .layer = -1};
+                        .layer = -1, .defer = defer, .hold_result = hold};
+    if (layer_io(self, comm, w, defer, &io) < 0)
+        goto done;
     io.x = io.saved = ptr_of(easy ? saved : x, &err);
     io.w = ptr_of(w, &err);
     io.dy = ptr_of(dy, &err);
-    io.dx = dx == Py_None ? NULL : ptr_of(dx, &err);
+    io.dx = opt_ptr(dx, &err);
     io.dw = ptr_of(dw, &err);
-    io.db = db == Py_None ? NULL : ptr_of(db, &err);
-    io.workspace = ws == Py_None ? NULL : ptr_of(ws, &err);
+    io.db = opt_ptr(db, &err);
+    io.workspace = opt_ptr(ws, &err);
+    if (more) {
+        io.dw_prev = opt_ptr(more[1], &err);
+        io.w_full = opt_ptr(more[2], &err);
+        io.dw_full = opt_ptr(more[3], &err);
+        io.dw_residual = opt_ptr(more[4], &err);
+    }
     uint64_t task = 0;
     io.task_number = &task;
     if (err)
@@ -310,7 +400,8 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         axc_py_raise(st);
         goto done;
     }
-    out = PyTuple_Pack(3, dx, dw, db);
+    out = more ? Py_BuildValue("(OOOOK)", dx, dw, db, ws, (unsigned long long)task)
+               : PyTuple_Pack(3, dx, dw, db);
 done:
     Py_DECREF(dy);
     Py_XDECREF(dx);
@@ -318,6 +409,51 @@ done:
     Py_XDECREF(db);
     Py_XDECREF(ws);
     return out;
+}
+
+/* shapes_for(rows) -> the shapes of a call with `rows` rows (expert: m; easy: the plane's
+ * largest t), as a dict */
+static PyObject *call_shapes_for(LinearCall *self, PyObject *arg)
+{
+    long long rows = PyLong_AsLongLong(arg);
+    if (rows == -1 && PyErr_Occurred())
+        return NULL;
+    axc_comm *comm = axc_py_linear_comm();
+    return comm ? axc_py_linear_shapes(comm, &self->d, rows) : NULL;
+}
+
+/* defers(hold, microbatch) -> whether a backward hands dW to the deferred completion, as far
+ * as the layer and the grid decide (axc_linear_defers) */
+static PyObject *call_defers(LinearCall *self, PyObject *const *a, Py_ssize_t n)
+{
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "LinearCall.defers(hold, microbatch)");
+        return NULL;
+    }
+    int hold = PyObject_IsTrue(a[0]), mb = PyObject_IsTrue(a[1]);
+    if (hold < 0 || mb < 0)
+        return NULL;
+    axc_comm *comm = axc_py_linear_comm();
+    if (!comm)
+        return NULL;
+    return PyBool_FromLong(axc_linear_defers(axc_comm_grid(comm), &self->d,
+                                             (hold ? AXC_LINEAR_HOLD : 0) |
+                                                 (mb ? AXC_LINEAR_MICROBATCH : 0)));
+}
+
+/* dw_residual_elems(device) -> the error-feedback residual dW's depth reduce-scatter needs on
+ * `device` (0: none), axc_linear_dw_residual_elems */
+static PyObject *call_dw_residual_elems(LinearCall *self, PyObject *arg)
+{
+    int device = (int)PyLong_AsLong(arg);
+    if (device == -1 && PyErr_Occurred())
+        return NULL;
+    axc_comm *comm = axc_py_linear_comm();
+    if (!comm)
+        return NULL;
+    int64_t elems = 0;
+    axc_status st = axc_linear_dw_residual_elems(comm, &self->d, device, &elems);
+    return st != AXC_OK ? axc_py_raise(st) : PyLong_FromLongLong(elems);
 }
 
 /* torch_streams() -> whether forward/backward can read torch's current CUDA stream themselves
@@ -337,18 +473,40 @@ static PyMethodDef call_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))call_forward, METH_FASTCALL,
      "forward(x, w, b[, device, stream]) -> (y, saved or None)"},
     {"backward", (PyCFunction)(void (*)(void))call_backward, METH_FASTCALL,
-     "backward(dy, x, saved, w, need_dx[, device, stream]) -> (dx, dw, db)"},
+     "backward(dy, x, saved, w, need_dx[, device, stream[, dw, dw_prev, w_full, dw_full, "
+     "dw_residual, hold_result]]) -> (dx, dw, db[, workspace, task])"},
+    {"shapes_for", (PyCFunction)call_shapes_for, METH_O,
+     "shapes_for(rows) -> the shapes of a call with `rows` rows (dict)"},
+    {"defers", (PyCFunction)(void (*)(void))call_defers, METH_FASTCALL,
+     "defers(hold, microbatch) -> whether a backward defers dW, as the layer and grid decide"},
+    {"dw_residual_elems", (PyCFunction)call_dw_residual_elems, METH_O,
+     "dw_residual_elems(device) -> the depth dW reduce-scatter's error-feedback residual "
+     "length (0: none)"},
     {NULL, NULL, 0, NULL}};
+
+static PyMemberDef call_members[] = {
+    {"layer", T_INT, offsetof(LinearCall, layer), 0, "the layer's scheduler id (-1: none)"},
+    {"self_contained", T_BOOL, offsetof(LinearCall, self_contained), READONLY,
+     "whether calls outside chunk pipelining and micro-batches need nothing cross-layer"},
+    {"scheduled", T_BOOL, offsetof(LinearCall, scheduled), READONLY,
+     "whether the depth gather goes through the scheduler"},
+    {"overlap_data", T_BOOL, offsetof(LinearCall, overlap_data), READONLY,
+     "whether dW's data-parallel reduction runs in a bucket during backward"},
+    {"cfg", T_OBJECT_EX, offsetof(LinearCall, cfg), READONLY, "the ints the handle was made from"},
+    {"shapes", T_OBJECT_EX, offsetof(LinearCall, shapes), READONLY,
+     "the layer's shapes at 0 rows (shard, groups, blocks)"},
+    {NULL, 0, 0, 0, NULL}};
 
 static PyTypeObject LinearCallType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "axonn_c._C.LinearCall",
     .tp_basicsize = sizeof(LinearCall),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One axonn_c.Linear's description, parsed once, for its plain eager calls.",
+    .tp_doc = "One axonn_c.Linear's C handle: its description, shapes and scheduler id.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)call_init,
     .tp_dealloc = (destructor)call_dealloc,
     .tp_methods = call_methods,
+    .tp_members = call_members,
 };
 
 int axc_py_linear_add_types(PyObject *module)
@@ -358,7 +516,8 @@ int axc_py_linear_add_types(PyObject *module)
         !(s_new_empty = PyUnicode_InternFromString("new_empty")) ||
         !(s_contiguous = PyUnicode_InternFromString("contiguous")) ||
         !(s_numel = PyUnicode_InternFromString("numel")) ||
-        !(s_get_device = PyUnicode_InternFromString("get_device")))
+        !(s_get_device = PyUnicode_InternFromString("get_device")) ||
+        !(s_version = PyUnicode_InternFromString("_version")))
         return -1;
     if (PyType_Ready(&LinearCallType) < 0)
         return -1;

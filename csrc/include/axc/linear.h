@@ -41,6 +41,9 @@ typedef struct axc_linear_desc {
                                    end), so that it hides that reduction; see
                                    axc_linear_io.task_number. (With Gd > 1 the GEMM runs in the
                                    call: its reduce-scatter should start early.) */
+    int overlap_data;           /* backward: dW's data-parallel reduction runs in a gradient
+                                   bucket during backward (axonn_c/grads.py), so dW is handed
+                                   to the caller's deferred completion (axc_linear_defers) */
     int own_codecs;             /* 1: the layer's own compression (Linear(compression=...))
                                    replaces the communicator's policy for its collectives */
     axc_codec codec[AXC_GROUP_COUNT]; /* by group (used: col, row, depth), with own_codecs */
@@ -137,6 +140,30 @@ typedef struct axc_linear_io {
  * 0 otherwise (Gd == 1, not float32, exact, or error feedback off). */
 axc_status axc_linear_dw_residual_elems(const axc_comm *comm, const axc_linear_desc *d,
                                         int device, int64_t *elems);
+
+/* Per-call facts of a backward that decide whether its dW completes later (deferred): */
+enum {
+    AXC_LINEAR_HOLD = 1,       /* a chunk call of cross-layer chunk pipelining (the chunks
+                                  accumulate into one gradient completed after the pass) */
+    AXC_LINEAR_MICROBATCH = 2, /* a concurrent micro-batch's call (autograd sums the
+                                  micro-batches' dW: never deferred) */
+};
+
+/* Whether a backward of the layer on grid `g` hands its dW to the caller's deferred completion
+ * (io->defer): with `facts` AXC_LINEAR_HOLD always, with AXC_LINEAR_MICROBATCH never, else when
+ * something runs after the call: dW's depth reduce-scatter (overlap_reduce_scatter, Gd > 1),
+ * its data-parallel bucket (overlap_data, G_data > 1) or its dW GEMM as a scheduler task
+ * (defer_dw_gemm under overlap_all_reduce on a tensor-parallel grid with Gd == 1, as the
+ * backward decides it). The caller adds what only it knows: that dW goes to the parameter's
+ * .grad (not torch.autograd.grad, not a per-call cast). */
+int axc_linear_defers(const axc_grid *g, const axc_linear_desc *d, int facts);
+
+/* Whether every call of the layer on `device` (-1: host) outside chunk pipelining and
+ * concurrent micro-batches is self-contained: nothing deferred (axc_linear_defers), no
+ * scheduled depth gather (scheduled, Gd > 1), no error-feedback residual kept across steps
+ * (axc_linear_dw_residual_elems of a float32 layer), no codecs of its own. Such calls need none
+ * of the caller's cross-layer bookkeeping. */
+int axc_linear_self_contained(const axc_comm *comm, const axc_linear_desc *d, int device);
 
 axc_status axc_linear_forward(axc_comm *comm, const axc_linear_desc *d, const axc_linear_io *io);
 /* Backward for expert: reads io->x; easy: reads io->saved. Writes dx, dw, db. */
