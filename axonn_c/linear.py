@@ -100,35 +100,7 @@ def _placement() -> tuple:
 def _forget(layer_id: int, ep: int) -> None:
     _cache.keep.pop(layer_id, None)
     if ep == session.epoch and _C is not None:
-        _C.sched_forget(layer_id)
-        session.dw_residuals.pop(layer_id, None)  # (an id reused by another layer starts at 0)
-
-
-def _dw_residual(desc: tuple, cfg, s: dict, dy: Tensor, trains: Callable[[], bool]
-                 ) -> Optional[Tensor]:
-    """The error-feedback residual of this layer's depth dW reduce-scatter, or None where the
-    call needs none: C decides (_C.linear_dw_residual_elems: Gd > 1, a compressed float32
-    reduce-scatter with error feedback on). It is the training state of the layer, kept across
-    steps in session.dw_residuals by the layer's scheduler id (cleared at init and finalize,
-    like the buckets' residuals; compression.compression_state names them by module), and
-    starts again from zeros when its size or device changes. A call without a layer id (a
-    torch.compile graph) has none: the C call then refuses error feedback by name."""
-    if s["depth_size"] == 1 or dy.dtype != torch.float32 or len(cfg) <= _LAYER:
-        return None
-    n = _C.linear_dw_residual_elems(desc, _dev(dy))
-    if not n:
-        return None
-    if microbatch_active() or not trains():
-        # concurrent micro-batches reduce-scatter at once, on channels of their own: one
-        # residual would be updated by several at a time; each call starts from zeros (no
-        # feedback carried; run_concurrent's shared reduce-scatters are exact anyway). Nor
-        # does a dW that no .grad receives (torch.autograd.grad, a frozen weight) spend the
-        # training residual
-        return dy.new_zeros(n)
-    r = session.dw_residuals.get(cfg[_LAYER])
-    if r is None or r.numel() != n or r.device != dy.device:
-        r = session.dw_residuals[cfg[_LAYER]] = dy.new_zeros(n)
-    return r
+        _C.sched_forget(layer_id)  # (and its depth dW residual: a reused id starts at zeros)
 
 
 def _shapes(desc: tuple, rows: int) -> dict:
@@ -206,14 +178,16 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, cfg, s) if param is None else None
     hold = need_dx and bool(_hold(cfg) & HOLD_BWD)
-    res = _dw_residual(desc, cfg, s, dy, trains) if dwf is None else None
+    # the depth dW error-feedback residual is C's (by layer id, where C says the call needs one):
+    # a micro-batch thread or a dW no .grad receives takes scratch zeros, not the layer's
+    trains_residual = s["depth_size"] > 1 and dy.dtype is torch.float32 and (
+        not microbatch_active() and trains())
     task = _C.linear_backward(desc, _dev(dy), _stream(dy), rows, t_max, src.data_ptr(),
                               w.data_ptr(), dy.data_ptr(), dx.data_ptr() if need_dx else 0,
                               dw.data_ptr(),
                               db.data_ptr() if db is not None else 0, ws, *tail,
                               wf.data_ptr() if wf is not None else 0,
-                              dwf.data_ptr() if dwf is not None else 0, hold,
-                              res.data_ptr() if res is not None else 0)
+                              dwf.data_ptr() if dwf is not None else 0, hold, trains_residual)
     if hold:  # dx may still be written by its all-reduce: kept until the latest result is done
         grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
@@ -225,11 +199,9 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg, param=N
     if param is not None:
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
             grads.keep_for_task(task, (dy, src, dw, fold, ws_t))
-        # the reduce-scatter reads the workspace and the residual (which a size or device change,
-        # init or the layer's end may drop from the session meanwhile) and writes dw until
-        # grads.finish()
-        grads.add(param, dw, (ws_t, fold, res) if s["depth_size"] > 1 else (fold,), replace,
-                  bucket)
+        # the reduce-scatter reads the workspace (and the residual, which C keeps) and writes dw
+        # until grads.finish()
+        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, bucket)
         return dx, None, db
     if len(cfg) > _LAYER and cfg[_SCHED]:
         grads.queue_finish()  # the end of backward ends the scheduler's step
@@ -823,9 +795,9 @@ class Linear(nn.Module):
             if codecs:
                 raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
                                           "supported under torch.compile yet")
-            depth = session.compression.get("depth")
-            if depth is not None and depth[2] and s["depth_size"] > 1 and \
-                    x2.dtype == torch.float32 and w.requires_grad:
+            if w.requires_grad and self._keeps_residual(x2.dtype):
+                # (C decided; the session's policy only names the codec in the message)
+                depth = session.compression.get("depth") or ("?",)
                 raise NotImplementedError(
                     f"error feedback on the depth dW reduce-scatter (on by default for the "
                     f"depth codec {depth[0]!r}) is not supported under torch.compile: a "
@@ -891,9 +863,23 @@ class Linear(nn.Module):
         return tuple(out)
 
     _plain_memo = None
-    # its depth dW reduce-scatter may keep an error-feedback residual (_dw_residual): how
+    _residual_memo = None
+    # its depth dW reduce-scatter may keep an error-feedback residual (C's, by layer id): how
     # compression.compression_state(model) finds the layers
     _keeps_depth_residual = True
+
+    @torch.compiler.disable
+    def _keeps_residual(self, dtype) -> bool:
+        """Whether its depth dW reduce-scatter keeps an error-feedback residual for this dtype:
+        C decides (_C.linear_dw_residual_elems), asked once per init() and knob setting (the
+        compression policy changes only with them) and weight device, like the plain-call
+        memo."""
+        key = (session.epoch, session.knobs_version, dtype, _dev(self.weight))
+        m = self._residual_memo
+        if m is None or m[0] != key:
+            n = _C.linear_dw_residual_elems(_desc(self._cfg, dtype), key[3])
+            m = self._residual_memo = (key, n > 0)
+        return m[1]
 
     def _plain_call(self, dtype, use_bias, knobs: tuple, hold: int):
         """The layer's C handle (_C.LinearCall) when this call needs nothing cross-layer: no
@@ -907,11 +893,10 @@ class Linear(nn.Module):
         if ((ov_ag or ov_rs) and g_d > 1) or (ov_data and g_data > 1) or (
                 defer_dw and ov_ar and g_d == 1 and g_r * g_c > 1):
             return None
-        if g_d > 1 and dtype is torch.float32 and _C.linear_dw_residual_elems(
-                _desc(self._cfg, dtype), _dev(self.weight)):
+        key = (session.epoch, session.knobs_version)
+        if g_d > 1 and dtype is torch.float32 and self._keeps_residual(dtype):
             return None  # (its depth dW reduce-scatter keeps an error-feedback residual)
         memo = self._plain_memo
-        key = (session.epoch, session.knobs_version)
         if (memo is not None and memo[0] == key and memo[1] is dtype
                 and memo[4] == (use_bias, knobs)):
             return memo[3]

@@ -3,6 +3,7 @@
  * which allocates outputs and workspace with torch's allocator. */
 #include <stdint.h>
 
+#include "axc/layer_residuals.h"
 #include "axc/linear.h"
 #include "py_common.h"
 
@@ -162,7 +163,8 @@ typedef axc_status (*linear_fn)(axc_comm *, const axc_linear_desc *, const axc_l
 typedef struct layer_args {
     PyObject *desc;
     int device, layer, prefetch_ok, defer, hold_result;
-    unsigned long long stream, dw_prev, w_full, dw_full, dw_residual, p[7];
+    int backward, trains_residual; /* backward: whether the call trains the depth residual */
+    unsigned long long stream, dw_prev, w_full, dw_full, p[7];
     long long rows, t_max, version;
 } layer_args;
 
@@ -196,13 +198,28 @@ static PyObject *run_layer(layer_args *a, axc_linear_io *io, linear_fn fn)
     io->dw_prev = ptr(a->dw_prev);
     io->w_full = ptr(a->w_full);
     io->dw_full = ptr(a->dw_full);
-    io->dw_residual = ptr(a->dw_residual);
     io->hold_result = a->hold_result;
     uint64_t task = 0;
     io->task_number = &task;
-    axc_status st;
+    /* dW's depth reduce-scatter: the error-feedback residual the runtime keeps by layer id
+     * (axc/layer_residuals.h), where C says the call needs one */
+    axc_layer_residuals *res = axc_runtime_layer_residuals(axc_py_runtime());
+    void *scratch = NULL;
+    int64_t elems = 0;
+    axc_status st = AXC_OK;
+    if (a->backward && a->layer >= 0 && !a->dw_full)
+        st = axc_linear_dw_residual_elems(comm, &d, a->device, &elems);
+    if (st == AXC_OK && elems > 0)
+        st = axc_layer_residuals_for_call(res, a->layer, a->device, (size_t)elems,
+                                          a->trains_residual, a->defer, &io->dw_residual,
+                                          &scratch);
+    if (st != AXC_OK)
+        return PyErr_Occurred() ? NULL : axc_py_raise(st); /* (an allocation's error is set) */
     Py_BEGIN_ALLOW_THREADS st = fn(comm, &d, io);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    Py_END_ALLOW_THREADS
+    axc_layer_residuals_release(res, scratch); /* (NULL: none, or kept until the pass's end) */
+    if (st != AXC_OK)
+        return axc_py_raise(st);
     return PyLong_FromUnsignedLongLong(task);
 }
 
@@ -229,16 +246,18 @@ static PyObject *py_linear_forward(PyObject *self, PyObject *args)
 
 /* linear_backward(desc, device, stream, rows, t_max, x_or_saved, w, dy, dx, dw, db, workspace
  *                 [, layer, version, prefetch_ok, defer, dw_prev, w_full, dw_full,
- *                  hold_result, dw_residual]) */
+ *                  hold_result, trains_residual]): trains_residual (default true) false: the
+ * call's dW reaches no .grad or runs on a micro-batch thread, its depth reduce-scatter takes
+ * scratch zeros as its error-feedback residual, not the layer's */
 static PyObject *py_linear_backward(PyObject *self, PyObject *args)
 {
     (void)self;
-    layer_args a = {.layer = -1};
+    layer_args a = {.layer = -1, .backward = 1, .trains_residual = 1};
     unsigned long long *p = a.p;
-    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKKpK", &PyTuple_Type, &a.desc, &a.device,
+    if (!PyArg_ParseTuple(args, "O!iKLLKKKKKKK|iLppKKKpp", &PyTuple_Type, &a.desc, &a.device,
                           &a.stream, &a.rows, &a.t_max, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5],
                           &p[6], &a.layer, &a.version, &a.prefetch_ok, &a.defer, &a.dw_prev,
-                          &a.w_full, &a.dw_full, &a.hold_result, &a.dw_residual))
+                          &a.w_full, &a.dw_full, &a.hold_result, &a.trains_residual))
         return NULL;
     axc_linear_io io = {0};
     io.x = ptr(p[0]); /* expert: the input; easy: the saved gathered input */

@@ -13,6 +13,7 @@ struct axc_runtime {
     axc_buckets *buckets;
     axc_keeps *keeps;
     axc_grad_records *records;
+    axc_layer_residuals *layer_residuals; /* the linear layers' depth dW residuals */
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
@@ -49,6 +50,8 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
         st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
     if (st == AXC_OK)
         st = axc_records_create(&rt->records, ops->release_kept, ops->kept_ctx);
+    if (st == AXC_OK)
+        st = axc_layer_residuals_create(&rt->layer_residuals, &ops->buckets);
     if (st != AXC_OK) {
         axc_runtime_destroy(rt);
         return st;
@@ -63,6 +66,7 @@ void axc_runtime_destroy(axc_runtime *rt)
         return;
     axc_runtime_close(rt);
     axc_records_destroy(rt->records);
+    axc_layer_residuals_destroy(rt->layer_residuals);
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
     axc_buckets_destroy(rt->buckets);
@@ -95,6 +99,9 @@ axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg)
         return st;
     rt->comm = comm;
     rt->sched = sched;
+    /* (a new grid: the layers' ids and shards differ; nothing is in flight) */
+    axc_layer_residuals_clear(rt->layer_residuals);
+    axc_layer_residuals_pass_done(rt->layer_residuals);
     return AXC_OK;
 }
 
@@ -115,6 +122,9 @@ axc_status axc_runtime_close(axc_runtime *rt)
         axc_comm_destroy(comm);
     axc_status st = axc_gemm_release(); /* the cuBLASLt plans (none on CPU) */
     blocking_end(rt, b);
+    /* (the scheduler drained: nothing uses them any more) */
+    axc_layer_residuals_clear(rt->layer_residuals);
+    axc_layer_residuals_pass_done(rt->layer_residuals);
     return st;
 }
 
@@ -125,6 +135,11 @@ axc_buckets *axc_runtime_buckets(const axc_runtime *rt) { return rt ? rt->bucket
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt) { return rt ? rt->keeps : NULL; }
 
 axc_grad_records *axc_runtime_records(const axc_runtime *rt) { return rt ? rt->records : NULL; }
+
+axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt)
+{
+    return rt ? rt->layer_residuals : NULL;
+}
 
 axc_status axc_runtime_start_due_sums(axc_runtime *rt)
 {
