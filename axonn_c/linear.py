@@ -103,6 +103,12 @@ def _forget(layer_id: int, ep: int) -> None:
         _C.sched_forget(layer_id)  # (and its depth dW residual: a reused id starts at zeros)
 
 
+@torch.compiler.disable
+def _keeps_residual_outside_graph(layer, dtype) -> bool:
+    """Linear._keeps_residual from a compiled forward: a C query, run outside the graph."""
+    return layer._keeps_residual(dtype)
+
+
 def _shapes(desc: tuple, rows: int) -> dict:
     """_C.linear_shapes, memoised per init() (session.epoch changes at init and finalize)."""
     key = (desc, rows, session.epoch)
@@ -795,7 +801,7 @@ class Linear(nn.Module):
             if codecs:
                 raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
                                           "supported under torch.compile yet")
-            if w.requires_grad and self._keeps_residual(x2.dtype):
+            if w.requires_grad and _keeps_residual_outside_graph(self, x2.dtype):
                 # (C decided; the session's policy only names the codec in the message)
                 depth = session.compression.get("depth") or ("?",)
                 raise NotImplementedError(
@@ -868,7 +874,6 @@ class Linear(nn.Module):
     # compression.compression_state(model) finds the layers
     _keeps_depth_residual = True
 
-    @torch.compiler.disable
     def _keeps_residual(self, dtype) -> bool:
         """Whether its depth dW reduce-scatter keeps an error-feedback residual for this dtype:
         C decides (_C.linear_dw_residual_elems), asked once per init() and knob setting (the

@@ -24,9 +24,9 @@ struct axc_layer_residuals {
 
 axc_status axc_layer_residuals_create(axc_layer_residuals **out, const axc_bucket_ops *ops)
 {
-    if (!out || !ops || !ops->alloc_residual || !ops->release)
+    if (!out || !ops || !ops->release)
         return axc_fail(AXC_ERR_INVALID, "axc_layer_residuals_create: missing output or "
-                                         "allocator");
+                                         "release function");
     axc_layer_residuals *t = calloc(1, sizeof *t);
     if (!t)
         return axc_fail(AXC_ERR_NOMEM, "axc_layer_residuals_create: out of memory");
@@ -71,6 +71,16 @@ static void drop_buffer(axc_layer_residuals *t, entry *e)
     }
     e->busy = 0;
     e->owner = e->data = NULL;
+}
+
+/* new zeros (no allocator: refused by name) */
+static axc_status alloc(axc_layer_residuals *t, int device, size_t elems, void **data,
+                        void **owner)
+{
+    if (!t->ops.alloc_residual)
+        return axc_fail(AXC_ERR_STATE, "depth dW residuals: this runtime was made without a "
+                                       "residual allocator");
+    return t->ops.alloc_residual(t->ops.ctx, NULL, device, elems, data, owner);
 }
 
 static int find(const axc_layer_residuals *t, int layer)
@@ -118,7 +128,7 @@ axc_status axc_layer_residuals_for(axc_layer_residuals *t, int layer, int device
     entry *e = i >= 0 ? &t->v[i] : NULL;
     if (!e || !e->owner || e->elems != elems || e->device != device) {
         void *d = NULL, *owner = NULL;
-        AXC_TRY(t->ops.alloc_residual(t->ops.ctx, NULL, device, elems, &d, &owner));
+        AXC_TRY(alloc(t, device, elems, &d, &owner));
         /* (looked up again: the allocation may have run code that changed the table) */
         if (!(e = slot(t, layer))) {
             release(t, owner);
@@ -144,7 +154,7 @@ axc_status axc_layer_residuals_scratch(axc_layer_residuals *t, int device, size_
     if (elems == 0)
         return axc_fail(AXC_ERR_INVALID, "a scratch depth dW residual of 0 elements");
     void *d = NULL, *o = NULL;
-    AXC_TRY(t->ops.alloc_residual(t->ops.ctx, NULL, device, elems, &d, &o));
+    AXC_TRY(alloc(t, device, elems, &d, &o));
     if (in_flight) {
         axc_status st = reserve(t, 1);
         if (st != AXC_OK) {

@@ -60,12 +60,18 @@ int main(void)
 {
     axc_bucket_ops ops = {alloc_bucket, release, alloc_residual, NULL};
     axc_layer_residuals *t = NULL;
-    axc_bucket_ops none = {alloc_bucket, release, NULL, NULL};
+    axc_bucket_ops none = {alloc_bucket, NULL, alloc_residual, NULL};
     CHECK(axc_layer_residuals_create(&t, &none) == AXC_ERR_INVALID);
+    /* without an allocator: made, but every residual is refused by name */
+    none = (axc_bucket_ops){alloc_bucket, release, NULL, NULL};
+    CHECK_OK(axc_layer_residuals_create(&t, &none));
+    float *r = NULL, *r2 = NULL;
+    CHECK(axc_layer_residuals_for(t, 1, -1, 4, 0, &r) == AXC_ERR_STATE);
+    CHECK(strstr(axc_last_error(), "without a residual allocator") != NULL && live == 0);
+    axc_layer_residuals_destroy(t);
     CHECK_OK(axc_layer_residuals_create(&t, &ops));
 
     /* first use: zeros; kept across calls (what the reduce-scatter wrote stays) */
-    float *r = NULL, *r2 = NULL;
     CHECK_OK(axc_layer_residuals_for(t, 3, -1, 16, 0, &r));
     CHECK(r && r[0] == 0.0f && r[15] == 0.0f && live == 1);
     r[5] = 2.5f;

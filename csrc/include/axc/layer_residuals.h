@@ -22,7 +22,8 @@
 
 typedef struct axc_layer_residuals axc_layer_residuals;
 
-/* `ops` needs alloc_residual and release (copied; alloc_residual is called with no bucket). */
+/* `ops` needs release, and alloc_residual to make any (called with no bucket; without it
+ * every call that needs a residual fails with AXC_ERR_STATE). Copied. */
 axc_status axc_layer_residuals_create(axc_layer_residuals **out, const axc_bucket_ops *ops);
 /* Releases every buffer, in flight or not (nothing may be in flight). NULL is a no-op. */
 void axc_layer_residuals_destroy(axc_layer_residuals *t);
