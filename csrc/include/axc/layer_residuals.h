@@ -1,5 +1,5 @@
 /* The error-feedback residuals of the linear layers' depth dW reduce-scatters
- * (docs/compression.md#error-feedback-on-the-depth-reduce-scatters): one float32 buffer per
+ * (docs/compression.md#error-feedback-on-the-depth-dw-reduce-scatters): one float32 buffer per
  * layer (its scheduler id), kept across steps as the layer's training state, held by the
  * runtime next to the gradient buckets and their residuals.
  *
