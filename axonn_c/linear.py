@@ -103,10 +103,12 @@ def _forget(layer_id: int, ep: int) -> None:
         _C.sched_forget(layer_id)  # (and its depth dW residual: a reused id starts at zeros)
 
 
-@torch.compiler.disable
-def _keeps_residual_outside_graph(layer, dtype) -> bool:
-    """Linear._keeps_residual from a compiled forward: a C query, run outside the graph."""
-    return layer._keeps_residual(dtype)
+@torch._dynamo.assume_constant_result
+def _keeps_residual_traced(cfg: tuple, dtype: torch.dtype, device: int, setting: tuple) -> bool:
+    """Whether C keeps a depth dW error-feedback residual for the layer's calls, asked while
+    torch.compile traces (a constant of the graph, no graph break); `setting` (init epoch, knobs
+    version), read by the traced code, makes a policy change recompile."""
+    return _C.linear_dw_residual_elems(_desc(cfg, dtype), device) > 0
 
 
 def _shapes(desc: tuple, rows: int) -> dict:
@@ -801,7 +803,8 @@ class Linear(nn.Module):
             if codecs:
                 raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
                                           "supported under torch.compile yet")
-            if w.requires_grad and _keeps_residual_outside_graph(self, x2.dtype):
+            if w.requires_grad and _keeps_residual_traced(
+                    self._cfg, x2.dtype, _dev(w), (session.epoch, session.knobs_version)):
                 # (C decided; the session's policy only names the codec in the message)
                 depth = session.compression.get("depth") or ("?",)
                 raise NotImplementedError(
