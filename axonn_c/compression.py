@@ -8,7 +8,8 @@ init(compression=...) sets, and the error-feedback state it keeps.
 - "depth", "row", "col": the layers' own float32 collectives over that group (csrc/comm:
   axc_comm_apply_layer_codec): depth = the weights' all-gathers (no error feedback) and dW's
   reduce-scatters (gradient rules: error feedback by default for int8/int4, a residual per
-  Linear kept in session.dw_residuals, linear.py _dw_residual), row/col = the activation
+  Linear kept by the runtime in C by the layer's scheduler id, csrc/grads/layer_residuals.c),
+  row/col = the activation
   all-reduces, all-gathers and reduce-scatters (all-to-alls stay exact), without error
   feedback.
 """
@@ -116,6 +117,7 @@ def apply(policy: Policy) -> None:
     """Hands the policy to the gradient buckets and the communicator, and records it as the
     session's (the residuals stay: init clears them when the grid is new)."""
     session.compression = dict(policy)
+    session.knobs_version += 1  # (what a layer decided from the policy is stale: its memos)
     codec, block, ef = policy.get("data", ("none", 0, False))
     _C.grad_buckets_set_codec("data", codec, block, ef)
     if _C.is_initialized():  # (the layers' policy lives in the communicator: gone at finalize)
@@ -170,7 +172,7 @@ def _depth_residual_of(layer):
     """The layer's depth dW residual in this init, or None (it has none yet)."""
     if getattr(layer, "_sched_key", None) != (session.epoch, id(layer)):
         return None  # (no scheduler id in this init: it has not run)
-    return session.dw_residuals.get(layer._sched_id)
+    return _C.grad_layer_residual(layer._sched_id)
 
 
 def compression_state(model=None) -> dict:
@@ -187,8 +189,9 @@ def compression_state(model=None) -> dict:
     """
     out = {"residuals": {k: v.detach().clone() for k, v in _C.grad_buckets_residuals().items()}}
     if model is None:
-        if session.dw_residuals:
-            raise ValueError(f"compression_state: {len(session.dw_residuals)} Linear layers "
+        held = _C.grad_layer_residuals()
+        if held:
+            raise ValueError(f"compression_state: {len(held)} Linear layers "
                              "keep error-feedback residuals of their depth dW reduce-scatters, "
                              "named by module: pass model=")
         return out
@@ -246,7 +249,8 @@ def load_compression_state(state: dict, model=None) -> None:
             targets[layer._layer_id()] = torch.empty(
                 want, dtype=torch.float32, device=layer.weight.device).copy_(t.detach())
     _C.grad_buckets_clear_residuals()
-    session.dw_residuals.clear()
-    session.dw_residuals.update(targets)
+    _C.grad_layer_clear_residuals()
+    for layer_id, t in targets.items():
+        _C.grad_layer_set_residual(layer_id, t)
     for slot, t in state["residuals"].items():
         _C.grad_buckets_set_residual(int(slot), t.detach().clone().contiguous())

@@ -81,34 +81,16 @@ def _placement() -> tuple:
 def _forget(layer_id: int, ep: int) -> None:
     _cache.keep.pop(layer_id, None)
     if ep == session.epoch and _C is not None:
-        _C.sched_forget(layer_id)
-        session.dw_residuals.pop(layer_id, None)  # (an id reused by another layer starts at 0)
+        _C.sched_forget(layer_id)  # (and its depth dW residual: a reused id starts at zeros)
 
 
-def _dw_residual(call, dy: Tensor, trains: Callable[[], bool]) -> Optional[Tensor]:
-    """The error-feedback residual of this layer's depth dW reduce-scatter, or None where the
-    call needs none: C decides (call.dw_residual_elems: Gd > 1, a compressed float32
-    reduce-scatter with error feedback on). It is the training state of the layer, kept across
-    steps in session.dw_residuals by the layer's scheduler id (cleared at init and finalize,
-    like the buckets' residuals; compression.compression_state names them by module), and
-    starts again from zeros when its size or device changes. A call without a layer id (a
-    torch.compile graph) has none: the C call then refuses error feedback by name."""
-    if call.shapes["depth_size"] == 1 or dy.dtype != torch.float32 or call.layer < 0:
-        return None
-    n = call.dw_residual_elems(_dev(dy))
-    if not n:
-        return None
-    if microbatch_active() or not trains():
-        # concurrent micro-batches reduce-scatter at once, on channels of their own: one
-        # residual would be updated by several at a time; each call starts from zeros (no
-        # feedback carried; run_concurrent's shared reduce-scatters are exact anyway). Nor
-        # does a dW that no .grad receives (torch.autograd.grad, a frozen weight) spend the
-        # training residual
-        return dy.new_zeros(n)
-    r = session.dw_residuals.get(call.layer)
-    if r is None or r.numel() != n or r.device != dy.device:
-        r = session.dw_residuals[call.layer] = dy.new_zeros(n)
-    return r
+@torch._dynamo.assume_constant_result
+def _keeps_residual_traced(cfg: tuple, dtype: torch.dtype, device: int, setting: tuple) -> bool:
+    """Whether C keeps a depth dW error-feedback residual for the layer's calls, asked while
+    torch.compile traces (a constant of the graph, no graph break: run eagerly, not traced);
+    `setting` (init epoch, knobs version), read by the traced code, makes a policy change
+    recompile."""
+    return _C.LinearCall(cfg, _dtype_name(dtype), device, None).dw_residual_elems(device) > 0
 
 
 def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int = 0):
@@ -144,10 +126,13 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, call) if param is None else None
     hold = need_dx and bool(hold & HOLD_BWD)
-    res = _dw_residual(call, dy, trains) if dwf is None else None
+    # the depth dW error-feedback residual is C's (by layer id, where C says the call needs one):
+    # a micro-batch thread or a dW no .grad receives takes scratch zeros, not the layer's
+    trains_residual = s["depth_size"] > 1 and dy.dtype is torch.float32 and (
+        not microbatch_active() and trains())
     # (dw given: deferred, the handle hands its completion to the scheduler)
     dx, dw, db, ws_t, task = call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), dw,
-                                           fold, wf, dwf, res, hold)
+                                           fold, wf, dwf, trains_residual, hold)
     if hold:  # dx may still be written by its all-reduce: kept until the latest result is done
         grads.keep_for_result(_C.sched_counters()[1], dx)
     if dwf is not None:  # added to .grad when run_concurrent ends
@@ -159,11 +144,9 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
     if param is not None:
         if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
             grads.keep_for_task(task, (dy, x, saved, dw, fold, ws_t))
-        # the reduce-scatter reads the workspace and the residual (which a size or device change,
-        # init or the layer's end may drop from the session meanwhile) and writes dw until
-        # grads.finish()
-        grads.add(param, dw, (ws_t, fold, res) if s["depth_size"] > 1 else (fold,), replace,
-                  bucket)
+        # the reduce-scatter reads the workspace (and the residual, which C keeps) and writes dw
+        # until grads.finish()
+        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, bucket)
         return dx, None, db
     if call.scheduled and call.layer >= 0:
         grads.queue_finish()  # the end of backward ends the scheduler's step
@@ -745,9 +728,11 @@ class Linear(nn.Module):
             if codecs:
                 raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
                                           "supported under torch.compile yet")
-            depth = session.compression.get("depth")
-            if depth is not None and depth[2] and s["depth_size"] > 1 and \
-                    x2.dtype == torch.float32 and w.requires_grad:
+            cfg = [*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks]
+            if w.requires_grad and _keeps_residual_traced(
+                    tuple(cfg), x2.dtype, _dev(w), (session.epoch, session.knobs_version)):
+                # (C decided; the session's policy only names the codec in the message)
+                depth = session.compression.get("depth") or ("?",)
                 raise NotImplementedError(
                     f"error feedback on the depth dW reduce-scatter (on by default for the "
                     f"depth codec {depth[0]!r}) is not supported under torch.compile: a "
@@ -755,7 +740,6 @@ class Linear(nn.Module):
                     f"{depth[0]!r}, 'error_feedback': False}}}} or run the model eagerly")
             # (the handle's ints, written out: nothing of C may run while torch.compile traces;
             # the op maps them to the handle when the graph runs, _op_call)
-            cfg = [*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks]
             y = _linear_fwd(x2, w, bc, cfg, list(self._placed_on))[0]
         else:
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast;
@@ -825,7 +809,7 @@ class Linear(nn.Module):
         return tuple(out)
 
     _plain_memo = _calls = None
-    # its depth dW reduce-scatter may keep an error-feedback residual (_dw_residual): how
+    # its depth dW reduce-scatter may keep an error-feedback residual (C's, by layer id): how
     # compression.compression_state(model) finds the layers
     _keeps_depth_residual = True
 

@@ -199,8 +199,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     _set_placement()
     grads.reset()
     compression_policy.apply(policy)
-    _C.grad_buckets_clear_residuals()  # (a new grid: the buckets' layout may differ)
-    session.dw_residuals.clear()  # (and the layers' ids and shards)
+    # (a new grid: the buckets' layout may differ; the Linears' depth residuals, by layer id,
+    # the C runtime cleared when it opened)
+    _C.grad_buckets_clear_residuals()
     configure_scheduler(*sched_cfg)
     return grid()
 
@@ -224,8 +225,7 @@ def finalize() -> None:
     grads.reset()
     compression_policy.apply({})
     _C.grad_buckets_clear_residuals()
-    session.dw_residuals.clear()
-    _C.finalize()
+    _C.finalize()  # (and the Linears' depth residuals go, after the scheduler drained)
 
 
 def comm_stats(reset: bool = False) -> dict:

@@ -63,9 +63,6 @@ class Session:
     bucket_bytes: int = 4 * 2**20  # data-parallel gradient bucket size (init(bucket_size=))
     # the compression policy in force ({dimension: (codec, block, error_feedback)}, compression.py)
     compression: dict = field(default_factory=dict)
-    # the error-feedback residuals of the Linears' depth dW reduce-scatters, by layer scheduler
-    # id (linear.py _dw_residual); cleared at init and finalize
-    dw_residuals: dict = field(default_factory=dict)
     # parameter -> the kinds of hook registered on it, once per parameter object; kept here,
     # not marked on the tensor: a weak reference attribute would make the model unpicklable
     # (torch.save), and a deepcopy or an unpickled copy has the attributes but none of the hooks

@@ -42,6 +42,7 @@ extern PyMethodDef axc_py_grads_methods[];
 extern PyMethodDef axc_py_records_methods[];
 extern PyMethodDef axc_py_grad_hook_methods[];
 extern PyMethodDef axc_py_microbatch_methods[];
+extern PyMethodDef axc_py_layer_residuals_methods[];
 
 /* shared by the gradient bindings (py_grads.c, py_records.c) */
 typedef axc_status (*bucket_fn)(axc_buckets *, int);

@@ -4,6 +4,7 @@
  * caching allocator on the current stream), the owners are Python references; the runtime
  * starts the due sums itself (axc_runtime_start_due_sums). */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "axc/buckets.h"
@@ -37,14 +38,38 @@ static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems,
     return AXC_OK;
 }
 
-/* float32 zeros like the bucket (only float32 buckets are compressed) */
+/* float32 zeros on `device` (torch.zeros: CUDA ones from torch's caching allocator on the
+ * current stream), the linear layers' depth dW residuals */
+static PyObject *zeros_on(int device, size_t elems)
+{
+    char dev[32];
+    if (device < 0)
+        snprintf(dev, sizeof dev, "cpu");
+    else
+        snprintf(dev, sizeof dev, "cuda:%d", device);
+    PyObject *torch = PyImport_ImportModule("torch");
+    PyObject *zeros = torch ? PyObject_GetAttrString(torch, "zeros") : NULL;
+    PyObject *f32 = zeros ? PyObject_GetAttrString(torch, "float32") : NULL;
+    PyObject *args = f32 ? Py_BuildValue("((n))", (Py_ssize_t)elems) : NULL;
+    PyObject *kw = args ? Py_BuildValue("{s:O,s:s}", "dtype", f32, "device", dev) : NULL;
+    PyObject *r = kw ? PyObject_Call(zeros, args, kw) : NULL;
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_XDECREF(f32);
+    Py_XDECREF(zeros);
+    Py_XDECREF(torch);
+    return r;
+}
+
+/* float32 zeros like the bucket (only float32 buckets are compressed), or on `device` without
+ * one */
 static axc_status alloc_residual(void *ctx, void *bucket_owner, int device, size_t elems,
                                  void **data, void **owner)
 {
     (void)ctx;
-    (void)device;
-    PyObject *r = PyObject_CallMethod((PyObject *)bucket_owner, "new_zeros", "((n))",
-                                      (Py_ssize_t)elems);
+    PyObject *r = !bucket_owner ? zeros_on(device, elems)
+                                : PyObject_CallMethod((PyObject *)bucket_owner, "new_zeros",
+                                                      "((n))", (Py_ssize_t)elems);
     PyObject *ptr = r ? PyObject_CallMethodNoArgs(r, s_data_ptr) : NULL;
     void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
     Py_XDECREF(ptr);

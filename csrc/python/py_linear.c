@@ -2,6 +2,7 @@
  * Linear makes its handle, from a sequence of ints (axonn_c/linear.py Linear._handle). */
 #include <stdint.h>
 
+#include "axc/layer_residuals.h"
 #include "axc/linear.h"
 #include "py_common.h"
 

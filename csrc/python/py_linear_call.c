@@ -314,17 +314,19 @@ done:
 }
 
 /* backward(dy, x, saved, w, need_dx[, device, stream[, dw, dw_prev, w_full, dw_full,
- *          dw_residual, hold_result]]) -> (dx or None, dw, db or None), and with the 13
+ *          trains_residual, hold_result]]) -> (dx or None, dw, db or None), and with the 13
  * arguments (dx or None, dw, db or None, workspace or None, task number). dw: a tensor given by
  * the caller's deferred completion (the call then hands dW's reduce-scatter to the scheduler,
- * axc_linear_io.defer, and adds dw_prev in first), or None: allocated here; w_full, dw_full,
- * dw_residual: as axc_linear_io's, or None; hold_result: dx's all-reduce is left in flight. */
+ * axc_linear_io.defer, and adds dw_prev in first), or None: allocated here; w_full, dw_full:
+ * as axc_linear_io's, or None; trains_residual: false where the call's dW reaches no .grad or
+ * runs on a micro-batch thread (its depth reduce-scatter then takes scratch zeros as its
+ * error-feedback residual, not the layer's); hold_result: dx's all-reduce is left in flight. */
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5 && n != 7 && n != 13) {
         PyErr_SetString(PyExc_TypeError,
                         "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream[, dw, "
-                        "dw_prev, w_full, dw_full, dw_residual, hold_result]])");
+                        "dw_prev, w_full, dw_full, trains_residual, hold_result]])");
         return NULL;
     }
     PyObject *x = a[1], *saved = a[2], *w = a[3];
@@ -384,19 +386,38 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     io.dw = ptr_of(dw, &err);
     io.db = opt_ptr(db, &err);
     io.workspace = opt_ptr(ws, &err);
+    int trains = 1;
     if (more) {
         io.dw_prev = opt_ptr(more[1], &err);
         io.w_full = opt_ptr(more[2], &err);
         io.dw_full = opt_ptr(more[3], &err);
-        io.dw_residual = opt_ptr(more[4], &err);
+        if (!err && (trains = PyObject_IsTrue(more[4])) < 0)
+            goto done;
     }
     uint64_t task = 0;
     io.task_number = &task;
     if (err)
         goto done;
+    /* dW's depth reduce-scatter: the error-feedback residual the runtime keeps by layer id
+     * (axc/layer_residuals.h), where C says the call needs one; scratch zeros for a call that
+     * must not train it (trains_residual false) */
+    axc_layer_residuals *res = axc_runtime_layer_residuals(axc_py_runtime());
+    void *scratch = NULL;
+    int64_t elems = 0;
+    if (io.layer >= 0 && !io.dw_full)
+        st = axc_linear_dw_residual_elems(comm, d, device, &elems);
+    if (st == AXC_OK && elems > 0)
+        st = axc_layer_residuals_for_call(res, io.layer, device, (size_t)elems, trains, defer,
+                                          &io.dw_residual, &scratch);
+    if (st != AXC_OK) {
+        if (!PyErr_Occurred()) /* (an allocation's error is set) */
+            axc_py_raise(st);
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS st = axc_linear_backward(comm, d, &io);
-    Py_END_ALLOW_THREADS if (st != AXC_OK)
-    {
+    Py_END_ALLOW_THREADS
+    axc_layer_residuals_release(res, scratch); /* (NULL: none, or kept until the pass's end) */
+    if (st != AXC_OK) {
         axc_py_raise(st);
         goto done;
     }
@@ -474,7 +495,7 @@ static PyMethodDef call_methods[] = {
      "forward(x, w, b[, device, stream]) -> (y, saved or None)"},
     {"backward", (PyCFunction)(void (*)(void))call_backward, METH_FASTCALL,
      "backward(dy, x, saved, w, need_dx[, device, stream[, dw, dw_prev, w_full, dw_full, "
-     "dw_residual, hold_result]]) -> (dx, dw, db[, workspace, task])"},
+     "trains_residual, hold_result]]) -> (dx, dw, db[, workspace, task])"},
     {"shapes_for", (PyCFunction)call_shapes_for, METH_O,
      "shapes_for(rows) -> the shapes of a call with `rows` rows (dict)"},
     {"defers", (PyCFunction)(void (*)(void))call_defers, METH_FASTCALL,

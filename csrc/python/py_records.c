@@ -445,6 +445,8 @@ static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
         rc = -1;
     } else {
         Py_DECREF(done);
+        /* (everything deferred completed: the depth residuals it used may go) */
+        axc_layer_residuals_pass_done(axc_runtime_layer_residuals(axc_py_runtime()));
         for (size_t i = 0; rc == 0 && i < pass.nrecs; i++)
             rc = apply(&pass.recs[i]);
         if (rc == 0)
@@ -469,6 +471,7 @@ static PyObject *py_records_drop(PyObject *self, PyObject *noargs)
     if (st != AXC_OK)
         return axc_py_raise(st);
     axc_buckets_reset(axc_runtime_buckets(axc_py_runtime()));
+    axc_layer_residuals_pass_done(axc_runtime_layer_residuals(axc_py_runtime()));
     int rc = restore(&pass);
     axc_records_pass_release(recs(), &pass);
     axc_py_keeps_release_done();

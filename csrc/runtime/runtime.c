@@ -15,6 +15,7 @@ struct axc_runtime {
     axc_grad_records *records;
     axc_mb *mb; /* the running run_concurrent call, or NULL */
     axc_mb_memory *mbmem; /* what the calls learned (NULL without the ops) */
+    axc_layer_residuals *layer_residuals; /* the linear layers' depth dW residuals */
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
@@ -57,6 +58,8 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
         mo.blocking_end = ops->hooks.blocking_end;
         st = axc_mb_memory_create(&rt->mbmem, &mo);
     }
+    if (st == AXC_OK)
+        st = axc_layer_residuals_create(&rt->layer_residuals, &ops->buckets);
     if (st != AXC_OK) {
         axc_runtime_destroy(rt);
         return st;
@@ -73,6 +76,7 @@ void axc_runtime_destroy(axc_runtime *rt)
     axc_runtime_mb_end(rt);
     axc_mb_memory_destroy(rt->mbmem);
     axc_records_destroy(rt->records);
+    axc_layer_residuals_destroy(rt->layer_residuals);
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
     axc_buckets_destroy(rt->buckets);
@@ -105,6 +109,9 @@ axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg)
         return st;
     rt->comm = comm;
     rt->sched = sched;
+    /* (a new grid: the layers' ids and shards differ; nothing is in flight) */
+    axc_layer_residuals_clear(rt->layer_residuals);
+    axc_layer_residuals_pass_done(rt->layer_residuals);
     return AXC_OK;
 }
 
@@ -126,6 +133,9 @@ axc_status axc_runtime_close(axc_runtime *rt)
         axc_comm_destroy(comm);
     axc_status st = axc_gemm_release(); /* the cuBLASLt plans (none on CPU) */
     blocking_end(rt, b);
+    /* (the scheduler drained: nothing uses them any more) */
+    axc_layer_residuals_clear(rt->layer_residuals);
+    axc_layer_residuals_pass_done(rt->layer_residuals);
     return st;
 }
 
@@ -136,6 +146,11 @@ axc_buckets *axc_runtime_buckets(const axc_runtime *rt) { return rt ? rt->bucket
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt) { return rt ? rt->keeps : NULL; }
 
 axc_grad_records *axc_runtime_records(const axc_runtime *rt) { return rt ? rt->records : NULL; }
+
+axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt)
+{
+    return rt ? rt->layer_residuals : NULL;
+}
 
 axc_status axc_runtime_start_due_sums(axc_runtime *rt)
 {

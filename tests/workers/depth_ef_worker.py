@@ -18,6 +18,7 @@ torchrun on 4 ranks over grids with G_intra_d 2 and 4, overlap off and on.
   compression_state(model) round trip and its errors (no model, another layer shape).
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -111,6 +112,12 @@ def identity_run(grid, overlap, policy, own):
             r = residuals.get(name)
             diff = (got[i] + held(layer, r) - want[i]).abs().max().item()
             errors.append(diff / want[i].abs().max().item())
+        # the residuals are C's (by layer id): none is kept for in-flight work once the passes
+        # ended, and a collected layer's goes with it
+        assert axonn_c._C.grad_layer_residuals_kept() == 0
+        del net, layers, layer, seen
+        gc.collect()
+        assert axonn_c._C.grad_layer_residuals() == {}, grid
         return errors, residuals
     finally:
         axonn_c.finalize()

@@ -120,9 +120,10 @@ typedef struct axc_linear_io {
      * or NULL: reduce-scattered into io->dw */
     void *dw_full;
     /* backward, Gd > 1: the error-feedback residual of dW's depth reduce-scatter (fp32,
-     * axc_linear_dw_residual_elems elements, zeros at first), kept by the caller across steps
-     * and updated in place when the reduce-scatter runs (also when deferred: the caller keeps
-     * it alive and passes it to no other collective in flight). Required when
+     * axc_linear_dw_residual_elems elements, zeros at first), kept across steps by the
+     * caller (the runtime's table by layer id, axc/layer_residuals.h) and updated in place
+     * when the reduce-scatter runs (also when deferred: the caller keeps it alive and passes
+     * it to no other collective in flight). Required when
      * axc_linear_dw_residual_elems is > 0 and this call reduce-scatters dW itself (not with
      * dw_full); ignored otherwise. */
     float *dw_residual;

@@ -3,10 +3,11 @@
  * - The communicator of the current init() and the scheduler over it (none between finalize()
  *   and the next init: axc_runtime_open / axc_runtime_close, which tear down in order: the
  *   scheduler drains before the communicator goes).
- * - The gradient bucket engine, the keep-alive queues and the records of pending gradients with
- *   the summed-over marks (axc/records.h), made with the runtime and kept across inits (their
- *   buffers and owners come from the embedding program: torch tensors, Python
- *   references, through the ops it passes in).
+ * - The gradient bucket engine, the keep-alive queues, the records of pending gradients with
+ *   the summed-over marks (axc/records.h) and the linear layers' depth dW error-feedback
+ *   residuals (axc/layer_residuals.h: cleared at open and close), made with the runtime and
+ *   kept across inits (their buffers and owners come from the embedding program: torch
+ *   tensors, Python references, through the ops it passes in).
  * - The step that starts the bucket sums that came due, in the engine's order, through the
  *   scheduler, on every rank alike.
  *
@@ -21,6 +22,7 @@
 #include "axc/comm.h"
 #include "axc/keeps.h"
 #include "axc/microbatch.h"
+#include "axc/layer_residuals.h"
 #include "axc/records.h"
 #include "axc/sched.h"
 #include "axc/status.h"
@@ -67,6 +69,7 @@ axc_sched *axc_runtime_sched(const axc_runtime *rt); /* NULL when not open */
 axc_buckets *axc_runtime_buckets(const axc_runtime *rt);
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt);
 axc_grad_records *axc_runtime_records(const axc_runtime *rt);
+axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt);
 
 /* Starts every gradient sum the bucket engine has due, in its order, each after everything the
  * scheduler deferred so far, on torch's current stream of the sum's CUDA device. A call made
