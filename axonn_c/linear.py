@@ -122,6 +122,8 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
         dw, fold = grads.chunk_prepare(param, s["shard"], call.overlap_data)
     elif param is not None:
         dw, fold, replace, bucket = grads.prepare(param, s["shard"], call.overlap_data)
+    if call.scheduled and call.layer >= 0:  # (the scheduler records this w as the layer's shard)
+        _cache.keep[call.layer] = w
     wf = _shared_gather(w, call, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, call) if param is None else None
@@ -754,8 +756,7 @@ class Linear(nn.Module):
                 self._remember_plain(call, x2.dtype, use_bias, w)
                 y = _PlainLinear.apply(x2, w, bc, call)
             else:
-                if call.layer < 0:
-                    call.layer = self._layer_id()
+                call.layer = self._layer_id()  # (per object: a __dict__ copy shares _calls)
                 y = _EagerLinear.apply(x2, w, bc, call, hold)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
@@ -822,7 +823,8 @@ class Linear(nn.Module):
         memo, key = self._calls, (session.epoch, session.knobs_version)
         if memo is None or memo[0] != key:
             memo = self._calls = (key, {})
-        k = (dtype, use_bias, knobs, codecs, refuse_capture)
+        # (the device: whether a depth residual is kept depends on the device's transport)
+        k = (dtype, use_bias, knobs, codecs, refuse_capture, _dev(self.weight))
         call = memo[1].get(k)
         if call is None:
             cfg = (*self._cfg[:3], int(use_bias), self._cfg[4], *knobs, *codecs)

@@ -2,7 +2,6 @@
  * Linear makes its handle, from a sequence of ints (axonn_c/linear.py Linear._handle). */
 #include <stdint.h>
 
-#include "axc/layer_residuals.h"
 #include "axc/linear.h"
 #include "py_common.h"
 
@@ -31,6 +30,17 @@ int axc_py_parse_linear_desc(PyObject *cfg, const char *dtype, axc_linear_desc *
         }
     }
     Py_DECREF(seq);
+    if (v[0] < 0 || v[0] > INT32_MAX || v[1] < 0 || v[1] > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "LinearCall: in_features and out_features must be in [0, 2**31 - 1], got "
+                     "%lld and %lld", v[0], v[1]);
+        return -1;
+    }
+    for (int i = 12; n == 18 && i <= 16; i += 2)
+        if (v[i] < INT32_MIN || v[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "LinearCall: codec block %lld out of range", v[i]);
+            return -1;
+        }
     if (v[7] < 0 || v[7] > 64) {
         PyErr_Format(PyExc_ValueError, "fwd_chunks must be in [1, 64] (0: by size), got %lld",
                      v[7]);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/layer_residuals.h"
 #include "axc/linear.h"
 #include "axc/torch_shim.h"
 #include "py_common.h"
@@ -21,8 +22,8 @@ PyObject *axc_py_linear_shapes(axc_comm *comm, const axc_linear_desc *d, int64_t
 typedef struct {
     PyObject_HEAD axc_linear_desc d;
     int layer;          /* the scheduler id (-1: none; set by the layer before a call needs it) */
-    int self_contained; /* axc_linear_self_contained, decided when the handle is made */
-    int scheduled, overlap_data;
+    char self_contained; /* axc_linear_self_contained, decided when the handle is made */
+    char scheduled, overlap_data; /* (char: read by T_BOOL members) */
     PyObject *cfg;    /* the ints the handle was made from (torch.compile's custom ops) */
     PyObject *shapes; /* the row-independent shapes (shard, groups, blocks) as a dict */
     /* the error a call on a CUDA stream being captured into a graph raises (the layer's knobs
@@ -42,12 +43,13 @@ static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
     PyObject *cfg, *refuse = Py_None;
     const char *dtype;
     int device = -1;
+    axc_linear_desc d; /* (copied in on success: a failed re-init leaves the handle as it was) */
     if (kwargs && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "LinearCall takes no keyword arguments");
         return -1;
     }
     if (!PyArg_ParseTuple(args, "Os|iO", &cfg, &dtype, &device, &refuse) ||
-        axc_py_parse_linear_desc(cfg, dtype, &self->d) < 0)
+        axc_py_parse_linear_desc(cfg, dtype, &d) < 0)
         return -1;
     if (refuse != Py_None && !PyUnicode_Check(refuse)) {
         PyErr_SetString(PyExc_TypeError, "LinearCall: refuse_capture must be a str or None");
@@ -56,12 +58,13 @@ static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
     axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return -1;
-    PyObject *shapes = axc_py_linear_shapes(comm, &self->d, 0);
+    PyObject *shapes = axc_py_linear_shapes(comm, &d, 0);
     PyObject *t = shapes ? PySequence_Tuple(cfg) : NULL;
     if (!t) {
         Py_XDECREF(shapes);
         return -1;
     }
+    self->d = d;
     Py_XSETREF(self->shapes, shapes);
     Py_XSETREF(self->cfg, t);
     self->layer = -1;
@@ -146,6 +149,8 @@ static PyObject *empty_like(PyObject *t)
 
 static void *ptr_of(PyObject *t, int *err)
 {
+    if (*err) /* (an exception is set: no more calls into Python) */
+        return NULL;
     PyObject *v = PyObject_CallMethodNoArgs(t, s_data_ptr);
     if (!v) {
         *err = 1;
