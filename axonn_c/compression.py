@@ -246,6 +246,9 @@ def load_compression_state(state: dict, model=None) -> None:
                                  f"shape {list(t.shape)}, the layer needs [{want}] (shard "
                                  f"{s['shard']} x G_intra_d {s['depth_size']}): saved for "
                                  "another layer shape or grid")
+            if layer.weight.device.type not in ("cpu", "cuda"):  # (C keeps cpu/cuda ones)
+                raise ValueError(f"load_compression_state: {name!r} is on "
+                                 f"{layer.weight.device}, expected a cpu or cuda layer")
             targets[layer._layer_id()] = torch.empty(
                 want, dtype=torch.float32, device=layer.weight.device).copy_(t.detach())
     _C.grad_buckets_clear_residuals()

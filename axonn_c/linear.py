@@ -84,13 +84,17 @@ def _forget(layer_id: int, ep: int) -> None:
         _C.sched_forget(layer_id)  # (and its depth dW residual: a reused id starts at zeros)
 
 
-@torch._dynamo.assume_constant_result
 def _keeps_residual_traced(cfg: tuple, dtype: torch.dtype, device: int, setting: tuple) -> bool:
     """Whether C keeps a depth dW error-feedback residual for the layer's calls, asked while
     torch.compile traces (a constant of the graph, no graph break: run eagerly, not traced);
     `setting` (init epoch, knobs version), read by the traced code, makes a policy change
     recompile."""
-    return _C.LinearCall(cfg, _dtype_name(dtype), device, None).dw_residual_elems(device) > 0
+    return _C.LinearCall(cfg, _dtype_name(dtype), device, None).keeps_dw_residual
+
+
+# torch._dynamo.assume_constant_result's mark, set without importing torch._dynamo (seconds
+# at `import axonn_c` for users who never compile)
+_keeps_residual_traced._dynamo_marked_constant = True
 
 
 def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int = 0):
@@ -130,8 +134,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
     hold = need_dx and bool(hold & HOLD_BWD)
     # the depth dW error-feedback residual is C's (by layer id, where C says the call needs one):
     # a micro-batch thread or a dW no .grad receives takes scratch zeros, not the layer's
-    trains_residual = s["depth_size"] > 1 and dy.dtype is torch.float32 and (
-        not microbatch_active() and trains())
+    trains_residual = call.keeps_dw_residual and not microbatch_active() and trains()
     # (dw given: deferred, the handle hands its completion to the scheduler)
     dx, dw, db, ws_t, task = call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), dw,
                                            fold, wf, dwf, trains_residual, hold)
@@ -294,7 +297,8 @@ class _EagerLinear(torch.autograd.Function):
     def forward(ctx, x, w, b, call, hold):
         y, saved = _forward_impl(x, w, b, call, hold)
         ctx.save_for_backward(x, saved, w)
-        ctx.call, ctx.hold, ctx.has_bias = call, hold, b is not None
+        # (the scheduler id as of this forward: a __dict__ copy of the layer shares the handle)
+        ctx.call, ctx.layer, ctx.hold, ctx.has_bias = call, call.layer, hold, b is not None
         # the weight as passed (the Parameter, or a per-call cast): a deferred gradient goes to
         # its .grad. Not the saved tensor: under torch.utils.checkpoint(use_reentrant=False) that
         # is a recomputed alias, whose .grad nobody reads
@@ -305,6 +309,7 @@ class _EagerLinear(torch.autograd.Function):
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
         call, hold, param = ctx.call, ctx.hold, ctx.param
+        call.layer = ctx.layer
         # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
         dx, dw, db = _backward_impl(dy, x, saved, w, call, hold,
                                     _deferred_param(param, call, hold),

@@ -149,3 +149,16 @@ if __name__ == "__main__":  # prints the graph and the state (for updating EXPEC
     for p in sorted(PKG.rglob("*.py")):
         print(p.relative_to(PKG), module_state(p))
     pytest.main([__file__])
+
+
+def test_import_leaves_dynamo_unloaded():
+    """`import axonn_c` does not import torch._dynamo (seconds of start-up for a user who never
+    compiles): the compile-time query is marked constant without it."""
+    import subprocess
+    import sys
+    code = ("import sys, axonn_c; from axonn_c import linear; "
+            "assert linear._keeps_residual_traced._dynamo_marked_constant; "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -24,6 +24,7 @@ typedef struct {
     int layer;          /* the scheduler id (-1: none; set by the layer before a call needs it) */
     char self_contained; /* axc_linear_self_contained, decided when the handle is made */
     char scheduled, overlap_data; /* (char: read by T_BOOL members) */
+    char keeps_dw_residual; /* its depth dW reduce-scatter keeps an error-feedback residual */
     PyObject *cfg;    /* the ints the handle was made from (torch.compile's custom ops) */
     PyObject *shapes; /* the row-independent shapes (shard, groups, blocks) as a dict */
     /* the error a call on a CUDA stream being captured into a graph raises (the layer's knobs
@@ -64,6 +65,15 @@ static int call_init(LinearCall *self, PyObject *args, PyObject *kwargs)
         Py_XDECREF(shapes);
         return -1;
     }
+    int64_t res_elems = 0;
+    axc_status st = axc_linear_dw_residual_elems(comm, &d, device, &res_elems);
+    if (st != AXC_OK) {
+        Py_DECREF(shapes);
+        Py_DECREF(t);
+        axc_py_raise(st);
+        return -1;
+    }
+    self->keeps_dw_residual = res_elems > 0;
     self->d = d;
     Py_XSETREF(self->shapes, shapes);
     Py_XSETREF(self->cfg, t);
@@ -391,7 +401,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     io.dw = ptr_of(dw, &err);
     io.db = opt_ptr(db, &err);
     io.workspace = opt_ptr(ws, &err);
-    int trains = 1;
+    int trains = 0; /* (the short forms: a self-contained call, which keeps no residual) */
     if (more) {
         io.dw_prev = opt_ptr(more[1], &err);
         io.w_full = opt_ptr(more[2], &err);
@@ -419,8 +429,19 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
             axc_py_raise(st);
         goto done;
     }
+    /* the layer's residual, written with the interpreter lock released: held here, so that
+     * another thread replacing or dropping it meanwhile (load_compression_state, a forgotten
+     * layer) cannot free it under the call (a deferred one is kept by the table itself) */
+    PyObject *held = NULL;
+    if (io.dw_residual && !scratch && !defer) {
+        void *owner = NULL;
+        size_t n_held = 0;
+        if (axc_layer_residuals_get(res, io.layer, &owner, &n_held))
+            held = Py_XNewRef((PyObject *)owner);
+    }
     Py_BEGIN_ALLOW_THREADS st = axc_linear_backward(comm, d, &io);
     Py_END_ALLOW_THREADS
+    Py_XDECREF(held);
     axc_layer_residuals_release(res, scratch); /* (NULL: none, or kept until the pass's end) */
     if (st != AXC_OK) {
         axc_py_raise(st);
@@ -516,6 +537,8 @@ static PyMemberDef call_members[] = {
      "whether calls outside chunk pipelining and micro-batches need nothing cross-layer"},
     {"scheduled", T_BOOL, offsetof(LinearCall, scheduled), READONLY,
      "whether the depth gather goes through the scheduler"},
+    {"keeps_dw_residual", T_BOOL, offsetof(LinearCall, keeps_dw_residual), READONLY,
+     "whether its depth dW reduce-scatter keeps an error-feedback residual on its device"},
     {"overlap_data", T_BOOL, offsetof(LinearCall, overlap_data), READONLY,
      "whether dW's data-parallel reduction runs in a bucket during backward"},
     {"cfg", T_OBJECT_EX, offsetof(LinearCall, cfg), READONLY, "the ints the handle was made from"},
