@@ -184,7 +184,8 @@ void axc_mb_destroy(axc_mb *mb)
         (void)axc_mb_close(mb, 0);
     for (int i = 0; i < mb->nsc; i++) { /* (the results, kept for axc_mb_scatter_result) */
         mb->ops.release(mb->ops.ctx, mb->sc[i].w);
-        mb->ops.release(mb->ops.ctx, mb->sc[i].out);
+        if (mb->sc[i].out)
+            mb->ops.release(mb->ops.ctx, mb->sc[i].out);
     }
     for (int i = 0; i < mb->nparts; i++) {
         free(mb->parts[i].owners);
@@ -372,13 +373,30 @@ static void lock_gathers(axc_mb *mb)
     take_back(mb, s);
 }
 
-static axc_status wait_work(axc_mb *mb, axc_work *work)
+/* A work whose wait timed out while it still runs belongs to the backend: it may still write
+ * its buffers, so neither the work nor those buffers may be freed (leaked instead, as
+ * axc_work_wait's callers do elsewhere). */
+static int still_running(axc_status st, axc_work *work)
 {
+    return st == AXC_ERR_TIMEOUT && !axc_work_done(work);
+}
+
+/* Waits for `work` and frees it; *running (if given): it timed out still running, not freed,
+ * and its buffers must be leaked. */
+static axc_status wait_work(axc_mb *mb, axc_work *work, int *running)
+{
+    if (running)
+        *running = 0;
     if (!work)
         return AXC_OK;
     void *s = let_go(mb);
     axc_status st = axc_work_wait(work);
-    axc_work_free(work);
+    if (still_running(st, work)) {
+        if (running)
+            *running = 1;
+    } else {
+        axc_work_free(work);
+    }
     take_back(mb, s);
     return st;
 }
@@ -455,9 +473,13 @@ static axc_status first_arrival(axc_mb *mb, gather_key key, void *w, int keep, s
         g->work = NULL;
         g->live = 0;
         g->ready = 1;
-        mb->ops.release(mb->ops.ctx, g->owner);
+        /* every rank started it; its data is not used, but it writes its buffer until it
+         * completes: let go of the buffer only then */
+        int running;
+        (void)wait_work(mb, work, &running);
+        if (!running)
+            mb->ops.release(mb->ops.ctx, g->owner);
         g->owner = NULL;
-        (void)wait_work(mb, work); /* (every rank started it; its data is not used) */
         *gi = -1;
     }
     if (*gi < 0)
@@ -494,8 +516,11 @@ static axc_status fail_key(axc_mb *mb, gather_key key, int gi, axc_status st)
     }
     axc_work *work = mb->g[gi].work;
     mb->g[gi].work = NULL;
-    (void)wait_work(mb, work); /* (started on every rank: it completes) */
+    int running;
+    (void)wait_work(mb, work, &running); /* (started on every rank: it completes) */
     gather *g = &mb->g[gi];
+    if (running)
+        g->owner = NULL; /* (still written: leaked) */
     g->ready = 1;
     g->status = st;
     snprintf(g->msg, sizeof g->msg, "%s", msg);
@@ -528,9 +553,12 @@ axc_status axc_mb_gather(axc_mb *mb, int layer, int phase, int use, void *w, int
         axc_work *work = mb->g[gi].work;
         mb->g[gi].work = NULL;
         pthread_mutex_unlock(&mb->gmu);
-        st = wait_work(mb, work);
+        int running;
+        st = wait_work(mb, work, &running);
         lock_gathers(mb);
         gather *g = &mb->g[gi];
+        if (running)
+            g->owner = NULL; /* (still written: leaked) */
         g->ready = 1;
         g->status = st;
         if (st != AXC_OK)
@@ -573,9 +601,12 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         gather *g = &mb->g[i];
         axc_work *work = g->work;
         g->work = NULL;
-        axc_status st = wait_work(mb, work);
+        int running;
+        axc_status st = wait_work(mb, work, &running);
         if (st != AXC_OK && first == AXC_OK)
             first = st;
+        if (running)
+            g->owner = NULL; /* (still written: leaked) */
         if (g->owner)
             mb->ops.release(mb->ops.ctx, g->owner);
         g->owner = NULL;
@@ -585,9 +616,14 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         scatter *e = &mb->sc[i];
         axc_work *work = e->work;
         e->work = NULL;
-        axc_status st = wait_work(mb, work);
+        int running;
+        axc_status st = wait_work(mb, work, &running);
         if (st != AXC_OK && e->status == AXC_OK)
             e->status = st;
+        if (running) { /* (it still reads the block and writes the shard: both leaked) */
+            e->block_owner = NULL;
+            e->out = NULL;
+        }
         if (e->status != AXC_OK && first == AXC_OK)
             first = e->status;
         if (e->block_owner)
@@ -764,6 +800,8 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
         scatter *e = &mb->sc[retire[k]];
         if (ws[k] != AXC_OK && e->status == AXC_OK)
             e->status = ws[k];
+        if (still_running(ws[k], works[k]))
+            continue; /* (it still reads the block: close waits again, or leaks it) */
         mb->ops.release(mb->ops.ctx, e->block_owner);
         e->block_owner = NULL;
     }

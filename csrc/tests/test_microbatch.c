@@ -401,6 +401,60 @@ static void test_scatters(axc_comm *comm, axc_mb_memory *mem, int rank)
     CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
 }
 
+/* One single-micro-batch call on this thread gathering (layer l, weight ws[l]) for l < nl;
+ * a nap of `delay_ms` before layer `delay_at`. Returns the first failure, else close's. */
+static axc_status one_thread_call(axc_comm *comm, axc_mb_memory *mem, int nl, const int *layers,
+                                  tweight *const *ws, int delay_at, int delay_ms)
+{
+    axc_mb *mb;
+    CHECK_OK(axc_mb_create(&mb, 1, 64, comm, mem));
+    axc_comm_set_thread_channel(comm, 1);
+    axc_status st = AXC_OK;
+    for (int l = 0; l < nl && st == AXC_OK; l++) {
+        if (l == delay_at) {
+            struct timespec ts = {0, (long)delay_ms * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        void *data, *owner;
+        st = axc_mb_gather(mb, layers[l], AXC_PHASE_FWD, 1, ws[l], 1, 2 * SHARD, &data, &owner);
+        if (st == AXC_OK)
+            t_release(NULL, owner);
+    }
+    axc_status cst = axc_mb_close(mb, st == AXC_OK);
+    axc_mb_destroy(mb);
+    axc_comm_set_thread_channel(comm, 0);
+    return st != AXC_OK ? st : cst;
+}
+
+/* A prefetch of the learned order whose layer then comes with another tensor: its buffer is let
+ * go only after the prefetch completed (released first, the collective wrote freed memory:
+ * ASan). Rank 0 follows the learned order (layer 0 prefetches layer 1 from w[1]; layer 1 comes
+ * with w[3]: the prefetch is waited for, then a gather of its own); rank 1 has forgotten the
+ * order and matches those collectives one by one, late (the prefetch completes ~300 ms after
+ * rank 0 asked for layer 1). */
+static void test_prefetch_other_tensor(axc_comm *comm, axc_mb_memory *mem, int rank)
+{
+    axc_mb_memory_clear(mem);
+    static const int layers[3] = {0, 1, 2};
+    tweight *const first[3] = {&g_w[0], &g_w[1], &g_w[2]};
+    CHECK_OK(one_thread_call(comm, mem, 3, layers, first, -1, 0));
+    if (rank == 0) {
+        tweight *const second[3] = {&g_w[0], &g_w[3], &g_w[2]};
+        CHECK_OK(one_thread_call(comm, mem, 3, layers, second, -1, 0));
+        axc_mb_stats stats;
+        axc_mb_memory_stats(mem, &stats);
+        CHECK_MSG(stats.gathers == 4 && stats.prefetched == 0, "%lld gathers, %lld prefetched",
+                  stats.gathers, stats.prefetched);
+    } else { /* gather 0, then (late) the prefetch's match, layer 1's own, layer 2 */
+        axc_mb_memory_clear(mem);
+        static const int late[4] = {0, 1, 7, 2};
+        tweight *const second[4] = {&g_w[0], &g_w[3], &g_w[3], &g_w[2]};
+        CHECK_OK(one_thread_call(comm, mem, 4, late, second, 1, 300));
+    }
+    axc_mb_memory_clear(mem);
+    CHECK(g_w[0].refs == 0 && g_w[1].refs == 0 && g_w[3].refs == 0 && g_buffers_alive == 0);
+}
+
 static void gathers_main(int rank, int world, const int dims[4], double timeout)
 {
     rank_begin(rank);
@@ -487,6 +541,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
     axc_mb_memory_clear(mem);
     CHECK(g_w[0].refs == 0 && g_w[1].refs == 0 && g_w[2].refs == 0 && g_buffers_alive == 0);
     test_scatters(comm, mem, rank);
+    test_prefetch_other_tensor(comm, mem, rank);
     axc_mb_memory_destroy(mem);
     axc_comm_destroy(comm);
     rank_end(rank);
