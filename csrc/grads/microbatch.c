@@ -50,6 +50,7 @@ struct axc_mb_memory {
 typedef struct gather {
     gather_key key;
     void *src;          /* the weight it gathers (identity) */
+    void *pinned;       /* keeps the storage it sends from, until its work is waited */
     void *data, *owner; /* the gathered buffer */
     axc_work *work;     /* NULL once taken by its waiter */
     int live;           /* in the table: not yet used by all n */
@@ -401,6 +402,17 @@ static axc_status wait_work(axc_mb *mb, axc_work *work, int *running)
     return st;
 }
 
+/* Gather g's work was waited for: the weight storage it sent from is let go; still running,
+ * its buffer and that storage are leaked instead (the backend may still use them). */
+static void gather_waited(axc_mb *mb, gather *g, int running)
+{
+    if (running)
+        g->owner = NULL;
+    else if (g->pinned)
+        mb->ops.release(mb->ops.ctx, g->pinned);
+    g->pinned = NULL;
+}
+
 static int find_live(const axc_mb *mb, gather_key key)
 {
     for (int i = 0; i < mb->ng; i++)
@@ -417,15 +429,16 @@ static int was_issued(const axc_mb *mb, gather_key key)
     return 0;
 }
 
-/* Starts the gather of `key` from weight `w` on the gather channel (the lock held: issue
- * order); its index in *gi. */
-static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel, int *gi)
+/* start_gather with the weight's storage held by `pinned` (described in w's place); the gather
+ * keeps `pinned` when it starts. */
+static axc_status start_gather_pinned(axc_mb *mb, gather_key key, void *w, void *pinned,
+                                      size_t numel, int *gi)
 {
     const void *shard;
     size_t elems;
     axc_dtype dtype;
     int device;
-    AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &elems, &dtype, &device));
+    AXC_TRY(mb->ops.describe(mb->ops.ctx, pinned, &shard, &elems, &dtype, &device));
     size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
     if (elems * G != numel)
         return axc_fail(AXC_ERR_INVALID, "shared depth all-gather of layer %d: %zu elements "
@@ -453,9 +466,24 @@ static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel
         return st;
     }
     *gi = mb->ng++;
-    mb->g[*gi] = (gather){.key = key, .src = w, .data = data, .owner = owner, .work = work,
-                          .live = 1};
+    mb->g[*gi] = (gather){.key = key, .src = w, .pinned = pinned, .data = data, .owner = owner,
+                          .work = work, .live = 1};
     return AXC_OK;
+}
+
+/* Starts the gather of `key` from weight `w` on the gather channel (the lock held: issue
+ * order); its index in *gi. */
+static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel, int *gi)
+{
+    void *pinned = w; /* (sent from without a copy: its storage must outlive the work) */
+    if (mb->ops.pin)
+        AXC_TRY(mb->ops.pin(mb->ops.ctx, w, &pinned));
+    else
+        mb->ops.retain(mb->ops.ctx, w);
+    axc_status st = start_gather_pinned(mb, key, w, pinned, numel, gi);
+    if (st != AXC_OK)
+        mb->ops.release(mb->ops.ctx, pinned);
+    return st;
 }
 
 /* What a first arrival decides with the lock held: the gather to wait for in *gi. */
@@ -477,7 +505,8 @@ static axc_status first_arrival(axc_mb *mb, gather_key key, void *w, int keep, s
          * completes: let go of the buffer only then */
         int running;
         (void)wait_work(mb, work, &running);
-        if (!running)
+        gather_waited(mb, g, running);
+        if (g->owner)
             mb->ops.release(mb->ops.ctx, g->owner);
         g->owner = NULL;
         *gi = -1;
@@ -519,8 +548,7 @@ static axc_status fail_key(axc_mb *mb, gather_key key, int gi, axc_status st)
     int running;
     (void)wait_work(mb, work, &running); /* (started on every rank: it completes) */
     gather *g = &mb->g[gi];
-    if (running)
-        g->owner = NULL; /* (still written: leaked) */
+    gather_waited(mb, g, running);
     g->ready = 1;
     g->status = st;
     snprintf(g->msg, sizeof g->msg, "%s", msg);
@@ -557,8 +585,7 @@ axc_status axc_mb_gather(axc_mb *mb, int layer, int phase, int use, void *w, int
         st = wait_work(mb, work, &running);
         lock_gathers(mb);
         gather *g = &mb->g[gi];
-        if (running)
-            g->owner = NULL; /* (still written: leaked) */
+        gather_waited(mb, g, running);
         g->ready = 1;
         g->status = st;
         if (st != AXC_OK)
@@ -605,8 +632,7 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         axc_status st = wait_work(mb, work, &running);
         if (st != AXC_OK && first == AXC_OK)
             first = st;
-        if (running)
-            g->owner = NULL; /* (still written: leaked) */
+        gather_waited(mb, g, running);
         if (g->owner)
             mb->ops.release(mb->ops.ctx, g->owner);
         g->owner = NULL;

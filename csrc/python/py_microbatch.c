@@ -50,10 +50,23 @@ static void release(void *ctx, void *obj)
     Py_DECREF((PyObject *)obj);
 }
 
+/* w.detach(): a tensor of w's storage as it is now, which keeps that storage allocated while a
+ * gather sends from it, even if fn gives w other storage (w.data = ...) meanwhile */
+static axc_status pin(void *ctx, void *w, void **owner)
+{
+    (void)ctx;
+    PyObject *alias = PyObject_CallMethod((PyObject *)w, "detach", NULL);
+    if (!alias)
+        return axc_fail(AXC_ERR_INVALID, "shared depth all-gather: the weight cannot be "
+                                         "detached (not a tensor?)");
+    *owner = alias;
+    return AXC_OK;
+}
+
 void axc_py_microbatch_ops(axc_mb_ops *ops)
 {
     *ops = (axc_mb_ops){.alloc = alloc_like, .describe = describe, .retain = retain,
-                        .release = release};
+                        .release = release, .pin = pin};
 }
 
 /* microbatch_begin(n, params, bucket_bytes, scatter_bound): a run_concurrent call of n

@@ -275,6 +275,17 @@ static void t_release(void *ctx, void *obj)
     }
 }
 
+/* a pinned weight: a reference to it (its storage is the weight's own here), counted */
+static int g_pins;
+
+static axc_status t_pin(void *ctx, void *w, void **owner)
+{
+    g_pins++;
+    t_retain(ctx, w);
+    *owner = w;
+    return AXC_OK;
+}
+
 typedef struct mb_thread {
     axc_mb *mb;
     axc_comm *comm;
@@ -474,7 +485,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
             g_w[l].shard[i] = (float)(100 * l + 10 * rank + i);
     }
     axc_mb_ops ops = {.alloc = t_alloc, .describe = t_describe, .retain = t_retain,
-                      .release = t_release};
+                      .release = t_release, .pin = t_pin};
     axc_mb_memory *mem;
     CHECK_OK(axc_mb_memory_create(&mem, &ops));
     mb_thread th[2];
@@ -511,6 +522,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
     CHECK_OK(run_call(comm, mem, th, 1));
     axc_mb_memory_stats(mem, &stats);
     CHECK(stats.gathers == 3 && stats.prefetched == 0);
+    CHECK(g_pins == 9); /* every gather sent from a pinned weight (given back: refs below) */
     /* a weight whose shard does not fit: the first asker fails, the other is told (nothing
      * learned first: no prefetch of it) */
     axc_mb_memory_clear(mem);

@@ -47,6 +47,10 @@ typedef struct axc_mb_ops {
                            axc_dtype *dtype, int *device);
     void (*retain)(void *ctx, void *obj);  /* one more reference to a weight or an owner */
     void (*release)(void *ctx, void *obj); /* one less */
+    /* an owner (a new reference, let go with release) that keeps the weight's shard storage,
+     * as it is now, allocated while a gather sends from it, even if the weight is given other
+     * storage meanwhile; described in its place. NULL: the weight itself is retained. */
+    axc_status (*pin)(void *ctx, void *w, void **owner);
     /* around waits (NULL: nothing to let go) */
     void *(*blocking_begin)(void *ctx);
     void (*blocking_end)(void *ctx, void *state);
