@@ -83,6 +83,7 @@ struct axc_mb {
     axc_mb_ops ops;
     pthread_mutex_t gmu; /* the gathers' state */
     pthread_cond_t gcv;  /* a gather became ready */
+    pthread_mutex_t smu; /* the reduce-scatters' state (parts, sc, held): taken after gmu */
     gather *g;           /* every gather started in this call, in issue order */
     int ng, capg;
     gather_key *arrived; /* keys first asked for */
@@ -163,7 +164,10 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *com
     init += init == 1 && pthread_cond_init(&mb->cv, NULL) == 0;
     init += init == 2 && pthread_mutex_init(&mb->gmu, NULL) == 0;
     init += init == 3 && pthread_cond_init(&mb->gcv, NULL) == 0;
-    if (init < 4) {
+    init += init == 4 && pthread_mutex_init(&mb->smu, NULL) == 0;
+    if (init < 5) {
+        if (init > 3)
+            pthread_cond_destroy(&mb->gcv);
         if (init > 2)
             pthread_mutex_destroy(&mb->gmu);
         if (init > 1)
@@ -197,6 +201,7 @@ void axc_mb_destroy(axc_mb *mb)
     free(mb->g);
     free(mb->arrived);
     free(mb->seq);
+    pthread_mutex_destroy(&mb->smu);
     pthread_cond_destroy(&mb->gcv);
     pthread_mutex_destroy(&mb->gmu);
     pthread_cond_destroy(&mb->cv);
@@ -363,16 +368,20 @@ static void take_back(const axc_mb *mb, void *state)
         mb->ops.blocking_end(mb->ops.ctx, state);
 }
 
-/* Takes the gathers' lock; waits for it without the caller's lock (whose holder may be waiting
- * here too), which is taken back with this one held. */
-static void lock_gathers(axc_mb *mb)
+/* Takes the gathers' (gmu) or the reduce-scatters' (smu) lock; waits for it without the
+ * caller's lock (whose holder may be waiting here too), which is taken back with this one
+ * held. */
+static void lock_shared(const axc_mb *mb, pthread_mutex_t *mu)
 {
-    if (pthread_mutex_trylock(&mb->gmu) == 0)
+    if (pthread_mutex_trylock(mu) == 0)
         return;
     void *s = let_go(mb);
-    pthread_mutex_lock(&mb->gmu);
+    pthread_mutex_lock(mu);
     take_back(mb, s);
 }
+
+static void lock_gathers(axc_mb *mb) { lock_shared(mb, &mb->gmu); }
+static void lock_scatters(axc_mb *mb) { lock_shared(mb, &mb->smu); }
 
 /* A work whose wait timed out while it still runs belongs to the backend: it may still write
  * its buffers, so neither the work nor those buffers may be freed (leaked instead, as
@@ -638,6 +647,7 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         g->owner = NULL;
         g->live = 0;
     }
+    lock_scatters(mb); /* (after gmu: the lock order) */
     for (int i = 0; i < mb->nsc; i++) { /* (in issue order: they run in it) */
         scatter *e = &mb->sc[i];
         axc_work *work = e->work;
@@ -676,6 +686,7 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
     if (mb->seq)
         release_arrivals(&mb->ops, mb->seq, mb->nseq);
     mb->nseq = 0;
+    pthread_mutex_unlock(&mb->smu);
     pthread_mutex_unlock(&mb->gmu);
     return ok ? first : AXC_OK;
 }
@@ -714,7 +725,8 @@ static int find_part(axc_mb *mb, int layer, int use)
     return mb->nparts++;
 }
 
-/* Sums the part's blocks into its first and starts the reduce-scatter (the lock held). */
+/* Sums the part's blocks into its first and starts the reduce-scatter (smu held: the
+ * reduce-scatters start in one order on every rank; the gathers go on meanwhile). */
 static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t elems)
 {
     const void *shard;
@@ -767,15 +779,15 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
 {
     if (!mb->comm || !mb->mem)
         return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter: the call has no communicator");
-    lock_gathers(mb);
+    lock_scatters(mb);
     int pi = find_part(mb, layer, use);
     if (pi < 0) {
-        pthread_mutex_unlock(&mb->gmu);
+        pthread_mutex_unlock(&mb->smu);
         return axc_fail(AXC_ERR_NOMEM, "shared dW reduce-scatters: out of memory");
     }
     scatter_part *p = &mb->parts[pi];
     if (p->count == mb->n) { /* (the part of an earlier key that failed to start) */
-        pthread_mutex_unlock(&mb->gmu);
+        pthread_mutex_unlock(&mb->smu);
         return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter of layer %d: more than %d "
                                        "blocks", layer, mb->n);
     }
@@ -783,7 +795,7 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
     p->owners[p->count] = block_owner;
     p->blocks[p->count++] = block;
     if (p->count < mb->n) {
-        pthread_mutex_unlock(&mb->gmu);
+        pthread_mutex_unlock(&mb->smu);
         return AXC_OK;
     }
     axc_status st = start_scatter(mb, p, w, elems);
@@ -812,7 +824,7 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
     axc_work *works[64];
     for (int k = 0; k < nretire; k++)
         works[k] = mb->sc[retire[k]].work;
-    pthread_mutex_unlock(&mb->gmu);
+    pthread_mutex_unlock(&mb->smu);
     /* the oldest first (they run in issue order); each left `held` once, so one thread waits
      * for it here (close waits again: the result is kept, and frees it) */
     axc_status ws[64];
@@ -821,7 +833,7 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
         ws[k] = axc_work_wait(works[k]);
     if (nretire)
         take_back(mb, s);
-    lock_gathers(mb);
+    lock_scatters(mb);
     for (int k = 0; k < nretire; k++) {
         scatter *e = &mb->sc[retire[k]];
         if (ws[k] != AXC_OK && e->status == AXC_OK)
@@ -831,6 +843,6 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
         mb->ops.release(mb->ops.ctx, e->block_owner);
         e->block_owner = NULL;
     }
-    pthread_mutex_unlock(&mb->gmu);
+    pthread_mutex_unlock(&mb->smu);
     return st;
 }

@@ -22,9 +22,9 @@
  *
  * Thread-safe: arrivals, thread ends, gathers and the reducer's waits may come from any thread
  * at once. Parameters are added before the threads start (not concurrently with the rest).
- * Lock order: the gathers' lock is taken with the caller's lock let go (ops.blocking_begin),
- * and the caller's lock is taken back while holding it (the ops below run with both held);
- * the reducer's lock is a leaf. */
+ * Lock order: the gathers' lock, then the reduce-scatters' own (only close holds both); each is
+ * taken with the caller's lock let go (ops.blocking_begin), and the caller's lock is taken back
+ * while holding it (the ops below run with both held); the reducer's lock is a leaf. */
 #ifndef AXC_MICROBATCH_H
 #define AXC_MICROBATCH_H
 
