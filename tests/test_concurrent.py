@@ -127,3 +127,17 @@ def test_finalize_inside_fn_is_refused(world_of_one):
     assert layer.weight.grad is not None
     axonn_c.finalize()
     assert not axonn_c.is_initialized()
+
+
+def test_scatter_block_must_match_the_weight(world_of_one):
+    # a dW block is summed and reduce-scattered as the weight's dtype: another dtype is refused
+    axonn_c.init(concurrent_microbatches=2)
+    w = torch.zeros(8)
+
+    def fn(a):
+        with pytest.raises(ValueError, match=r"the dW block of layer 3 is .* on device -1, "
+                                             r"expected the weight's .* on device -1"):
+            axonn_c._C.microbatch_scatter(3, 1, w, torch.zeros(8, dtype=torch.float64))
+        return True
+
+    assert axonn_c.run_concurrent(fn, torch.ones(2)) == [True, True]

@@ -74,6 +74,7 @@ typedef struct scatter {
     void *block_owner;  /* the summed block, until let go */
     int held;
     axc_status status;
+    char msg[256]; /* why, when status is not AXC_OK */
 } scatter;
 
 struct axc_mb {
@@ -448,6 +449,10 @@ static axc_status start_gather_pinned(axc_mb *mb, gather_key key, void *w, void 
     axc_dtype dtype;
     int device;
     AXC_TRY(mb->ops.describe(mb->ops.ctx, pinned, &shard, &elems, &dtype, &device));
+    if (device >= 0) /* (as the reduce-scatters: run_concurrent runs host tensors) */
+        return axc_fail(AXC_ERR_INVALID, "shared depth all-gather of layer %d: the weight is on "
+                                         "CUDA device %d; concurrent micro-batches run CPU "
+                                         "tensors only", key.layer, device);
     size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
     if (elems * G != numel)
         return axc_fail(AXC_ERR_INVALID, "shared depth all-gather of layer %d: %zu elements "
@@ -632,6 +637,7 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         return AXC_OK;
     mb->closed = 1;
     axc_status first = AXC_OK;
+    char first_msg[256] = "";
     lock_gathers(mb);
     for (int i = 0; i < mb->ng; i++) {
         gather *g = &mb->g[i];
@@ -639,8 +645,10 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         g->work = NULL;
         int running;
         axc_status st = wait_work(mb, work, &running);
-        if (st != AXC_OK && first == AXC_OK)
+        if (st != AXC_OK && first == AXC_OK) {
             first = st;
+            snprintf(first_msg, sizeof first_msg, "%s", axc_last_error());
+        }
         gather_waited(mb, g, running);
         if (g->owner)
             mb->ops.release(mb->ops.ctx, g->owner);
@@ -654,14 +662,18 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         e->work = NULL;
         int running;
         axc_status st = wait_work(mb, work, &running);
-        if (st != AXC_OK && e->status == AXC_OK)
+        if (st != AXC_OK && e->status == AXC_OK) {
             e->status = st;
+            snprintf(e->msg, sizeof e->msg, "%s", axc_last_error());
+        }
+        if (e->status != AXC_OK && first == AXC_OK) {
+            first = e->status;
+            snprintf(first_msg, sizeof first_msg, "%s", e->msg);
+        }
         if (running) { /* (it still reads the block and writes the shard: both leaked) */
             e->block_owner = NULL;
             e->out = NULL;
         }
-        if (e->status != AXC_OK && first == AXC_OK)
-            first = e->status;
         if (e->block_owner)
             mb->ops.release(mb->ops.ctx, e->block_owner);
         e->block_owner = NULL;
@@ -688,7 +700,9 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
     mb->nseq = 0;
     pthread_mutex_unlock(&mb->smu);
     pthread_mutex_unlock(&mb->gmu);
-    return ok ? first : AXC_OK;
+    if (!ok || first == AXC_OK)
+        return AXC_OK;
+    return axc_fail(first, "%s", first_msg);
 }
 
 /* ---- shared dW reduce-scatters ---- */
@@ -734,11 +748,7 @@ static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t ele
     axc_dtype dtype;
     int device;
     AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &shard_elems, &dtype, &device));
-    size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
-    if (device >= 0 || shard_elems * G != elems)
-        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: a host block of "
-                                         "%zu elements, expected %zu (the shard over %zu ranks)",
-                        p->layer, elems, shard_elems * G, G);
+    (void)device; /* (every block was checked as it came: check_block) */
     if (grow((void **)&mb->sc, &mb->capsc, mb->nsc + 1, sizeof *mb->sc))
         return axc_fail(AXC_ERR_NOMEM, "shared dW reduce-scatters: out of memory");
     void *s = let_go(mb); /* (a sum of whole weights: without the caller's lock) */
@@ -774,11 +784,33 @@ static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t ele
     return AXC_OK;
 }
 
+/* A micro-batch's block of w's dW: as many elements as w's shard over the depth ranks, on the
+ * host (each block is summed over `elems` elements: checked as it comes, not only the last). */
+static axc_status check_block(axc_mb *mb, int layer, void *w, size_t elems)
+{
+    const void *shard;
+    size_t shard_elems;
+    axc_dtype dtype;
+    int device;
+    AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &shard_elems, &dtype, &device));
+    size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
+    if (device >= 0)
+        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: the weight is "
+                                         "on CUDA device %d; concurrent micro-batches run CPU "
+                                         "tensors only", layer, device);
+    if (shard_elems * G != elems)
+        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: a block of %zu "
+                                         "elements, expected %zu (the shard over %zu ranks)",
+                        layer, elems, shard_elems * G, G);
+    return AXC_OK;
+}
+
 axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_owner,
                           void *block, size_t elems)
 {
     if (!mb->comm || !mb->mem)
         return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter: the call has no communicator");
+    AXC_TRY(check_block(mb, layer, w, elems));
     lock_scatters(mb);
     int pi = find_part(mb, layer, use);
     if (pi < 0) {
@@ -799,21 +831,26 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
         return AXC_OK;
     }
     axc_status st = start_scatter(mb, p, w, elems);
-    /* let go of finished ones; past the bound, the oldest busy ones are waited for */
-    int busy = 0;
-    for (int i = 0; i < mb->nsc; i++)
-        busy += mb->sc[i].held && !axc_work_done(mb->sc[i].work);
-    int excess = busy > mb->bound ? busy - mb->bound : 0;
-    int retire[64], nretire = 0; /* (at most the blocks held: a few) */
-    for (int i = 0; i < mb->nsc && nretire < 64; i++) {
-        scatter *e = &mb->sc[i];
-        if (!e->held)
+    /* let go of finished ones; past the bound, the oldest busy ones are waited for (each held
+     * one asked once whether it is done: the answer may change between two asks) */
+    int busy = 0, nh = 0, heldi[64], done[64]; /* (the oldest 64 held: a few in practice) */
+    for (int i = 0; i < mb->nsc; i++) {
+        if (!mb->sc[i].held)
             continue;
-        int done = axc_work_done(e->work);
-        if (done || excess > 0) {
-            excess -= !done;
-            e->held = 0;
-            retire[nretire++] = i;
+        int d = axc_work_done(mb->sc[i].work);
+        busy += !d;
+        if (nh < 64) {
+            heldi[nh] = i;
+            done[nh++] = d;
+        }
+    }
+    int excess = busy > mb->bound ? busy - mb->bound : 0;
+    int retire[64], nretire = 0;
+    for (int k = 0; k < nh; k++) {
+        if (done[k] || excess > 0) {
+            excess -= !done[k];
+            mb->sc[heldi[k]].held = 0;
+            retire[nretire++] = heldi[k];
         }
     }
     int held = 0;
@@ -828,16 +865,22 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
     /* the oldest first (they run in issue order); each left `held` once, so one thread waits
      * for it here (close waits again: the result is kept, and frees it) */
     axc_status ws[64];
+    char msgs[64][256]; /* (each failure's own message, kept with its result) */
     void *s = nretire ? let_go(mb) : NULL;
-    for (int k = 0; k < nretire; k++)
+    for (int k = 0; k < nretire; k++) {
         ws[k] = axc_work_wait(works[k]);
+        if (ws[k] != AXC_OK)
+            snprintf(msgs[k], sizeof msgs[k], "%s", axc_last_error());
+    }
     if (nretire)
         take_back(mb, s);
     lock_scatters(mb);
     for (int k = 0; k < nretire; k++) {
         scatter *e = &mb->sc[retire[k]];
-        if (ws[k] != AXC_OK && e->status == AXC_OK)
+        if (ws[k] != AXC_OK && e->status == AXC_OK) {
             e->status = ws[k];
+            snprintf(e->msg, sizeof e->msg, "%s", msgs[k]);
+        }
         if (still_running(ws[k], works[k]))
             continue; /* (it still reads the block: close waits again, or leaks it) */
         mb->ops.release(mb->ops.ctx, e->block_owner);

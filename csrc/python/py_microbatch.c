@@ -239,6 +239,18 @@ static PyObject *py_scatter(PyObject *self, PyObject *args)
     }
     if (axc_py_read_tensor(block, "block", &data, &elems, &dt, &dev) < 0)
         return NULL;
+    void *wdata;
+    size_t welems;
+    axc_dtype wdt;
+    int wdev;
+    if (axc_py_read_tensor(w, "weight", &wdata, &welems, &wdt, &wdev) < 0)
+        return NULL;
+    if (dt != wdt || dev != wdev) { /* (summed and reduce-scattered as the weight's dtype) */
+        PyErr_Format(PyExc_ValueError, "microbatch_scatter: the dW block of layer %d is %s on "
+                     "device %d, expected the weight's %s on device %d (-1: CPU)", layer,
+                     axc_dtype_name(dt), dev, axc_dtype_name(wdt), wdev);
+        return NULL;
+    }
     axc_status st = axc_mb_scatter(mb, layer, use, w, block, data, elems);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);

@@ -235,6 +235,8 @@ static axc_status t_alloc(void *ctx, void *w, size_t elems, void **data, void **
     return AXC_OK;
 }
 
+static int g_device = -1; /* the device the weights claim to be on */
+
 static axc_status t_describe(void *ctx, void *w, const void **data, size_t *elems,
                              axc_dtype *dtype, int *device)
 {
@@ -243,7 +245,7 @@ static axc_status t_describe(void *ctx, void *w, const void **data, size_t *elem
     *data = t->shard;
     *elems = t->elems;
     *dtype = AXC_DT_F32;
-    *device = -1;
+    *device = g_device;
     return AXC_OK;
 }
 
@@ -409,6 +411,34 @@ static void test_scatters(axc_comm *comm, axc_mb_memory *mem, int rank)
     CHECK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, SHARD) == AXC_ERR_INVALID);
     t_release(NULL, owner);
     axc_mb_destroy(mb);
+    CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
+    /* every block is checked, not only the last (the sum runs over the last one's size: a
+     * short first block would be read past its end) */
+    CHECK_OK(axc_mb_create(&mb, 2, 64, comm, mem));
+    CHECK_OK(t_alloc(NULL, &g_w[0], SHARD, &data, &owner));
+    CHECK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, SHARD) == AXC_ERR_INVALID);
+    CHECK_MSG(strstr(axc_last_error(), "a block of 5 elements, expected 10"), "%s",
+              axc_last_error());
+    t_release(NULL, owner);
+    CHECK_OK(t_alloc(NULL, &g_w[0], 2 * SHARD, &data, &owner));
+    CHECK_OK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, 2 * SHARD)); /* (1 of 2: held) */
+    t_release(NULL, owner);
+    CHECK(axc_mb_scatters(mb) == 0);
+    axc_mb_destroy(mb);
+    CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
+    /* CUDA weights: refused by the gathers as by the reduce-scatters, with the reason */
+    g_device = 0;
+    CHECK_OK(axc_mb_create(&mb, 1, 64, comm, mem));
+    CHECK_OK(t_alloc(NULL, &g_w[0], 2 * SHARD, &data, &owner));
+    CHECK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, 2 * SHARD) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "CUDA device 0; concurrent micro-batches run CPU"));
+    t_release(NULL, owner);
+    CHECK(axc_mb_gather(mb, 0, AXC_PHASE_FWD, 1, &g_w[0], 0, 2 * SHARD, &data, &owner) ==
+          AXC_ERR_INVALID);
+    CHECK_MSG(strstr(axc_last_error(), "the weight is on CUDA device 0"), "%s",
+              axc_last_error());
+    axc_mb_destroy(mb);
+    g_device = -1;
     CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
 }
 
