@@ -144,6 +144,21 @@ class _Reducer:
                     grads.mark_summed(p, groups)
 
 
+def _join(threads: List[threading.Thread]) -> None:
+    """Joins every thread: an interrupt (KeyboardInterrupt) during a join does not leave a
+    micro-batch running while its call ends; it is raised once all have ended."""
+    interrupted: Optional[BaseException] = None
+    for t in threads:
+        while True:
+            try:
+                t.join()
+                break
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+
+
 def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] = None,
                    dim: int = 0) -> List[Any]:
     """Runs fn(*micro_batch_inputs) for n micro-batches at once (n from
@@ -214,28 +229,30 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
                                 daemon=True) for i in range(n)]
     _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes,
                         SCATTER_BLOCKS_IN_FLIGHT)
-    session.concurrent_call = _Call(reducer)
-    try:
-        for t in threads:
-            t.start()
-        if reducer is not None:
-            reducer.run()
-    finally:
-        for t in threads:
-            t.join()
-        session.concurrent_call = None
-        ok = all(e is None for e in errors)
-        try:  # reduce-scatters and unused prefetches waited for, the gather order learned
-            _C.microbatch_close(ok)
-            if ok:
-                with torch.no_grad():
-                    for w, shard in _C.microbatch_scatters():
-                        if w.grad is None:
-                            w.grad = shard.view_as(w)
-                        else:
-                            w.grad.add_(shard.view_as(w))
+    started = 0
+    try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
+        session.concurrent_call = _Call(reducer)
+        try:
+            for t in threads:
+                t.start()
+                started += 1
+            if reducer is not None:
+                reducer.run()
         finally:
-            _C.microbatch_end()
+            _join(threads[:started])
+            session.concurrent_call = None
+        ok = started == n and all(e is None for e in errors)
+        # reduce-scatters and unused prefetches waited for, the gather order learned
+        _C.microbatch_close(ok)
+        if ok:
+            with torch.no_grad():
+                for w, shard in _C.microbatch_scatters():
+                    if w.grad is None:
+                        w.grad = shard.view_as(w)
+                    else:
+                        w.grad.add_(shard.view_as(w))
+    finally:
+        _C.microbatch_end()
     for e in errors:
         if e is not None:
             raise e

@@ -215,6 +215,9 @@ def _set_placement() -> None:
 @_one_at_a_time
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
+    if session.concurrent_call is not None:  # (refused before anything is reset; C checks too)
+        raise RuntimeError("axonn_c.finalize() while run_concurrent runs (from fn, or on another "
+                           "thread): finalize after it returns")
     session.epoch += 1
     session.microbatches, session.placement = 1, None
     if is_initialized():

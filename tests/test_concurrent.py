@@ -82,3 +82,62 @@ def test_errors_name_the_problem(world_of_one):
     with pytest.raises(ValueError, match=r"channel 5 does not exist: this communicator has 5 "
                                          r"channels"):
         axonn_c._C.set_thread_channel(5)
+
+
+def test_failed_thread_start_leaves_run_concurrent_usable(world_of_one, monkeypatch):
+    # the 2nd micro-batch thread fails to start: the call ends (was: joining the never-started
+    # thread raised before the call was ended, and every later call was "already running")
+    axonn_c.init(concurrent_microbatches=2)
+    real_start = threading.Thread.start
+    starts = []
+
+    def start(self):
+        starts.append(self.name)
+        if len(starts) == 2:
+            raise RuntimeError("can't start new thread (test)")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError, match=r"can't start new thread \(test\)"):
+        axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
+
+
+def test_finalize_inside_fn_is_refused(world_of_one):
+    # finalize() while a call runs would destroy the communicator its collectives use: refused
+    # (by axonn_c.finalize before it resets anything, and by the C runtime behind it)
+    axonn_c.init(concurrent_microbatches=2)
+
+    def fn(a, finalize):
+        try:
+            finalize()
+        except RuntimeError as e:
+            return str(e)
+        return "not refused"
+
+    for finalize in (axonn_c.finalize, axonn_c._C.finalize):
+        got = axonn_c.run_concurrent(fn, torch.ones(4), finalize)
+        assert all("finalize() while run_concurrent runs" in m for m in got), got
+        assert axonn_c.is_initialized()
+    layer = axonn_c.Linear(8, 4)  # the process goes on: the runtime is whole
+    x = torch.randn(4, 8)
+    axonn_c.run_concurrent(lambda a: layer(a).sum().backward(), x, model=layer)
+    axonn_c.sync_gradients(layer)
+    assert layer.weight.grad is not None
+    axonn_c.finalize()
+    assert not axonn_c.is_initialized()
+
+
+def test_scatter_block_must_match_the_weight(world_of_one):
+    # a dW block is summed and reduce-scattered as the weight's dtype: another dtype is refused
+    axonn_c.init(concurrent_microbatches=2)
+    w = torch.zeros(8)
+
+    def fn(a):
+        with pytest.raises(ValueError, match=r"the dW block of layer 3 is .* on device -1, "
+                                             r"expected the weight's .* on device -1"):
+            axonn_c._C.microbatch_scatter(3, 1, w, torch.zeros(8, dtype=torch.float64))
+        return True
+
+    assert axonn_c.run_concurrent(fn, torch.ones(2)) == [True, True]

@@ -50,6 +50,7 @@ struct axc_mb_memory {
 typedef struct gather {
     gather_key key;
     void *src;          /* the weight it gathers (identity) */
+    void *pinned;       /* keeps the storage it sends from, until its work is waited */
     void *data, *owner; /* the gathered buffer */
     axc_work *work;     /* NULL once taken by its waiter */
     int live;           /* in the table: not yet used by all n */
@@ -73,6 +74,7 @@ typedef struct scatter {
     void *block_owner;  /* the summed block, until let go */
     int held;
     axc_status status;
+    char msg[256]; /* why, when status is not AXC_OK */
 } scatter;
 
 struct axc_mb {
@@ -82,6 +84,7 @@ struct axc_mb {
     axc_mb_ops ops;
     pthread_mutex_t gmu; /* the gathers' state */
     pthread_cond_t gcv;  /* a gather became ready */
+    pthread_mutex_t smu; /* the reduce-scatters' state (parts, sc, held): taken after gmu */
     gather *g;           /* every gather started in this call, in issue order */
     int ng, capg;
     gather_key *arrived; /* keys first asked for */
@@ -162,7 +165,10 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *com
     init += init == 1 && pthread_cond_init(&mb->cv, NULL) == 0;
     init += init == 2 && pthread_mutex_init(&mb->gmu, NULL) == 0;
     init += init == 3 && pthread_cond_init(&mb->gcv, NULL) == 0;
-    if (init < 4) {
+    init += init == 4 && pthread_mutex_init(&mb->smu, NULL) == 0;
+    if (init < 5) {
+        if (init > 3)
+            pthread_cond_destroy(&mb->gcv);
         if (init > 2)
             pthread_mutex_destroy(&mb->gmu);
         if (init > 1)
@@ -184,7 +190,8 @@ void axc_mb_destroy(axc_mb *mb)
         (void)axc_mb_close(mb, 0);
     for (int i = 0; i < mb->nsc; i++) { /* (the results, kept for axc_mb_scatter_result) */
         mb->ops.release(mb->ops.ctx, mb->sc[i].w);
-        mb->ops.release(mb->ops.ctx, mb->sc[i].out);
+        if (mb->sc[i].out)
+            mb->ops.release(mb->ops.ctx, mb->sc[i].out);
     }
     for (int i = 0; i < mb->nparts; i++) {
         free(mb->parts[i].owners);
@@ -195,6 +202,7 @@ void axc_mb_destroy(axc_mb *mb)
     free(mb->g);
     free(mb->arrived);
     free(mb->seq);
+    pthread_mutex_destroy(&mb->smu);
     pthread_cond_destroy(&mb->gcv);
     pthread_mutex_destroy(&mb->gmu);
     pthread_cond_destroy(&mb->cv);
@@ -361,26 +369,58 @@ static void take_back(const axc_mb *mb, void *state)
         mb->ops.blocking_end(mb->ops.ctx, state);
 }
 
-/* Takes the gathers' lock; waits for it without the caller's lock (whose holder may be waiting
- * here too), which is taken back with this one held. */
-static void lock_gathers(axc_mb *mb)
+/* Takes the gathers' (gmu) or the reduce-scatters' (smu) lock; waits for it without the
+ * caller's lock (whose holder may be waiting here too), which is taken back with this one
+ * held. */
+static void lock_shared(const axc_mb *mb, pthread_mutex_t *mu)
 {
-    if (pthread_mutex_trylock(&mb->gmu) == 0)
+    if (pthread_mutex_trylock(mu) == 0)
         return;
     void *s = let_go(mb);
-    pthread_mutex_lock(&mb->gmu);
+    pthread_mutex_lock(mu);
     take_back(mb, s);
 }
 
-static axc_status wait_work(axc_mb *mb, axc_work *work)
+static void lock_gathers(axc_mb *mb) { lock_shared(mb, &mb->gmu); }
+static void lock_scatters(axc_mb *mb) { lock_shared(mb, &mb->smu); }
+
+/* A work whose wait timed out while it still runs belongs to the backend: it may still write
+ * its buffers, so neither the work nor those buffers may be freed (leaked instead, as
+ * axc_work_wait's callers do elsewhere). */
+static int still_running(axc_status st, axc_work *work)
 {
+    return st == AXC_ERR_TIMEOUT && !axc_work_done(work);
+}
+
+/* Waits for `work` and frees it; *running (if given): it timed out still running, not freed,
+ * and its buffers must be leaked. */
+static axc_status wait_work(axc_mb *mb, axc_work *work, int *running)
+{
+    if (running)
+        *running = 0;
     if (!work)
         return AXC_OK;
     void *s = let_go(mb);
     axc_status st = axc_work_wait(work);
-    axc_work_free(work);
+    if (still_running(st, work)) {
+        if (running)
+            *running = 1;
+    } else {
+        axc_work_free(work);
+    }
     take_back(mb, s);
     return st;
+}
+
+/* Gather g's work was waited for: the weight storage it sent from is let go; still running,
+ * its buffer and that storage are leaked instead (the backend may still use them). */
+static void gather_waited(axc_mb *mb, gather *g, int running)
+{
+    if (running)
+        g->owner = NULL;
+    else if (g->pinned)
+        mb->ops.release(mb->ops.ctx, g->pinned);
+    g->pinned = NULL;
 }
 
 static int find_live(const axc_mb *mb, gather_key key)
@@ -399,15 +439,20 @@ static int was_issued(const axc_mb *mb, gather_key key)
     return 0;
 }
 
-/* Starts the gather of `key` from weight `w` on the gather channel (the lock held: issue
- * order); its index in *gi. */
-static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel, int *gi)
+/* start_gather with the weight's storage held by `pinned` (described in w's place); the gather
+ * keeps `pinned` when it starts. */
+static axc_status start_gather_pinned(axc_mb *mb, gather_key key, void *w, void *pinned,
+                                      size_t numel, int *gi)
 {
     const void *shard;
     size_t elems;
     axc_dtype dtype;
     int device;
-    AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &elems, &dtype, &device));
+    AXC_TRY(mb->ops.describe(mb->ops.ctx, pinned, &shard, &elems, &dtype, &device));
+    if (device >= 0) /* (as the reduce-scatters: run_concurrent runs host tensors) */
+        return axc_fail(AXC_ERR_INVALID, "shared depth all-gather of layer %d: the weight is on "
+                                         "CUDA device %d; concurrent micro-batches run CPU "
+                                         "tensors only", key.layer, device);
     size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
     if (elems * G != numel)
         return axc_fail(AXC_ERR_INVALID, "shared depth all-gather of layer %d: %zu elements "
@@ -435,9 +480,24 @@ static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel
         return st;
     }
     *gi = mb->ng++;
-    mb->g[*gi] = (gather){.key = key, .src = w, .data = data, .owner = owner, .work = work,
-                          .live = 1};
+    mb->g[*gi] = (gather){.key = key, .src = w, .pinned = pinned, .data = data, .owner = owner,
+                          .work = work, .live = 1};
     return AXC_OK;
+}
+
+/* Starts the gather of `key` from weight `w` on the gather channel (the lock held: issue
+ * order); its index in *gi. */
+static axc_status start_gather(axc_mb *mb, gather_key key, void *w, size_t numel, int *gi)
+{
+    void *pinned = w; /* (sent from without a copy: its storage must outlive the work) */
+    if (mb->ops.pin)
+        AXC_TRY(mb->ops.pin(mb->ops.ctx, w, &pinned));
+    else
+        mb->ops.retain(mb->ops.ctx, w);
+    axc_status st = start_gather_pinned(mb, key, w, pinned, numel, gi);
+    if (st != AXC_OK)
+        mb->ops.release(mb->ops.ctx, pinned);
+    return st;
 }
 
 /* What a first arrival decides with the lock held: the gather to wait for in *gi. */
@@ -455,9 +515,14 @@ static axc_status first_arrival(axc_mb *mb, gather_key key, void *w, int keep, s
         g->work = NULL;
         g->live = 0;
         g->ready = 1;
-        mb->ops.release(mb->ops.ctx, g->owner);
+        /* every rank started it; its data is not used, but it writes its buffer until it
+         * completes: let go of the buffer only then */
+        int running;
+        (void)wait_work(mb, work, &running);
+        gather_waited(mb, g, running);
+        if (g->owner)
+            mb->ops.release(mb->ops.ctx, g->owner);
         g->owner = NULL;
-        (void)wait_work(mb, work); /* (every rank started it; its data is not used) */
         *gi = -1;
     }
     if (*gi < 0)
@@ -494,8 +559,10 @@ static axc_status fail_key(axc_mb *mb, gather_key key, int gi, axc_status st)
     }
     axc_work *work = mb->g[gi].work;
     mb->g[gi].work = NULL;
-    (void)wait_work(mb, work); /* (started on every rank: it completes) */
+    int running;
+    (void)wait_work(mb, work, &running); /* (started on every rank: it completes) */
     gather *g = &mb->g[gi];
+    gather_waited(mb, g, running);
     g->ready = 1;
     g->status = st;
     snprintf(g->msg, sizeof g->msg, "%s", msg);
@@ -528,9 +595,11 @@ axc_status axc_mb_gather(axc_mb *mb, int layer, int phase, int use, void *w, int
         axc_work *work = mb->g[gi].work;
         mb->g[gi].work = NULL;
         pthread_mutex_unlock(&mb->gmu);
-        st = wait_work(mb, work);
+        int running;
+        st = wait_work(mb, work, &running);
         lock_gathers(mb);
         gather *g = &mb->g[gi];
+        gather_waited(mb, g, running);
         g->ready = 1;
         g->status = st;
         if (st != AXC_OK)
@@ -568,28 +637,43 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
         return AXC_OK;
     mb->closed = 1;
     axc_status first = AXC_OK;
+    char first_msg[256] = "";
     lock_gathers(mb);
     for (int i = 0; i < mb->ng; i++) {
         gather *g = &mb->g[i];
         axc_work *work = g->work;
         g->work = NULL;
-        axc_status st = wait_work(mb, work);
-        if (st != AXC_OK && first == AXC_OK)
+        int running;
+        axc_status st = wait_work(mb, work, &running);
+        if (st != AXC_OK && first == AXC_OK) {
             first = st;
+            snprintf(first_msg, sizeof first_msg, "%s", axc_last_error());
+        }
+        gather_waited(mb, g, running);
         if (g->owner)
             mb->ops.release(mb->ops.ctx, g->owner);
         g->owner = NULL;
         g->live = 0;
     }
+    lock_scatters(mb); /* (after gmu: the lock order) */
     for (int i = 0; i < mb->nsc; i++) { /* (in issue order: they run in it) */
         scatter *e = &mb->sc[i];
         axc_work *work = e->work;
         e->work = NULL;
-        axc_status st = wait_work(mb, work);
-        if (st != AXC_OK && e->status == AXC_OK)
+        int running;
+        axc_status st = wait_work(mb, work, &running);
+        if (st != AXC_OK && e->status == AXC_OK) {
             e->status = st;
-        if (e->status != AXC_OK && first == AXC_OK)
+            snprintf(e->msg, sizeof e->msg, "%s", axc_last_error());
+        }
+        if (e->status != AXC_OK && first == AXC_OK) {
             first = e->status;
+            snprintf(first_msg, sizeof first_msg, "%s", e->msg);
+        }
+        if (running) { /* (it still reads the block and writes the shard: both leaked) */
+            e->block_owner = NULL;
+            e->out = NULL;
+        }
         if (e->block_owner)
             mb->ops.release(mb->ops.ctx, e->block_owner);
         e->block_owner = NULL;
@@ -614,8 +698,11 @@ axc_status axc_mb_close(axc_mb *mb, int ok)
     if (mb->seq)
         release_arrivals(&mb->ops, mb->seq, mb->nseq);
     mb->nseq = 0;
+    pthread_mutex_unlock(&mb->smu);
     pthread_mutex_unlock(&mb->gmu);
-    return ok ? first : AXC_OK;
+    if (!ok || first == AXC_OK)
+        return AXC_OK;
+    return axc_fail(first, "%s", first_msg);
 }
 
 /* ---- shared dW reduce-scatters ---- */
@@ -652,7 +739,8 @@ static int find_part(axc_mb *mb, int layer, int use)
     return mb->nparts++;
 }
 
-/* Sums the part's blocks into its first and starts the reduce-scatter (the lock held). */
+/* Sums the part's blocks into its first and starts the reduce-scatter (smu held: the
+ * reduce-scatters start in one order on every rank; the gathers go on meanwhile). */
 static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t elems)
 {
     const void *shard;
@@ -660,11 +748,7 @@ static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t ele
     axc_dtype dtype;
     int device;
     AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &shard_elems, &dtype, &device));
-    size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
-    if (device >= 0 || shard_elems * G != elems)
-        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: a host block of "
-                                         "%zu elements, expected %zu (the shard over %zu ranks)",
-                        p->layer, elems, shard_elems * G, G);
+    (void)device; /* (every block was checked as it came: check_block) */
     if (grow((void **)&mb->sc, &mb->capsc, mb->nsc + 1, sizeof *mb->sc))
         return axc_fail(AXC_ERR_NOMEM, "shared dW reduce-scatters: out of memory");
     void *s = let_go(mb); /* (a sum of whole weights: without the caller's lock) */
@@ -700,20 +784,42 @@ static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t ele
     return AXC_OK;
 }
 
+/* A micro-batch's block of w's dW: as many elements as w's shard over the depth ranks, on the
+ * host (each block is summed over `elems` elements: checked as it comes, not only the last). */
+static axc_status check_block(axc_mb *mb, int layer, void *w, size_t elems)
+{
+    const void *shard;
+    size_t shard_elems;
+    axc_dtype dtype;
+    int device;
+    AXC_TRY(mb->ops.describe(mb->ops.ctx, w, &shard, &shard_elems, &dtype, &device));
+    size_t G = (size_t)axc_grid_group_size(axc_comm_grid(mb->comm), AXC_GROUP_DEPTH);
+    if (device >= 0)
+        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: the weight is "
+                                         "on CUDA device %d; concurrent micro-batches run CPU "
+                                         "tensors only", layer, device);
+    if (shard_elems * G != elems)
+        return axc_fail(AXC_ERR_INVALID, "shared dW reduce-scatter of layer %d: a block of %zu "
+                                         "elements, expected %zu (the shard over %zu ranks)",
+                        layer, elems, shard_elems * G, G);
+    return AXC_OK;
+}
+
 axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_owner,
                           void *block, size_t elems)
 {
     if (!mb->comm || !mb->mem)
         return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter: the call has no communicator");
-    lock_gathers(mb);
+    AXC_TRY(check_block(mb, layer, w, elems));
+    lock_scatters(mb);
     int pi = find_part(mb, layer, use);
     if (pi < 0) {
-        pthread_mutex_unlock(&mb->gmu);
+        pthread_mutex_unlock(&mb->smu);
         return axc_fail(AXC_ERR_NOMEM, "shared dW reduce-scatters: out of memory");
     }
     scatter_part *p = &mb->parts[pi];
     if (p->count == mb->n) { /* (the part of an earlier key that failed to start) */
-        pthread_mutex_unlock(&mb->gmu);
+        pthread_mutex_unlock(&mb->smu);
         return axc_fail(AXC_ERR_STATE, "shared dW reduce-scatter of layer %d: more than %d "
                                        "blocks", layer, mb->n);
     }
@@ -721,25 +827,30 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
     p->owners[p->count] = block_owner;
     p->blocks[p->count++] = block;
     if (p->count < mb->n) {
-        pthread_mutex_unlock(&mb->gmu);
+        pthread_mutex_unlock(&mb->smu);
         return AXC_OK;
     }
     axc_status st = start_scatter(mb, p, w, elems);
-    /* let go of finished ones; past the bound, the oldest busy ones are waited for */
-    int busy = 0;
-    for (int i = 0; i < mb->nsc; i++)
-        busy += mb->sc[i].held && !axc_work_done(mb->sc[i].work);
-    int excess = busy > mb->bound ? busy - mb->bound : 0;
-    int retire[64], nretire = 0; /* (at most the blocks held: a few) */
-    for (int i = 0; i < mb->nsc && nretire < 64; i++) {
-        scatter *e = &mb->sc[i];
-        if (!e->held)
+    /* let go of finished ones; past the bound, the oldest busy ones are waited for (each held
+     * one asked once whether it is done: the answer may change between two asks) */
+    int busy = 0, nh = 0, heldi[64], done[64]; /* (the oldest 64 held: a few in practice) */
+    for (int i = 0; i < mb->nsc; i++) {
+        if (!mb->sc[i].held)
             continue;
-        int done = axc_work_done(e->work);
-        if (done || excess > 0) {
-            excess -= !done;
-            e->held = 0;
-            retire[nretire++] = i;
+        int d = axc_work_done(mb->sc[i].work);
+        busy += !d;
+        if (nh < 64) {
+            heldi[nh] = i;
+            done[nh++] = d;
+        }
+    }
+    int excess = busy > mb->bound ? busy - mb->bound : 0;
+    int retire[64], nretire = 0;
+    for (int k = 0; k < nh; k++) {
+        if (done[k] || excess > 0) {
+            excess -= !done[k];
+            mb->sc[heldi[k]].held = 0;
+            retire[nretire++] = heldi[k];
         }
     }
     int held = 0;
@@ -750,23 +861,31 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
     axc_work *works[64];
     for (int k = 0; k < nretire; k++)
         works[k] = mb->sc[retire[k]].work;
-    pthread_mutex_unlock(&mb->gmu);
+    pthread_mutex_unlock(&mb->smu);
     /* the oldest first (they run in issue order); each left `held` once, so one thread waits
      * for it here (close waits again: the result is kept, and frees it) */
     axc_status ws[64];
+    char msgs[64][256]; /* (each failure's own message, kept with its result) */
     void *s = nretire ? let_go(mb) : NULL;
-    for (int k = 0; k < nretire; k++)
+    for (int k = 0; k < nretire; k++) {
         ws[k] = axc_work_wait(works[k]);
+        if (ws[k] != AXC_OK)
+            snprintf(msgs[k], sizeof msgs[k], "%s", axc_last_error());
+    }
     if (nretire)
         take_back(mb, s);
-    lock_gathers(mb);
+    lock_scatters(mb);
     for (int k = 0; k < nretire; k++) {
         scatter *e = &mb->sc[retire[k]];
-        if (ws[k] != AXC_OK && e->status == AXC_OK)
+        if (ws[k] != AXC_OK && e->status == AXC_OK) {
             e->status = ws[k];
+            snprintf(e->msg, sizeof e->msg, "%s", msgs[k]);
+        }
+        if (still_running(ws[k], works[k]))
+            continue; /* (it still reads the block: close waits again, or leaks it) */
         mb->ops.release(mb->ops.ctx, e->block_owner);
         e->block_owner = NULL;
     }
-    pthread_mutex_unlock(&mb->gmu);
+    pthread_mutex_unlock(&mb->smu);
     return st;
 }

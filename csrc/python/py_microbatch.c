@@ -50,10 +50,23 @@ static void release(void *ctx, void *obj)
     Py_DECREF((PyObject *)obj);
 }
 
+/* w.detach(): a tensor of w's storage as it is now, which keeps that storage allocated while a
+ * gather sends from it, even if fn gives w other storage (w.data = ...) meanwhile */
+static axc_status pin(void *ctx, void *w, void **owner)
+{
+    (void)ctx;
+    PyObject *alias = PyObject_CallMethod((PyObject *)w, "detach", NULL);
+    if (!alias)
+        return axc_fail(AXC_ERR_INVALID, "shared depth all-gather: the weight cannot be "
+                                         "detached (not a tensor?)");
+    *owner = alias;
+    return AXC_OK;
+}
+
 void axc_py_microbatch_ops(axc_mb_ops *ops)
 {
     *ops = (axc_mb_ops){.alloc = alloc_like, .describe = describe, .retain = retain,
-                        .release = release};
+                        .release = release, .pin = pin};
 }
 
 /* microbatch_begin(n, params, bucket_bytes, scatter_bound): a run_concurrent call of n
@@ -226,6 +239,18 @@ static PyObject *py_scatter(PyObject *self, PyObject *args)
     }
     if (axc_py_read_tensor(block, "block", &data, &elems, &dt, &dev) < 0)
         return NULL;
+    void *wdata;
+    size_t welems;
+    axc_dtype wdt;
+    int wdev;
+    if (axc_py_read_tensor(w, "weight", &wdata, &welems, &wdt, &wdev) < 0)
+        return NULL;
+    if (dt != wdt || dev != wdev) { /* (summed and reduce-scattered as the weight's dtype) */
+        PyErr_Format(PyExc_ValueError, "microbatch_scatter: the dW block of layer %d is %s on "
+                     "device %d, expected the weight's %s on device %d (-1: CPU)", layer,
+                     axc_dtype_name(dt), dev, axc_dtype_name(wdt), wdev);
+        return NULL;
+    }
     axc_status st = axc_mb_scatter(mb, layer, use, w, block, data, elems);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);

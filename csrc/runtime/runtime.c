@@ -72,8 +72,8 @@ void axc_runtime_destroy(axc_runtime *rt)
 {
     if (!rt)
         return;
+    axc_runtime_mb_end(rt); /* (its works use the communicator close destroys) */
     axc_runtime_close(rt);
-    axc_runtime_mb_end(rt);
     axc_mb_memory_destroy(rt->mbmem);
     axc_records_destroy(rt->records);
     axc_layer_residuals_destroy(rt->layer_residuals);
@@ -122,6 +122,9 @@ axc_status axc_runtime_close(axc_runtime *rt)
     if (rt->opening) /* (its communicator would be installed after this close) */
         return axc_fail(AXC_ERR_STATE, "axonn_c.finalize() while init() is running (on another "
                                        "thread, or re-entered while it waits for the ranks)");
+    if (rt->mb) /* (its collectives use the communicator: it must end first) */
+        return axc_fail(AXC_ERR_STATE, "axonn_c.finalize() while run_concurrent runs (from fn, "
+                                       "or on another thread): finalize after it returns");
     axc_comm *comm = rt->comm;
     axc_sched *sched = rt->sched;
     axc_mb_memory_clear(rt->mbmem); /* (the learned order holds the last call's weights) */

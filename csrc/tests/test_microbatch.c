@@ -235,6 +235,8 @@ static axc_status t_alloc(void *ctx, void *w, size_t elems, void **data, void **
     return AXC_OK;
 }
 
+static int g_device = -1; /* the device the weights claim to be on */
+
 static axc_status t_describe(void *ctx, void *w, const void **data, size_t *elems,
                              axc_dtype *dtype, int *device)
 {
@@ -243,7 +245,7 @@ static axc_status t_describe(void *ctx, void *w, const void **data, size_t *elem
     *data = t->shard;
     *elems = t->elems;
     *dtype = AXC_DT_F32;
-    *device = -1;
+    *device = g_device;
     return AXC_OK;
 }
 
@@ -273,6 +275,17 @@ static void t_release(void *ctx, void *obj)
         g_buffers_alive--;
         free(obj);
     }
+}
+
+/* a pinned weight: a reference to it (its storage is the weight's own here), counted */
+static int g_pins;
+
+static axc_status t_pin(void *ctx, void *w, void **owner)
+{
+    g_pins++;
+    t_retain(ctx, w);
+    *owner = w;
+    return AXC_OK;
 }
 
 typedef struct mb_thread {
@@ -399,6 +412,88 @@ static void test_scatters(axc_comm *comm, axc_mb_memory *mem, int rank)
     t_release(NULL, owner);
     axc_mb_destroy(mb);
     CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
+    /* every block is checked, not only the last (the sum runs over the last one's size: a
+     * short first block would be read past its end) */
+    CHECK_OK(axc_mb_create(&mb, 2, 64, comm, mem));
+    CHECK_OK(t_alloc(NULL, &g_w[0], SHARD, &data, &owner));
+    CHECK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, SHARD) == AXC_ERR_INVALID);
+    CHECK_MSG(strstr(axc_last_error(), "a block of 5 elements, expected 10"), "%s",
+              axc_last_error());
+    t_release(NULL, owner);
+    CHECK_OK(t_alloc(NULL, &g_w[0], 2 * SHARD, &data, &owner));
+    CHECK_OK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, 2 * SHARD)); /* (1 of 2: held) */
+    t_release(NULL, owner);
+    CHECK(axc_mb_scatters(mb) == 0);
+    axc_mb_destroy(mb);
+    CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
+    /* CUDA weights: refused by the gathers as by the reduce-scatters, with the reason */
+    g_device = 0;
+    CHECK_OK(axc_mb_create(&mb, 1, 64, comm, mem));
+    CHECK_OK(t_alloc(NULL, &g_w[0], 2 * SHARD, &data, &owner));
+    CHECK(axc_mb_scatter(mb, 0, 1, &g_w[0], owner, data, 2 * SHARD) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "CUDA device 0; concurrent micro-batches run CPU"));
+    t_release(NULL, owner);
+    CHECK(axc_mb_gather(mb, 0, AXC_PHASE_FWD, 1, &g_w[0], 0, 2 * SHARD, &data, &owner) ==
+          AXC_ERR_INVALID);
+    CHECK_MSG(strstr(axc_last_error(), "the weight is on CUDA device 0"), "%s",
+              axc_last_error());
+    axc_mb_destroy(mb);
+    g_device = -1;
+    CHECK(g_w[0].refs == 0 && g_buffers_alive == 0);
+}
+
+/* One single-micro-batch call on this thread gathering (layer l, weight ws[l]) for l < nl;
+ * a nap of `delay_ms` before layer `delay_at`. Returns the first failure, else close's. */
+static axc_status one_thread_call(axc_comm *comm, axc_mb_memory *mem, int nl, const int *layers,
+                                  tweight *const *ws, int delay_at, int delay_ms)
+{
+    axc_mb *mb;
+    CHECK_OK(axc_mb_create(&mb, 1, 64, comm, mem));
+    axc_comm_set_thread_channel(comm, 1);
+    axc_status st = AXC_OK;
+    for (int l = 0; l < nl && st == AXC_OK; l++) {
+        if (l == delay_at) {
+            struct timespec ts = {0, (long)delay_ms * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        void *data, *owner;
+        st = axc_mb_gather(mb, layers[l], AXC_PHASE_FWD, 1, ws[l], 1, 2 * SHARD, &data, &owner);
+        if (st == AXC_OK)
+            t_release(NULL, owner);
+    }
+    axc_status cst = axc_mb_close(mb, st == AXC_OK);
+    axc_mb_destroy(mb);
+    axc_comm_set_thread_channel(comm, 0);
+    return st != AXC_OK ? st : cst;
+}
+
+/* A prefetch of the learned order whose layer then comes with another tensor: its buffer is let
+ * go only after the prefetch completed (released first, the collective wrote freed memory:
+ * ASan). Rank 0 follows the learned order (layer 0 prefetches layer 1 from w[1]; layer 1 comes
+ * with w[3]: the prefetch is waited for, then a gather of its own); rank 1 has forgotten the
+ * order and matches those collectives one by one, late (the prefetch completes ~300 ms after
+ * rank 0 asked for layer 1). */
+static void test_prefetch_other_tensor(axc_comm *comm, axc_mb_memory *mem, int rank)
+{
+    axc_mb_memory_clear(mem);
+    static const int layers[3] = {0, 1, 2};
+    tweight *const first[3] = {&g_w[0], &g_w[1], &g_w[2]};
+    CHECK_OK(one_thread_call(comm, mem, 3, layers, first, -1, 0));
+    if (rank == 0) {
+        tweight *const second[3] = {&g_w[0], &g_w[3], &g_w[2]};
+        CHECK_OK(one_thread_call(comm, mem, 3, layers, second, -1, 0));
+        axc_mb_stats stats;
+        axc_mb_memory_stats(mem, &stats);
+        CHECK_MSG(stats.gathers == 4 && stats.prefetched == 0, "%lld gathers, %lld prefetched",
+                  stats.gathers, stats.prefetched);
+    } else { /* gather 0, then (late) the prefetch's match, layer 1's own, layer 2 */
+        axc_mb_memory_clear(mem);
+        static const int late[4] = {0, 1, 7, 2};
+        tweight *const second[4] = {&g_w[0], &g_w[3], &g_w[3], &g_w[2]};
+        CHECK_OK(one_thread_call(comm, mem, 4, late, second, 1, 300));
+    }
+    axc_mb_memory_clear(mem);
+    CHECK(g_w[0].refs == 0 && g_w[1].refs == 0 && g_w[3].refs == 0 && g_buffers_alive == 0);
 }
 
 static void gathers_main(int rank, int world, const int dims[4], double timeout)
@@ -420,7 +515,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
             g_w[l].shard[i] = (float)(100 * l + 10 * rank + i);
     }
     axc_mb_ops ops = {.alloc = t_alloc, .describe = t_describe, .retain = t_retain,
-                      .release = t_release};
+                      .release = t_release, .pin = t_pin};
     axc_mb_memory *mem;
     CHECK_OK(axc_mb_memory_create(&mem, &ops));
     mb_thread th[2];
@@ -457,6 +552,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
     CHECK_OK(run_call(comm, mem, th, 1));
     axc_mb_memory_stats(mem, &stats);
     CHECK(stats.gathers == 3 && stats.prefetched == 0);
+    CHECK(g_pins == 9); /* every gather sent from a pinned weight (given back: refs below) */
     /* a weight whose shard does not fit: the first asker fails, the other is told (nothing
      * learned first: no prefetch of it) */
     axc_mb_memory_clear(mem);
@@ -487,6 +583,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
     axc_mb_memory_clear(mem);
     CHECK(g_w[0].refs == 0 && g_w[1].refs == 0 && g_w[2].refs == 0 && g_buffers_alive == 0);
     test_scatters(comm, mem, rank);
+    test_prefetch_other_tensor(comm, mem, rank);
     axc_mb_memory_destroy(mem);
     axc_comm_destroy(comm);
     rank_end(rank);

@@ -22,9 +22,9 @@
  *
  * Thread-safe: arrivals, thread ends, gathers and the reducer's waits may come from any thread
  * at once. Parameters are added before the threads start (not concurrently with the rest).
- * Lock order: the gathers' lock is taken with the caller's lock let go (ops.blocking_begin),
- * and the caller's lock is taken back while holding it (the ops below run with both held);
- * the reducer's lock is a leaf. */
+ * Lock order: the gathers' lock, then the reduce-scatters' own (only close holds both); each is
+ * taken with the caller's lock let go (ops.blocking_begin), and the caller's lock is taken back
+ * while holding it (the ops below run with both held); the reducer's lock is a leaf. */
 #ifndef AXC_MICROBATCH_H
 #define AXC_MICROBATCH_H
 
@@ -47,6 +47,10 @@ typedef struct axc_mb_ops {
                            axc_dtype *dtype, int *device);
     void (*retain)(void *ctx, void *obj);  /* one more reference to a weight or an owner */
     void (*release)(void *ctx, void *obj); /* one less */
+    /* an owner (a new reference, let go with release) that keeps the weight's shard storage,
+     * as it is now, allocated while a gather sends from it, even if the weight is given other
+     * storage meanwhile; described in its place. NULL: the weight itself is retained. */
+    axc_status (*pin)(void *ctx, void *w, void **owner);
     /* around waits (NULL: nothing to let go) */
     void *(*blocking_begin)(void *ctx);
     void (*blocking_end)(void *ctx, void *state);
