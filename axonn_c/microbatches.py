@@ -229,19 +229,33 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
                                 daemon=True) for i in range(n)]
     _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes,
                         SCATTER_BLOCKS_IN_FLIGHT)
-    started = 0
-    try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
-        session.concurrent_call = _Call(reducer)
+    started, start_error = [0], []
+
+    def start_all() -> None:
+        # on a thread of its own: a KeyboardInterrupt (delivered to the main thread) cannot
+        # come out of a Thread.start() whose thread already runs, uncounted and never joined
         try:
             for t in threads:
                 t.start()
-                started += 1
+                started[0] += 1
+        except BaseException as e:  # (raised on the calling thread)
+            start_error.append(e)
+
+    try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
+        session.concurrent_call = _Call(reducer)
+        starter = threading.Thread(target=start_all, name="axonn_c-microbatch-start",
+                                   daemon=True)
+        starter.start()
+        try:
+            _join([starter])
+            if start_error:
+                raise start_error[0]
             if reducer is not None:
                 reducer.run()
         finally:
-            _join(threads[:started])
-            session.concurrent_call = None
-        ok = started == n and all(e is None for e in errors)
+            _join([starter])
+            _join(threads[:started[0]])
+        ok = started[0] == n and all(e is None for e in errors)
         # reduce-scatters and unused prefetches waited for, the gather order learned
         _C.microbatch_close(ok)
         if ok:
@@ -252,7 +266,10 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
                     else:
                         w.grad.add_(shard.view_as(w))
     finally:
-        _C.microbatch_end()
+        try:
+            _C.microbatch_end()
+        finally:
+            session.concurrent_call = None  # (finalize refuses while it is set)
     for e in errors:
         if e is not None:
             raise e

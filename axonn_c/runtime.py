@@ -215,7 +215,8 @@ def _set_placement() -> None:
 @_one_at_a_time
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
-    if session.concurrent_call is not None:  # (refused before anything is reset; C checks too)
+    # (refused before anything is reset, also while a call closes on another thread)
+    if session.concurrent_call is not None or _C.microbatch_running():
         raise RuntimeError("axonn_c.finalize() while run_concurrent runs (from fn, or on another "
                            "thread): finalize after it returns")
     session.epoch += 1

@@ -36,9 +36,10 @@ int axc_py_parse_linear_desc(PyObject *cfg, const char *dtype, axc_linear_desc *
                      "%lld and %lld", v[0], v[1]);
         return -1;
     }
-    for (int i = 12; n == 18 && i <= 16; i += 2)
+    for (int i = 11; n == 18 && i <= 16; i++)
         if (v[i] < INT32_MIN || v[i] > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "LinearCall: codec block %lld out of range", v[i]);
+            PyErr_Format(PyExc_ValueError, "LinearCall: codec %s %lld out of range",
+                         i % 2 ? "id" : "block", v[i]);
             return -1;
         }
     if (v[7] < 0 || v[7] > 64) {

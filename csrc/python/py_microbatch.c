@@ -130,6 +130,15 @@ static PyObject *py_end(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+/* microbatch_running() -> whether a run_concurrent call is open (finalize asks before it
+ * changes anything) */
+static PyObject *py_running(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(axc_runtime_mb(axc_py_runtime()) != NULL);
+}
+
 /* microbatch_arrive(p): a post-accumulate-grad hook: on a micro-batch thread, one more
  * micro-batch's gradient of p arrived (elsewhere, or for a parameter not summed: nothing) */
 static PyObject *py_arrive(PyObject *self, PyObject *p)
@@ -317,6 +326,8 @@ PyMethodDef axc_py_microbatch_methods[] = {
     {"microbatch_begin", py_begin, METH_VARARGS,
      "microbatch_begin(n, params, bucket_bytes): a run_concurrent call starts"},
     {"microbatch_end", py_end, METH_NOARGS, "microbatch_end(): the run_concurrent call ended"},
+    {"microbatch_running", py_running, METH_NOARGS,
+     "microbatch_running() -> bool: a run_concurrent call is open"},
     {"microbatch_arrive", py_arrive, METH_O, "microbatch_arrive(p): p's gradient arrived"},
     {"microbatch_reduces", py_reduces, METH_O, "microbatch_reduces(p) -> bool"},
     {"microbatch_thread_done", py_thread_done, METH_O, "microbatch_thread_done(failed)"},
