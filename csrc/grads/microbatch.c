@@ -879,7 +879,7 @@ axc_status axc_mb_scatter(axc_mb *mb, int layer, int use, void *w, void *block_o
         scatter *e = &mb->sc[retire[k]];
         if (ws[k] != AXC_OK && e->status == AXC_OK) {
             e->status = ws[k];
-            snprintf(e->msg, sizeof e->msg, "%s", msgs[k]);
+            snprintf(e->msg, sizeof e->msg, "%.255s", msgs[k]); /* (e->msg holds 256) */
         }
         if (still_running(ws[k], works[k]))
             continue; /* (it still reads the block: close waits again, or leaks it) */
