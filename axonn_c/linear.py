@@ -97,12 +97,18 @@ def _keeps_residual_traced(cfg: tuple, dtype: torch.dtype, device: int, setting:
 _keeps_residual_traced._dynamo_marked_constant = True
 
 
+def _keep_shard(call, w: Tensor) -> None:
+    """A scheduled call records w as its layer's shard (forward and backward), which the
+    scheduler's prefetch reads later: kept alive until the next call replaces it."""
+    if call.scheduled and call.layer >= 0:
+        _cache.keep[call.layer] = w
+
+
 def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int = 0):
     """x: [rows, features] -> (y, saved) through the layer's C handle `call`; saved is what
     backward needs besides x (easy layout; None in the expert layout). The handle checks the
     shard against the grid and allocates the outputs."""
-    if call.scheduled and call.layer >= 0:
-        _cache.keep[call.layer] = w
+    _keep_shard(call, w)
     wf = _shared_gather(w, call, "fwd")  # kept alive until the C call returns
     y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), wf, bool(hold & HOLD_FWD))
     if hold & HOLD_FWD:  # y may still be written by its all-reduce (axonn_c.Sequential)
@@ -126,8 +132,7 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
         dw, fold = grads.chunk_prepare(param, s["shard"], call.overlap_data)
     elif param is not None:
         dw, fold, replace, bucket = grads.prepare(param, s["shard"], call.overlap_data)
-    if call.scheduled and call.layer >= 0:  # (the scheduler records this w as the layer's shard)
-        _cache.keep[call.layer] = w
+    _keep_shard(call, w)
     wf = _shared_gather(w, call, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, call) if param is None else None

@@ -441,6 +441,24 @@ static int was_issued(const axc_mb *mb, gather_key key)
 
 /* start_gather with the weight's storage held by `pinned` (described in w's place); the gather
  * keeps `pinned` when it starts. */
+/* Starts depth collective `c` on `channel` (a shared one: the gathers' n + 1, the
+ * reduce-scatters' n + 2) and puts the calling thread back on its own. */
+static axc_status start_on_channel(axc_mb *mb, int channel, const axc_coll *c, axc_work **work)
+{
+    int own = axc_comm_thread_channel();
+    axc_status st = axc_comm_set_thread_channel(mb->comm, channel);
+    if (st != AXC_OK)
+        return st;
+    st = axc_comm_start(mb->comm, AXC_GROUP_DEPTH, c, work);
+    axc_status back = axc_comm_set_thread_channel(mb->comm, own);
+    if (st == AXC_OK && back != AXC_OK) {
+        axc_work_free(*work);
+        *work = NULL;
+        st = back;
+    }
+    return st;
+}
+
 static axc_status start_gather_pinned(axc_mb *mb, gather_key key, void *w, void *pinned,
                                       size_t numel, int *gi)
 {
@@ -464,17 +482,8 @@ static axc_status start_gather_pinned(axc_mb *mb, gather_key key, void *w, void 
     AXC_TRY(mb->ops.alloc(mb->ops.ctx, w, numel, &data, &owner));
     axc_coll c = {.kind = AXC_COLL_ALL_GATHER, .send = shard, .recv = data, .count = elems,
                   .dtype = dtype, .op = AXC_RED_SUM, .device = device};
-    int channel = axc_comm_thread_channel();
     axc_work *work = NULL;
-    axc_status st = axc_comm_set_thread_channel(mb->comm, mb->n + 1);
-    if (st == AXC_OK) {
-        st = axc_comm_start(mb->comm, AXC_GROUP_DEPTH, &c, &work);
-        axc_status back = axc_comm_set_thread_channel(mb->comm, channel);
-        if (st == AXC_OK && back != AXC_OK) {
-            axc_work_free(work);
-            st = back;
-        }
-    }
+    axc_status st = start_on_channel(mb, mb->n + 1, &c, &work);
     if (st != AXC_OK) {
         mb->ops.release(mb->ops.ctx, owner);
         return st;
@@ -759,17 +768,8 @@ static axc_status start_scatter(axc_mb *mb, scatter_part *p, void *w, size_t ele
     AXC_TRY(mb->ops.alloc(mb->ops.ctx, w, shard_elems, &data, &out));
     axc_coll c = {.kind = AXC_COLL_REDUCE_SCATTER, .send = p->blocks[0], .recv = data,
                   .count = shard_elems, .dtype = dtype, .op = AXC_RED_SUM, .device = -1};
-    int channel = axc_comm_thread_channel();
     axc_work *work = NULL;
-    axc_status st = axc_comm_set_thread_channel(mb->comm, mb->n + 2);
-    if (st == AXC_OK) {
-        st = axc_comm_start(mb->comm, AXC_GROUP_DEPTH, &c, &work);
-        axc_status back = axc_comm_set_thread_channel(mb->comm, channel);
-        if (st == AXC_OK && back != AXC_OK) {
-            axc_work_free(work);
-            st = back;
-        }
-    }
+    axc_status st = start_on_channel(mb, mb->n + 2, &c, &work);
     if (st != AXC_OK) {
         mb->ops.release(mb->ops.ctx, out);
         return st;
