@@ -23,7 +23,7 @@ call (so they overlap from the second step on).
 A Linear weight is hooked too: what reaches autograd for it (a cast weight's gradient, a
 regulariser or a tied use) arrives after the layer's deferred gradient was prepared (the
 accumulation node waits for every producer): it becomes a record of its own, reduced like the
-deferred one and added after it when backward ends (_add_after_pending).
+deferred one and added after it when backward ends.
 
 What a backward already summed each `.grad` over is remembered in C (summed_over/mark_summed),
 not on the Parameter: a Parameter's __dict__ travels with torch.save and copy.copy, where the
@@ -36,12 +36,15 @@ chunk count the forwards announced (expect_chunk); its bucket starts its sum onl
 The records of pending gradients, the taken .grads, the chunk records and counts and the
 summed-over marks live in C (csrc/grads/records.c, bound by csrc/python/py_records.c), which
 also applies them at the end of a pass; every collective is started and waited for by
-csrc/sched/sched.c. What is here decides what to record from torch's side of things.
+csrc/sched/sched.c. The gradient hooks decide and act in C (the decision
+csrc/grads/grad_policy.c, carried out by csrc/python/py_grad_hook.c), and so does the end of a
+pass (csrc/python/py_grad_pass.c: finish, drop_if_abandoned, queue_finish). What is still here
+decides what a Linear's deferred weight gradient records (prepare, add, chunk_prepare) and
+answers what only autograd's Python API knows (accumulates).
 """
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -49,19 +52,12 @@ from torch import Tensor
 from torch.autograd.graph import get_gradient_edge
 
 from . import _C
-from .state import first_hook, group_size, grid_sizes, is_initialized, microbatch_active, \
-    session
+from .state import first_hook, group_size, is_initialized
 
 
-def check_unsynced(p: Tensor) -> None:
-    """A .grad already summed over ranks (an overlapped backward, or run_concurrent's reducer)
-    cannot take unsummed micro-batch gradients: sync_gradients() must run first."""
-    if summed_over(p):
-        raise RuntimeError(
-            "run_concurrent: a parameter's .grad was already summed over ranks (by an earlier "
-            "backward with overlap on, or an earlier run_concurrent with model=), and "
-            "sync_gradients() has not run since; call axonn_c.sync_gradients(model) (or zero "
-            "the gradients) before run_concurrent")
+# A .grad already summed over ranks (an overlapped backward, or run_concurrent's reducer) cannot
+# take unsummed micro-batch gradients: raises RuntimeError, sync_gradients() must run first.
+check_unsynced = _C.grad_check_unsynced
 
 
 @contextlib.contextmanager
@@ -83,13 +79,6 @@ def no_grad_sync():
 summed_over = _C.grad_summed_over
 # mark_summed(p, groups): p.grad (as it is now) is summed over `groups` (() forgets)
 mark_summed = _C.grad_mark_summed
-
-
-def _bucket_view(n: int, like: Tensor, groups: Tuple[str, ...] = ("data",)
-                 ) -> Tuple[Tensor, int]:
-    """n elements of the open bucket of like's dtype/device summed over `groups`, and that
-    bucket's number (csrc/grads/buckets.c decides which bucket and when its sums start)."""
-    return _C.grad_bucket_take(like, n, groups, session.bucket_bytes)
 
 
 # A synchronous sum (sync_gradients, run_concurrent's reducer) packs up to this many bytes per
@@ -119,34 +108,18 @@ def reduce_now(tensors: List[Tensor], groups: Tuple[str, ...], scale: Optional[f
             t.mul_(scale)
 
 
-def prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor], bool,
-                                                                 Optional[int]]:
-    """For a deferred weight gradient of `param` ([n] elements): the tensor the layer writes
-    (dw), the accumulated gradient to fold in (or None), whether dw replaces .grad (else it is
-    added), and the bucket dw is in when it is reduced over the data group (`overlap_data`: the
-    layer's knob), else None."""
-    drop_if_abandoned()  # e.g. a second backward over a retained graph after one that raised
-    if _C.grad_pending(param):  # the layer ran twice in this backward (shared weights)
-        finish()
-    prev = param.grad
-    flagged = "data" in summed_over(param)
-    # a gradient already summed over data (a backward outside no_grad_sync, no sync_gradients
-    # since) cannot absorb an unreduced one: the new part is then reduced too, and added
-    reduce = grid_sizes()[0] > 1 and ((overlap_data and _C.grad_sync_enabled())
-                                              or flagged)
-    fold = None
-    if prev is not None and not flagged:
-        fold = prev if prev.is_contiguous() and prev.dtype == param.dtype else \
-            prev.detach().to(param.dtype).contiguous()
-    dw, bucket = _bucket_view(n, param) if reduce else (param.new_empty((n,)), None)
-    return dw, fold, not flagged, bucket
-
-
-def add(param: Tensor, dw: Tensor, keep, replace: bool, bucket: Optional[int]) -> None:
-    """Records a deferred gradient (in `bucket` when it is reduced over data, from prepare);
-    `keep`: tensors the C side reads until finish()."""
-    _C.grad_record(param, dw, keep, replace, () if bucket is None else ("data",), bucket)
-    queue_finish()
+# A Linear's deferred weight gradient, decided in C (axc_grad_plan_deferred,
+# csrc/grads/grad_policy.c; carried out by csrc/python/py_grad_deferred.c).
+# prepare(param, n, overlap_data) -> (dw, fold, replace, bucket): the tensor the layer writes
+# ([n] elements), the accumulated gradient to fold in (or None), whether dw replaces .grad (else
+# it is added: a .grad already summed over data cannot absorb an unreduced one), and the data
+# bucket dw is in when it is reduced over data during backward (`overlap_data`: the layer's
+# knob), else None. A pass that raised is dropped first; a layer that ran twice in this pass
+# (shared weights) completes its first gradient first.
+prepare = _C.grad_prepare
+# add(param, dw, keep, replace, bucket): records it (`keep`: what the C side reads until
+# finish()) and queues the end of the pass.
+add = _C.grad_add
 
 
 def expect_chunk(param: Tensor) -> None:
@@ -181,20 +154,12 @@ def chunk_counts(into):
 add_chunk_counts = _C.grad_add_counts  # (the table is left empty)
 
 
-def chunk_prepare(param: Tensor, n: int, overlap_data: bool) -> Tuple[Tensor, Optional[Tensor]]:
-    """For a chunk call's weight gradient: (the tensor its dW GEMM writes, the tensor it adds
-    to: the gradient so far, or for the pass's later chunks dw itself). The chunks of a pass
-    accumulate in the GEMM, without a per-chunk dW tensor for autograd to sum; the record
-    completes (its bucket may then start its sum) after the last chunk's backward, chunk_done."""
-    dw = _C.grad_chunk_dw(param)
-    if dw is not None:
-        return dw, dw
-    dw, fold, replace, bucket = prepare(param, n, overlap_data)
-    _C.grad_record(param, dw, (fold,), replace, () if bucket is None else ("data",), None)
-    # its calls counted so far; its bucket's sums wait for the pass's last chunk (chunk_done)
-    _C.grad_chunk_open(param, bucket)
-    queue_finish()
-    return dw, fold
+# chunk_prepare(param, n, overlap_data) -> (dw, fold): for a chunk call's weight gradient, the
+# tensor its dW GEMM writes and the tensor it adds to (the gradient so far, or for the pass's
+# later chunks dw itself). The chunks of a pass accumulate in the GEMM, without a per-chunk dW
+# tensor for autograd to sum; the record completes (its bucket may then start its sum) after
+# the last chunk's backward, chunk_done.
+chunk_prepare = _C.grad_chunk_prepare
 
 
 def chunk_done(param: Tensor) -> None:
@@ -280,166 +245,36 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     if not is_initialized() or group_size("world") == 1:
         return
     if first_hook(param, "grad"):
-        # decides in C whether the gradient has anything to do (the common case: nothing
-        # pending, no .grad marked summed, no sum to start now) and only then calls _on_grad;
-        # holds param weakly (axc_runtime_grad_needs_work, csrc/python/py_grad_hook.c)
-        param.register_hook(_C.GradHook(param, _on_grad))
-
-
-def _on_grad(p: Tensor, g: Tensor) -> None:
-    """The gradient of this backward pass (all its uses summed, before it is accumulated into
-    .grad) goes into a bucket, with the gradient accumulated so far folded in: the bucket's sum
-    is the reduced total, which replaces .grad when backward ends. A .grad already reduced in an
-    earlier pass (no sync_gradients since) is identical on all ranks of the groups, so it enters
-    divided by their rank count. Called by p's GradHook when there is something to do."""
-    # (grad mode is on in a hook exactly when backward builds a graph: create_graph=True)
-    create_graph = torch.is_grad_enabled()
-    with torch.no_grad():
-        _take_grad(p, g, create_graph)
+        # the gradient of the pass (all its uses summed, before autograd accumulates it) goes
+        # into a bucket with the .grad so far folded in, is recorded after a pending record, or
+        # is left to autograd: decided and done in C (csrc/python/py_grad_hook.c, the decision
+        # csrc/grads/grad_policy.c), which asks `accumulates` only when it matters; holds param
+        # weakly
+        param.register_hook(_C.GradHook(param, accumulates))
 
 
 idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad
 
 
-def _take_grad(p: Tensor, g: Tensor, create_graph: bool) -> None:
-    if microbatch_active():  # autograd accumulates it; sync_gradients sums
-        check_unsynced(p)
-        return
-    if not is_initialized() or not accumulates(p):
-        return
-    drop_if_abandoned()
-    # a gradient of this pass is pending (a Linear's deferred dW, or an earlier gradient of a
-    # reentrant checkpoint): this one is added after it, or it is completed first
-    if _C.grad_pending(p):
-        if not create_graph and _add_after_pending(p, g):
-            return
-        finish()
-    on = getattr(p, "_axonn_overlap_data", None)  # a Linear weight: its layer's knob
-    if not _C.grad_sync_enabled() or not (_C.grad_overlap_data() if on is None else on):
-        _unreduce(p)  # autograd adds an unsummed gradient: sync_gradients sums the total
-        return
-    groups = tuple(n for n in p._axonn_hook_groups if group_size(n) > 1)
-    if not groups or g.dtype != p.dtype or g.layout != torch.strided:
-        _unreduce(p)  # nothing to sum / an unusual gradient: sync_gradients sums the total
-        return
-    prev = p.grad
-    copies = _copies(p)
-    view, bucket = _bucket_view(p.numel(), p, groups)
-    view.copy_(g.reshape(-1))
-    if prev is not None:
-        view.add_(prev.reshape(-1), alpha=1.0 / copies)
-        # autograd now adds g, not summed, into .grad: a summed .grad takes its share first, so
-        # that if the pass raises (the record dropped) .grad is a consistent unsummed total for
-        # sync_gradients, not a summed one with an unsummed part in it
-        _unreduce(p)
-    _C.grad_record(p, view, None, True, groups, bucket)
-    queue_finish()
-
-
-def _add_after_pending(p: Tensor, g: Tensor) -> bool:
-    """Another gradient of this pass for a parameter whose pending record replaces .grad (so
-    what autograd accumulates there is dropped): a record of its own, reduced like the pending
-    one, which finish() adds after it; nothing waits now (a regulariser on every weight would
-    otherwise complete all pending work once per weight). False when the pending record adds
-    to a .grad already summed in an earlier pass, or for an unusual gradient: the caller then
-    completes the pending work first (also under create_graph=True, where autograd accumulates
-    out of place, replacing the scratch)."""
-    last = _C.grad_last_record(p)  # (replace, groups) of p's last record
-    if last is None or not last[0] or g.dtype != p.dtype or g.layout != torch.strided:
-        return False
-    if not _C.grad_taken(p):
-        # autograd then adds in place into the scratch, not into the .grad that a deferred dW
-        # GEMM may still read (its fold); finish() drops both, an abandoned pass puts the .grad
-        # back unless the scratch was replaced meanwhile
-        prev = p.grad
-        scratch = torch.empty_like(p if prev is None else prev)  # (finish() replaces it)
-        _C.grad_take(p, prev, scratch)
-        p.grad = scratch
-    groups, bucket = last[1], None
-    if groups:
-        part, bucket = _bucket_view(p.numel(), p, groups)
-        part.copy_(g.reshape(-1))
-    else:  # (summed with the rest by sync_gradients; a copy: autograd may keep g as .grad)
-        part = g.detach().reshape(-1).clone()
-    _C.grad_record(p, part, None, False, groups, bucket)
-    return True
-
-
-def _copies(p: Tensor) -> int:
-    """How many ranks hold p.grad as one sum: the product of the sizes of the groups it was
-    summed over during an earlier backward (1 when it was not)."""
-    copies = 1
-    for n in summed_over(p):
-        copies *= group_size(n)
-    return copies
-
-
-def _unreduce(p: Tensor) -> None:
-    """A .grad summed over groups during an earlier backward, about to absorb a gradient that is
-    not summed (no_grad_sync, or the overlap off): its share of the sum, so that the later
-    sync_gradients, which sums the whole .grad again, restores it."""
-    copies = _copies(p)
-    if copies > 1:
-        if p.grad is not None:
-            p.grad.div_(copies)
-        mark_summed(p, ())
-
-
-class _EndOfBackward:
-    """The end-of-backward callback. The autograd engine holds it while the pass is alive and
-    lets it go when the pass ends, also when the pass raised (then it never runs): a weak
-    reference to it tells whether pending gradients still belong to a running pass."""
-    __slots__ = ("__weakref__",)
-
-    def __call__(self) -> None:
-        _end_of_backward()
-
-
-def queue_finish() -> None:
-    """Runs finish() when the current backward pass ends (once per pass). Keyed by the pass's
-    graph-task id, so a pass that raised (its callbacks dropped) does not block later ones."""
-    task = torch._C._current_graph_task_id()
-    if task != _C.grad_pass():
-        cb = _EndOfBackward()
-        torch.autograd.Variable._execution_engine.queue_callback(cb)
-        _C.grad_set_pass(task, weakref.ref(cb))
-
-
-def _end_of_backward() -> None:
-    _C.grad_set_pass(None)  # (its callback, alive while it runs, still tells the pass is on)
-    finish()
-    _C.sched_step_end()
-
-
-@torch.no_grad()
-def finish() -> None:
-    """Completes every deferred gradient: closes open buckets, waits for the collectives, sets
-    .grad (or adds to it) record by record and marks what each .grad is summed over; on a failed
-    sum the records' .grads become None. Called at the end of backward, by sync_gradients, and
-    before a layer's second backward within one pass."""
-    drop_if_abandoned()  # a pass that raised: its half gradients are dropped, not set
-    _C.grad_records_finish()
-
-
-def drop_if_abandoned() -> None:
-    """Drops the pending work of a backward pass that raised before its end (its callback never
-    ran, and the engine let it go): its deferred work is completed, so nothing is left reading
-    freed memory, and the deferred Linear weight gradients are dropped, not set, so the next
-    backward or sync_gradients does not find a half pass's values in .grad. (A hooked
-    parameter, e.g. a bias, keeps what autograd accumulated into its .grad before the error, as
-    without overlap.) Called by a Linear's forward, by the first gradient of a pass, and by
-    finish() (so sync_gradients, run_concurrent, finish_grads); a pass still running, on any
-    thread, keeps its records. Not on a micro-batch thread: those own no pass, and the caller's
-    run_concurrent reducer may be summing through the buckets meanwhile."""
-    if idle() or microbatch_active() or _C.grad_pass_alive():
-        return
-    _C.grad_set_pass(None)
-    try:
-        _C.sched_finish()  # (the records hold what the queued dW GEMMs write: dropped after)
-        _C.sched_step_abort()  # the half step's layer order is not learned
-    finally:
-        # records, chunk records and counts and partial buckets dropped; taken .grads put back
-        _C.grad_records_drop()
+# The end of a backward pass (csrc/python/py_grad_pass.c). queue_finish(): completes the pending
+# gradients when the current backward pass ends (an engine callback, once per pass, keyed by
+# the pass's graph-task id, so a pass that raised does not block later ones); the callback also
+# ends the scheduler's step. The engine holds the callback while the pass is alive and lets it
+# go when the pass ends, also when it raised (then it never runs): a weak reference to it tells
+# whether pending gradients still belong to a running pass.
+queue_finish = _C.grad_queue_finish
+# finish(): completes every deferred gradient: closes open buckets, waits for the collectives,
+# sets .grad (or adds to it) record by record and marks what each .grad is summed over; on a
+# failed sum the records' .grads become None. Called at the end of backward, by
+# sync_gradients, and before a layer's second backward within one pass. A pass that raised is
+# dropped first (drop_if_abandoned).
+finish = _C.grad_finish
+# drop_if_abandoned(): drops the pending work of a backward pass that raised before its end:
+# its deferred work completes (nothing left reading freed memory) and the deferred Linear weight
+# gradients are dropped, not set (a hooked parameter keeps what autograd accumulated before the
+# error, as without overlap). A pass still running, on any thread, keeps its records; nothing
+# on a micro-batch thread.
+drop_if_abandoned = _C.grad_drop_if_abandoned
 
 
 def reset() -> None:

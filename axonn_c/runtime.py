@@ -129,6 +129,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                             defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))
     knobs_changed()  # (after the change)
     session.bucket_bytes = bucket_size
+    _C.grad_bucket_bytes(bucket_size)  # (the gradient hooks' buckets, in C)
     sched_cfg = (prefetch, prefetch_budget or 0, cache_weights)
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)

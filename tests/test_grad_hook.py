@@ -1,8 +1,10 @@
-"""The per-parameter gradient hook decided in C (axonn_c._C.GradHook, csrc/python/py_grad_hook.c,
-axc_runtime_grad_needs_work): it holds its parameter weakly, hands a gradient to the Python
-gradient code only when there is something to do (something pending, a .grad marked summed, a
-run_concurrent micro-batch thread, or a sum to start now), and reads the flags that decide it
-(no_grad_sync, the data overlap knob, the micro-batch thread) from the C runtime. One process
+"""The per-parameter gradient hook decided and carried out in C (axonn_c._C.GradHook,
+csrc/python/py_grad_hook.c, the decision csrc/grads/grad_policy.c): it holds its parameter
+weakly, goes past its fast path (axc_runtime_grad_needs_work; counted by _C.grad_hook_works)
+only when there is something to do (something pending, a .grad marked summed, a run_concurrent
+micro-batch thread, or a sum to start now), asks its `accumulates` callable only when the
+decision needs it, and reads the flags that decide it (no_grad_sync, the data overlap knob, the
+micro-batch thread) from the C runtime. One process
 here; the 2-rank worker checks the sums themselves (groups changed after registration,
 no_grad_sync, the overlap knobs, a re-init on another grid)."""
 import threading
@@ -19,7 +21,7 @@ from conftest import torchrun
 def _hooked(calls):
     p = torch.nn.Parameter(torch.ones(3))
     p._axonn_hook_groups = ("data",)
-    p.register_hook(_C.GradHook(p, lambda q, g: calls.append(q)))
+    p.register_hook(_C.GradHook(p, lambda q: calls.append(q) or True))
     return p
 
 
@@ -52,6 +54,7 @@ def test_a_marked_grad_or_a_microbatch_thread_calls_the_gradient_code():
     p = _hooked(calls)
     other = torch.nn.Parameter(torch.zeros(2))
     other.grad = torch.ones(2)
+    works = _C.grad_hook_works()
     grads.mark_summed(other, ("data",))
     try:
         (p * 2).sum().backward()
@@ -59,22 +62,40 @@ def test_a_marked_grad_or_a_microbatch_thread_calls_the_gradient_code():
         assert hook(None) is None  # (a deferred Linear weight: nothing reached autograd)
     finally:
         grads.mark_summed(other, ())
-    assert len(calls) == 1 and calls[0] is p
-    seen = []
+    # past the fast path; not initialised: nothing more to ask (accumulates is not called)
+    assert _C.grad_hook_works() == works + 1 and calls == []
+    assert torch.equal(p.grad, torch.full((3,), 2.0))
+    seen, errors = [], []
 
     def microbatch():  # what run_concurrent's threads set (and only theirs)
         seen.append(_C.microbatch_thread(True))
         try:
             (p * 3).sum().backward()
+            grads.mark_summed(p, ("data",))  # a .grad summed already refuses micro-batches
+            try:
+                (p * 3).sum().backward()
+            except RuntimeError as e:
+                errors.append(str(e))
         finally:
+            grads.mark_summed(p, ())
             seen.append(_C.microbatch_thread(False))
 
     thread = threading.Thread(target=microbatch)
     thread.start()
     thread.join()
-    assert seen == [False, True] and len(calls) == 2 and not _C.microbatch_thread()
+    assert seen == [False, True] and _C.grad_hook_works() == works + 3
+    assert not _C.microbatch_thread() and calls == []
+    assert len(errors) == 1 and "sync_gradients" in errors[0], errors
+    with pytest.raises(RuntimeError, match="already summed"):
+        p.grad = torch.ones(3)
+        grads.mark_summed(p, ("data",))
+        try:
+            grads.check_unsynced(p)
+        finally:
+            grads.mark_summed(p, ())
+    grads.check_unsynced(p)  # (no mark: nothing to say)
     (p * 2).sum().backward()
-    assert len(calls) == 2
+    assert _C.grad_hook_works() == works + 3
 
 
 def test_no_grad_sync_sets_the_runtime_flag_and_restores_it():
@@ -96,6 +117,11 @@ def test_bad_hook_arguments_are_named():
         _C.GradHook(3, print)  # an int cannot be referenced weakly
     with pytest.raises(TypeError, match="keyword"):
         _C.GradHook(p, print)(torch.ones(2), x=1)
+    p._axonn_hook_groups = ("data", "nowhere")
+    with pytest.raises(ValueError, match="_axonn_hook_groups"):
+        _C.GradHook(p, print)(torch.ones(2))
+    with pytest.raises(ValueError, match="positive"):
+        _C.grad_bucket_bytes(0)
 
 
 def test_hook_decides_from_the_runtime_on_two_ranks():
@@ -143,12 +169,12 @@ def test_accumulates_finds_the_node_without_a_view(monkeypatch):
     assert grads.accumulates(p)  # (outside a backward pass: True)
 
 
-def test_a_hook_whose_work_holds_its_parameter_is_collected():
-    """A `work` callable that refers to its parameter makes a cycle through the hook: the cycle
+def test_a_hook_whose_callable_holds_its_parameter_is_collected():
+    """An `accumulates` callable that refers to its parameter makes a cycle through the hook: the cycle
     collector sees it (GradHook is GC-tracked) and frees the parameter."""
     import gc
     p = torch.nn.Parameter(torch.ones(3))
-    p.register_hook(_C.GradHook(p, lambda q, g, held=p: held.numel()))
+    p.register_hook(_C.GradHook(p, lambda q, held=p: held.numel() > 0))
     ref = weakref.ref(p)
     del p
     gc.collect()

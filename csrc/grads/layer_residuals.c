@@ -2,24 +2,36 @@
  * buffers kept for in-flight work until the pass ends. */
 #include "axc/layer_residuals.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
+/* A use by deferred work belongs to the generation of passes that was current when the call
+ * that made it had queued its work (axc_layer_residuals_call_done; 0 until then: open), so a
+ * pass that ends on one thread releases only what the work it waited for used, never a use a
+ * call on another thread is still queueing. */
 typedef struct entry {
     int layer;
     int device;
-    int busy; /* a deferred reduce-scatter of this pass uses it */
+    int busy;       /* a deferred reduce-scatter uses it */
+    uint64_t stamp; /* the generation of that use (0: open) */
     void *data, *owner;
     size_t elems;
 } entry;
+
+typedef struct kept_buf {
+    void *owner, *data;
+    uint64_t stamp;
+} kept_buf;
 
 struct axc_layer_residuals {
     axc_bucket_ops ops;
     entry *v;
     int n, cap;
-    /* owners kept until the pass's end; kept_cap >= nkept + nbusy always (room is reserved
+    /* owners kept until their pass's end; kept_cap >= nkept + nbusy always (room is reserved
      * before an entry turns busy), so dropping a busy one never needs memory */
-    void **kept;
+    kept_buf *kept;
     int nkept, kept_cap, nbusy;
+    uint64_t gen; /* the current generation (from 1) */
 };
 
 axc_status axc_layer_residuals_create(axc_layer_residuals **out, const axc_bucket_ops *ops)
@@ -31,6 +43,7 @@ axc_status axc_layer_residuals_create(axc_layer_residuals **out, const axc_bucke
     if (!t)
         return axc_fail(AXC_ERR_NOMEM, "axc_layer_residuals_create: out of memory");
     t->ops = *ops;
+    t->gen = 1;
     *out = t;
     return AXC_OK;
 }
@@ -51,7 +64,7 @@ static axc_status reserve(axc_layer_residuals *t, int more)
         return AXC_OK;
     int cap = t->kept_cap ? 2 * t->kept_cap : 8;
     cap = cap < want ? want : cap;
-    void **k = realloc(t->kept, (size_t)cap * sizeof *k);
+    kept_buf *k = realloc(t->kept, (size_t)cap * sizeof *k);
     if (!k)
         return axc_fail(AXC_ERR_NOMEM, "depth dW residuals: out of memory");
     t->kept = k;
@@ -64,7 +77,7 @@ static axc_status reserve(axc_layer_residuals *t, int more)
 static void drop_buffer(axc_layer_residuals *t, entry *e)
 {
     if (e->busy) {
-        t->kept[t->nkept++] = e->owner;
+        t->kept[t->nkept++] = (kept_buf){e->owner, e->data, e->stamp};
         t->nbusy--;
     } else {
         release(t, e->owner);
@@ -143,6 +156,8 @@ axc_status axc_layer_residuals_for(axc_layer_residuals *t, int layer, int device
         e->busy = 1;
         t->nbusy++;
     }
+    if (in_flight)
+        e->stamp = 0; /* (open until the call queued its work) */
     *data = e->data;
     return AXC_OK;
 }
@@ -161,7 +176,7 @@ axc_status axc_layer_residuals_scratch(axc_layer_residuals *t, int device, size_
             release(t, o);
             return st;
         }
-        t->kept[t->nkept++] = o;
+        t->kept[t->nkept++] = (kept_buf){o, d, 0};
     } else {
         *owner = o;
     }
@@ -205,16 +220,46 @@ void axc_layer_residuals_clear(axc_layer_residuals *t)
         remove_at(t, t->n - 1);
 }
 
-void axc_layer_residuals_pass_done(axc_layer_residuals *t)
+uint64_t axc_layer_residuals_pass_begin(axc_layer_residuals *t) { return t ? t->gen++ : 0; }
+
+void axc_layer_residuals_call_done(axc_layer_residuals *t, const float *data)
+{
+    if (!t || !data)
+        return;
+    for (int i = 0; i < t->n; i++)
+        if (t->v[i].busy && !t->v[i].stamp && t->v[i].data == data)
+            t->v[i].stamp = t->gen;
+    for (int i = 0; i < t->nkept; i++)
+        if (!t->kept[i].stamp && t->kept[i].data == data)
+            t->kept[i].stamp = t->gen;
+}
+
+/* whether a use of generation `stamp` is over when the passes up to `gen` are */
+static int over(uint64_t stamp, uint64_t gen)
+{
+    return gen == AXC_LAYER_RESIDUALS_ALL || (stamp && stamp <= gen);
+}
+
+void axc_layer_residuals_pass_done(axc_layer_residuals *t, uint64_t gen)
 {
     if (!t)
         return;
     for (int i = 0; i < t->n; i++)
-        t->v[i].busy = 0;
-    t->nbusy = 0;
-    /* (a release may run other code that keeps more: taken one at a time from the end) */
-    while (t->nkept > 0)
-        release(t, t->kept[--t->nkept]);
+        if (t->v[i].busy && over(t->v[i].stamp, gen)) {
+            t->v[i].busy = 0;
+            t->nbusy--;
+        }
+    /* (a release may run other code that keeps more: taken one at a time, each found anew) */
+    for (;;) {
+        int i = t->nkept - 1;
+        while (i >= 0 && !over(t->kept[i].stamp, gen))
+            i--;
+        if (i < 0)
+            break;
+        void *owner = t->kept[i].owner;
+        t->kept[i] = t->kept[--t->nkept];
+        release(t, owner);
+    }
 }
 
 void axc_layer_residuals_destroy(axc_layer_residuals *t)
@@ -222,7 +267,7 @@ void axc_layer_residuals_destroy(axc_layer_residuals *t)
     if (!t)
         return;
     axc_layer_residuals_clear(t);
-    axc_layer_residuals_pass_done(t);
+    axc_layer_residuals_pass_done(t, AXC_LAYER_RESIDUALS_ALL);
     free(t->v);
     free(t->kept);
     free(t);

@@ -37,7 +37,20 @@ static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
                                     axc_py_timeline_methods, axc_py_sched_methods,
                                     axc_py_compress_methods, axc_py_grads_methods,
                                     axc_py_records_methods, axc_py_grad_hook_methods,
+                                    axc_py_grad_pass_methods, axc_py_grad_deferred_methods,
                                     axc_py_microbatch_methods, axc_py_layer_residuals_methods};
+
+int axc_py_add_type(PyObject *module, PyTypeObject *type, const char *name)
+{
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
 
 static struct PyModuleDef axc_module = {PyModuleDef_HEAD_INIT, "axonn_c._C",
                                         "C core of axonn_c (internal; use the axonn_c package).",
@@ -80,7 +93,8 @@ PyMODINIT_FUNC PyInit__C(void)
         PyModule_AddObject(m, "CommTimeoutError", axc_py_CommTimeoutError) < 0)
         goto fail;
     if (axc_py_comm_add_types(m) < 0 || axc_py_linear_add_types(m) < 0 ||
-        axc_py_grads_add_types(m) < 0 || axc_py_grad_hook_add_types(m) < 0)
+        axc_py_grads_add_types(m) < 0 || axc_py_grad_hook_add_types(m) < 0 ||
+        axc_py_grad_pass_add_types(m) < 0)
         goto fail;
     return m;
 fail:

@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "axc/comm.h"
+#include "axc/records.h"
 #include "axc/runtime.h"
 #include "axc/status.h"
 
@@ -50,9 +51,40 @@ PyObject *axc_py_bucket_op(PyObject *bucket, bucket_fn fn); /* fn on a bucket, t
 PyObject *axc_py_grad_buckets_finish(void);                 /* _C.grad_buckets_finish() */
 /* py_grads.c: the bucket key of gradients like `like` summed over `groups` (names) */
 int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key);
+int axc_py_bucket_key_like(PyObject *like, axc_bucket_key *key); /* its dtype and device only */
+/* n elements of the open bucket of `key` (buffers made like `like`; due sums started) and the
+ * bucket's number: _C.grad_bucket_take's piece */
+PyObject *axc_py_bucket_take(PyObject *like, Py_ssize_t n, const axc_bucket_key *key,
+                             size_t bytes, int *id);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */
 
+/* py_records.c: the records of pending gradients and the summed-over marks */
+int axc_py_grad_summed(PyObject *p, axc_groups *out); /* p.grad's mark (none when stale) */
+int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g (none forgets) */
+/* a pending gradient of p (keep may be NULL), then its bucket (-1: none) written */
+int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
+                       const axc_groups *groups, int bucket);
+int axc_py_grad_take(PyObject *p, PyObject *prev, PyObject *scratch); /* _C.grad_take */
+PyObject *axc_py_grad_records_finish(void); /* _C.grad_records_finish() */
+/* _C.grad_records_drop(), releasing the depth residuals' uses up to generation `gen` (taken
+ * before the deferred work was waited for, axc/layer_residuals.h) */
+PyObject *axc_py_grad_records_drop(uint64_t gen);
+/* py_grad_hook.c: numel elements of the open bucket over `groups` for gradients like p's (the
+ * runtime's bucket size) and the bucket's number */
+PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_groups *groups,
+                                  int *id);
+extern PyMethodDef axc_py_grad_deferred_methods[]; /* py_grad_deferred.c */
+/* py_grad_pass.c: the end of a backward pass (grads.finish, drop_if_abandoned, queue_finish) */
+PyObject *axc_py_grad_finish(void);
+int axc_py_grad_drop_if_abandoned(void);
+int axc_py_grad_queue_finish(void);
+int axc_py_grad_pass_add_types(PyObject *module);
+int axc_py_grad_enabled(void);        /* torch's grad mode (-1 with an exception) */
+int axc_py_set_grad_enabled(int on); /* (after axc_py_grad_enabled) */
+extern PyMethodDef axc_py_grad_pass_methods[];
+
 /* Types registered on the module (each file adds its own). */
+int axc_py_add_type(PyObject *module, PyTypeObject *type, const char *name); /* module.c */
 int axc_py_comm_add_types(PyObject *module);
 int axc_py_linear_add_types(PyObject *module); /* py_linear_call.c */
 int axc_py_grads_add_types(PyObject *module);  /* py_grads.c: its interned names */

@@ -125,7 +125,7 @@ static int start_due(void)
     return 0;
 }
 
-int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
+int axc_py_bucket_key_like(PyObject *like, axc_bucket_key *key)
 {
     PyObject *dt = PyObject_GetAttr(like, s_dtype);
     PyObject *dts = dt ? PyObject_Str(dt) : NULL;
@@ -144,8 +144,14 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
     PyObject *dev = PyObject_CallMethodNoArgs(like, s_get_device);
     key->device = dev ? (int)PyLong_AsLong(dev) : -1;
     Py_XDECREF(dev);
-    if (PyErr_Occurred())
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
+{
+    if (axc_py_bucket_key_like(like, key) < 0)
         return -1;
+    axc_status st;
     if (!PyTuple_Check(groups) || PyTuple_GET_SIZE(groups) < 1 ||
         PyTuple_GET_SIZE(groups) > AXC_BUCKET_MAX_GROUPS) {
         PyErr_Format(PyExc_ValueError, "groups must be a tuple of 1 to %d group names, got %R",
@@ -166,6 +172,30 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
     return 0;
 }
 
+PyObject *axc_py_bucket_take(PyObject *like, Py_ssize_t n, const axc_bucket_key *key,
+                             size_t bytes, int *id)
+{
+    axc_buckets *b = buckets();
+    if (!b)
+        return NULL;
+    (void)axc_buckets_set_bytes(b, bytes);
+    size_t off;
+    void *owner;
+    g_like = like;
+    axc_status st = axc_buckets_take(b, key, (size_t)n, id, &off, &owner);
+    g_like = NULL;
+    if (st != AXC_OK)
+        return PyErr_Occurred() ? NULL : axc_py_raise(st);
+    /* (the engine's reference may go while start_due releases the GIL: hold one here) */
+    PyObject *flat = (PyObject *)owner;
+    Py_INCREF(flat);
+    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
+                          ? NULL
+                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off, n);
+    Py_DECREF(flat);
+    return piece;
+}
+
 /* grad_bucket_take(like, n, groups, bucket_bytes) -> (piece, bucket): n elements of the open
  * bucket of like's dtype and device summed over `groups` (a tuple of names, in order) */
 static PyObject *py_take(PyObject *self, PyObject *args)
@@ -181,28 +211,11 @@ static PyObject *py_take(PyObject *self, PyObject *args)
                                        "n >= 0 and bucket_bytes > 0", n, bytes);
         return NULL;
     }
-    axc_buckets *b = buckets();
-    if (!b || axc_py_bucket_key(like, groups, &key) < 0)
+    if (!buckets() || axc_py_bucket_key(like, groups, &key) < 0)
         return NULL;
-    (void)axc_buckets_set_bytes(b, (size_t)bytes);
     int id;
-    size_t off;
-    void *owner;
-    g_like = like;
-    axc_status st = axc_buckets_take(b, &key, (size_t)n, &id, &off, &owner);
-    g_like = NULL;
-    if (st != AXC_OK)
-        return PyErr_Occurred() ? NULL : axc_py_raise(st);
-    /* (the engine's reference may go while start_due releases the GIL: hold one here) */
-    PyObject *flat = (PyObject *)owner;
-    Py_INCREF(flat);
-    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
-                          ? NULL
-                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off, n);
-    Py_DECREF(flat);
-    if (!piece)
-        return NULL;
-    return Py_BuildValue("(Ni)", piece, id);
+    PyObject *piece = axc_py_bucket_take(like, n, &key, (size_t)bytes, &id);
+    return piece ? Py_BuildValue("(Ni)", piece, id) : NULL;
 }
 
 PyObject *axc_py_bucket_op(PyObject *arg, bucket_fn fn)

@@ -443,6 +443,8 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     Py_END_ALLOW_THREADS
     Py_XDECREF(held);
     axc_layer_residuals_release(res, scratch); /* (NULL: none, or kept until the pass's end) */
+    if (defer) /* its deferred work is queued: its use ends with the next pass's wait */
+        axc_layer_residuals_call_done(res, io.dw_residual);
     if (st != AXC_OK) {
         axc_py_raise(st);
         goto done;

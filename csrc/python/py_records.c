@@ -3,7 +3,8 @@
  * reference to the parameter; a mark holds weak references to the parameter (whose callback
  * forgets the mark when the parameter goes, before its address can be reused) and to the .grad
  * it was made for (the mark counts only while that tensor is still the .grad). The end of a
- * pass applies what the core hands over, in its order (grad_records_finish / _drop). */
+ * pass applies what the core hands over, in its order (axc_py_grad_records_finish / _drop, which
+ * csrc/python/py_grad_pass.c calls). */
 #include <stdint.h>
 
 #include "axc/buckets.h"
@@ -84,6 +85,8 @@ static PyObject *referent(PyObject *wr)
 static int summed_of(PyObject *p, axc_groups *out)
 {
     void *stamp = NULL;
+    if (intern() < 0)
+        return -1;
     out->n = 0;
     /* (.grad first: its getter may run Python code, which could replace or forget the mark and
      * free the stamp that axc_records_marked lends) */
@@ -117,6 +120,8 @@ static PyMethodDef forget_def = {"forget_mark", forget_mark, METH_O, NULL};
 /* marks p.grad (as it is now) summed over g (none, or no .grad: forgets); -1 with an exception */
 static int mark(PyObject *p, const axc_groups *g)
 {
+    if (intern() < 0)
+        return -1;
     PyObject *grad = g->n ? PyObject_GetAttr(p, s_grad) : NULL;
     if (g->n && !grad)
         return -1;
@@ -175,71 +180,39 @@ static PyObject *py_marks(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(axc_records_marks(recs()));
 }
 
-/* grad_record(p, dw, keep, replace, groups, bucket): a pending gradient of p (dw, summed over
- * groups; keep: what the work writing it reads, or None), in `bucket` (None: not in one), whose
- * pieces are then written */
-static PyObject *py_record(PyObject *self, PyObject *args)
+int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, out); }
+int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g); }
+
+int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
+                       const axc_groups *groups, int bucket)
 {
-    (void)self;
-    PyObject *p, *dw, *keep, *groups, *bucket;
-    int replace;
-    axc_grad_record rec = {0};
-    if (!PyArg_ParseTuple(args, "OOOpOO", &p, &dw, &keep, &replace, &groups, &bucket) ||
-        intern() < 0 || parse_groups(groups, &rec.groups) < 0)
-        return NULL;
-    rec.key = key_of(p);
-    rec.param = Py_NewRef(p);
-    rec.dw = Py_NewRef(dw);
-    rec.keep = keep == Py_None ? NULL : Py_NewRef(keep);
-    rec.replace = replace;
+    axc_grad_record rec = {.key = key_of(p), .param = Py_NewRef(p), .dw = Py_NewRef(dw),
+                           .keep = keep ? Py_NewRef(keep) : NULL, .replace = replace,
+                           .groups = *groups};
     axc_status st = axc_records_add(recs(), &rec);
-    if (st != AXC_OK)
-        return axc_py_raise(st);
-    if (bucket == Py_None)
-        Py_RETURN_NONE;
-    return axc_py_bucket_op(bucket, axc_buckets_written);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    if (bucket < 0)
+        return 0;
+    PyObject *b = PyLong_FromLong(bucket);
+    PyObject *r = b ? axc_py_bucket_op(b, axc_buckets_written) : NULL;
+    Py_XDECREF(b);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
-/* grad_pending(p) -> whether p has a record in this pass */
-static PyObject *py_pending(PyObject *self, PyObject *p)
+int axc_py_grad_take(PyObject *p, PyObject *prev, PyObject *scratch)
 {
-    (void)self;
-    return PyBool_FromLong(axc_records_pending(recs(), key_of(p)));
-}
-
-/* grad_last_record(p) -> (replace, groups) of p's last record in this pass, or None */
-static PyObject *py_last_record(PyObject *self, PyObject *p)
-{
-    (void)self;
-    const axc_grad_record *r = axc_records_last(recs(), key_of(p));
-    if (!r)
-        Py_RETURN_NONE;
-    if (intern() < 0)
-        return NULL;
-    PyObject *g = groups_tuple(&r->groups);
-    return g ? Py_BuildValue("(ON)", r->replace ? Py_True : Py_False, g) : NULL;
-}
-
-/* grad_take(p, prev, scratch): p.grad (prev, or None) is taken for the pass, scratch in its
- * place (the caller sets it) */
-static PyObject *py_take(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *p, *prev, *scratch;
-    if (!PyArg_ParseTuple(args, "OOO", &p, &prev, &scratch))
-        return NULL;
     axc_taken_grad t = {key_of(p), Py_NewRef(p), prev == Py_None ? NULL : Py_NewRef(prev),
                         Py_NewRef(scratch)};
     axc_status st = axc_records_take(recs(), &t);
-    if (st != AXC_OK)
-        return axc_py_raise(st);
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_taken(PyObject *self, PyObject *p)
-{
-    (void)self;
-    return PyBool_FromLong(axc_records_is_taken(recs(), key_of(p)));
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
 }
 
 static int idle(void) { return axc_runtime_grads_idle(axc_py_runtime()); }
@@ -250,26 +223,6 @@ static PyObject *py_idle(PyObject *self, PyObject *noargs)
     (void)self;
     (void)noargs;
     return PyBool_FromLong(idle());
-}
-
-/* grad_chunk_open(p, bucket): p's pending record becomes a chunk record of the calls counted
- * for p; its bucket (None: none) waits until the last one */
-static PyObject *py_chunk_open(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *p, *bucket;
-    if (!PyArg_ParseTuple(args, "OO", &p, &bucket))
-        return NULL;
-    long b = bucket == Py_None ? -1 : PyLong_AsLong(bucket);
-    if (b == -1 && PyErr_Occurred())
-        return NULL;
-    axc_status st = axc_records_chunk_open(recs(), key_of(p), b,
-                                           axc_records_take_count(recs(), key_of(p)));
-    if (st != AXC_OK)
-        return axc_py_raise(st);
-    if (bucket == Py_None)
-        Py_RETURN_NONE;
-    return axc_py_bucket_op(bucket, axc_buckets_hold);
 }
 
 /* grad_chunk_dw(p) -> the gradient p's open chunk record accumulates into, or None */
@@ -409,14 +362,11 @@ out:
     return rc;
 }
 
-/* grad_records_finish(): completes every pending gradient (call under torch.no_grad()): the
- * chunk call counts are forgotten; unless idle, every bucket's sums run and everything deferred
+/* Completes every pending gradient (the caller switches grad mode off): the chunk call counts are forgotten; unless idle, every bucket's sums run and everything deferred
  * completes, then each record's gradient is set (or added) in order and marked, and the taken
  * .grads without a record are put back. When the sums fail, the records' .grads become None. */
-static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
+PyObject *axc_py_grad_records_finish(void)
 {
-    (void)self;
-    (void)noargs;
     axc_records_clear_counts(recs());
     if (idle())
         Py_RETURN_NONE;
@@ -426,6 +376,9 @@ static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
     axc_status st = axc_records_detach(recs(), 1, &pass);
     if (st != AXC_OK)
         return axc_py_raise(st);
+    /* (the generation of the uses of depth residuals whose work the wait below completes) */
+    axc_layer_residuals *res = axc_runtime_layer_residuals(axc_py_runtime());
+    uint64_t gen = axc_layer_residuals_pass_begin(res);
     PyObject *done = axc_py_grad_buckets_finish();
     {   /* (the tasks run even when one fails; the releases may run deallocators: not with the
          * sums' exception set) */
@@ -434,6 +387,9 @@ static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
         axc_py_keeps_release_done();
         PyErr_Restore(et, ev, tb);
     }
+    /* (everything deferred completed, also when a sum failed: the depth residuals it used may
+     * go) */
+    axc_layer_residuals_pass_done(res, gen);
     int rc = 0;
     if (!done) { /* do not leave half-reduced values where a gradient is expected */
         PyObject *et, *ev, *tb;
@@ -445,8 +401,6 @@ static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
         rc = -1;
     } else {
         Py_DECREF(done);
-        /* (everything deferred completed: the depth residuals it used may go) */
-        axc_layer_residuals_pass_done(axc_runtime_layer_residuals(axc_py_runtime()));
         for (size_t i = 0; rc == 0 && i < pass.nrecs; i++)
             rc = apply(&pass.recs[i]);
         if (rc == 0)
@@ -458,12 +412,10 @@ static PyObject *py_records_finish(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-/* grad_records_drop(): forgets an abandoned pass (after its deferred work completed): the
- * records and partial buckets are dropped, the taken .grads put back */
-static PyObject *py_records_drop(PyObject *self, PyObject *noargs)
+/* Forgets an abandoned pass (after its deferred work completed): the records and partial
+ * buckets are dropped, the taken .grads put back. */
+PyObject *axc_py_grad_records_drop(uint64_t gen)
 {
-    (void)self;
-    (void)noargs;
     if (intern() < 0)
         return NULL;
     axc_records_pass pass;
@@ -471,7 +423,7 @@ static PyObject *py_records_drop(PyObject *self, PyObject *noargs)
     if (st != AXC_OK)
         return axc_py_raise(st);
     axc_buckets_reset(axc_runtime_buckets(axc_py_runtime()));
-    axc_layer_residuals_pass_done(axc_runtime_layer_residuals(axc_py_runtime()));
+    axc_layer_residuals_pass_done(axc_runtime_layer_residuals(axc_py_runtime()), gen);
     int rc = restore(&pass);
     axc_records_pass_release(recs(), &pass);
     axc_py_keeps_release_done();
@@ -492,44 +444,6 @@ static PyObject *py_records_clear(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-/* grad_pass() -> the graph-task id the pending work was queued for, or None */
-static PyObject *py_pass(PyObject *self, PyObject *noargs)
-{
-    (void)self;
-    (void)noargs;
-    int64_t t = axc_records_pass_task(recs());
-    if (t == AXC_NO_PASS)
-        Py_RETURN_NONE;
-    return PyLong_FromLongLong(t);
-}
-
-/* grad_set_pass(task[, alive]): the pass (None: none) and a weak reference that is dead once
- * the pass is gone (kept when not given) */
-static PyObject *py_set_pass(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *task, *alive = NULL;
-    if (!PyArg_ParseTuple(args, "O|O", &task, &alive))
-        return NULL;
-    int64_t t = task == Py_None ? AXC_NO_PASS : PyLong_AsLongLong(task);
-    if (t == -1 && PyErr_Occurred())
-        return NULL;
-    if (alive)
-        axc_records_set_pass(recs(), t, Py_NewRef(alive));
-    else
-        axc_records_set_task(recs(), t);
-    Py_RETURN_NONE;
-}
-
-/* grad_pass_alive() -> whether the pass the pending work was queued in is still running */
-static PyObject *py_pass_alive(PyObject *self, PyObject *noargs)
-{
-    (void)self;
-    (void)noargs;
-    PyObject *wr = axc_records_pass_owner(recs());
-    return PyBool_FromLong(wr && referent(wr) != NULL);
-}
-
 /* grad_records_stats() -> {"grad_records", "chunk_records_open", "summed_marks"} */
 static PyObject *py_records_stats(PyObject *self, PyObject *noargs)
 {
@@ -545,13 +459,7 @@ PyMethodDef axc_py_records_methods[] = {
     {"grad_summed_over", py_summed_over, METH_O, "grad_summed_over(p) -> tuple of group names"},
     {"grad_mark_summed", py_mark_summed, METH_VARARGS, "grad_mark_summed(p, groups)"},
     {"grad_marks", py_marks, METH_NOARGS, "grad_marks() -> int"},
-    {"grad_record", py_record, METH_VARARGS, "grad_record(p, dw, keep, replace, groups, bucket)"},
-    {"grad_pending", py_pending, METH_O, "grad_pending(p) -> bool"},
-    {"grad_last_record", py_last_record, METH_O, "grad_last_record(p) -> (replace, groups) or None"},
-    {"grad_take", py_take, METH_VARARGS, "grad_take(p, prev, scratch)"},
-    {"grad_taken", py_taken, METH_O, "grad_taken(p) -> bool"},
     {"grad_idle", py_idle, METH_NOARGS, "grad_idle() -> bool"},
-    {"grad_chunk_open", py_chunk_open, METH_VARARGS, "grad_chunk_open(p, bucket)"},
     {"grad_chunk_dw", py_chunk_dw, METH_O, "grad_chunk_dw(p) -> Tensor or None"},
     {"grad_chunk_done", py_chunk_done, METH_O, "grad_chunk_done(p)"},
     {"grad_chunks_open", py_chunks_open, METH_NOARGS, "grad_chunks_open() -> int"},
@@ -560,10 +468,5 @@ PyMethodDef axc_py_records_methods[] = {
     {"grad_count_into", py_count_into, METH_O, "grad_count_into(counts or None) -> previous"},
     {"grad_counting_ahead", py_counting_ahead, METH_NOARGS, "grad_counting_ahead() -> bool"},
     {"grad_add_counts", py_add_counts, METH_O, "grad_add_counts(counts)"},
-    {"grad_records_finish", py_records_finish, METH_NOARGS, "grad_records_finish()"},
-    {"grad_records_drop", py_records_drop, METH_NOARGS, "grad_records_drop()"},
     {"grad_records_clear", py_records_clear, METH_NOARGS, "grad_records_clear()"},
-    {"grad_pass", py_pass, METH_NOARGS, "grad_pass() -> int or None"},
-    {"grad_set_pass", py_set_pass, METH_VARARGS, "grad_set_pass(task[, alive])"},
-    {"grad_pass_alive", py_pass_alive, METH_NOARGS, "grad_pass_alive() -> bool"},
     {NULL, NULL, 0, NULL}};

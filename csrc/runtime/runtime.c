@@ -21,6 +21,7 @@ struct axc_runtime {
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
     int grad_sync;    /* backward starts gradient sums (0 inside no_grad_sync) */
     int overlap_data; /* the data overlap knob in force */
+    size_t grad_bucket_bytes; /* the bucket size of backward's sums (init(bucket_size=)) */
 };
 
 /* set by run_concurrent on its micro-batch threads */
@@ -47,6 +48,7 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
         return axc_fail(AXC_ERR_NOMEM, "axc_runtime_create: out of memory");
     rt->hooks = ops->hooks;
     rt->grad_sync = 1;
+    rt->grad_bucket_bytes = 4u << 20;
     axc_status st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
     if (st == AXC_OK)
         st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
@@ -111,7 +113,7 @@ axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg)
     rt->sched = sched;
     /* (a new grid: the layers' ids and shards differ; nothing is in flight) */
     axc_layer_residuals_clear(rt->layer_residuals);
-    axc_layer_residuals_pass_done(rt->layer_residuals);
+    axc_layer_residuals_pass_done(rt->layer_residuals, AXC_LAYER_RESIDUALS_ALL);
     return AXC_OK;
 }
 
@@ -138,7 +140,7 @@ axc_status axc_runtime_close(axc_runtime *rt)
     blocking_end(rt, b);
     /* (the scheduler drained: nothing uses them any more) */
     axc_layer_residuals_clear(rt->layer_residuals);
-    axc_layer_residuals_pass_done(rt->layer_residuals);
+    axc_layer_residuals_pass_done(rt->layer_residuals, AXC_LAYER_RESIDUALS_ALL);
     return st;
 }
 
@@ -195,6 +197,12 @@ void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 
 int axc_runtime_grad_sync(const axc_runtime *rt) { return rt->grad_sync; }
 void axc_runtime_set_overlap_data(axc_runtime *rt, int on) { rt->overlap_data = on != 0; }
 int axc_runtime_overlap_data(const axc_runtime *rt) { return rt->overlap_data; }
+void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes)
+{
+    if (bytes > 0)
+        rt->grad_bucket_bytes = bytes;
+}
+size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt) { return rt->grad_bucket_bytes; }
 void axc_set_microbatch_thread(int on) { t_microbatch = on != 0; }
 int axc_microbatch_thread(void) { return t_microbatch; }
 

@@ -117,11 +117,21 @@ int main(void)
     CHECK_OK(axc_layer_residuals_for(t, 3, -1, 8, 1, &r));
     axc_layer_residuals_forget(t, 3);
     CHECK(live == 3 && axc_layer_residuals_kept(t) == 2 && axc_layer_residuals_count(t) == 1);
-    axc_layer_residuals_pass_done(t);
+    /* a pass ending while the calls are still queueing their work (open uses) releases nothing */
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
+    CHECK(live == 3 && axc_layer_residuals_kept(t) == 2);
+    axc_layer_residuals_call_done(t, inflight);
+    /* a pass whose wait began before the second call queued its work keeps that one */
+    uint64_t gen = axc_layer_residuals_pass_begin(t);
+    axc_layer_residuals_call_done(t, r);
+    axc_layer_residuals_pass_done(t, gen);
+    CHECK(live == 2 && axc_layer_residuals_kept(t) == 1);
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
     CHECK(live == 1 && axc_layer_residuals_kept(t) == 0);
     /* busy marks end with the pass: a later drop releases at once */
     CHECK_OK(axc_layer_residuals_for(t, 7, -1, 5, 1, &r2));
-    axc_layer_residuals_pass_done(t);
+    axc_layer_residuals_call_done(t, r2);
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
     CHECK_OK(axc_layer_residuals_for(t, 7, -1, 6, 0, &r2));
     CHECK(live == 1 && axc_layer_residuals_kept(t) == 0);
 
@@ -137,7 +147,8 @@ int main(void)
     CHECK_OK(axc_layer_residuals_for_call(t, 7, -1, 6, 0, 1, &s, &scratch));
     CHECK(s && scratch == NULL && live == 2 && axc_layer_residuals_kept(t) == 1);
     axc_layer_residuals_release(t, NULL); /* (NULL: nothing) */
-    axc_layer_residuals_pass_done(t);
+    axc_layer_residuals_call_done(t, s);
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
     CHECK(live == 1 && axc_layer_residuals_kept(t) == 0);
     /* the call's own: trains; none without a layer id or when C needs none */
     CHECK_OK(axc_layer_residuals_for_call(t, 7, -1, 6, 1, 0, &s, &scratch));
@@ -177,7 +188,8 @@ int main(void)
     CHECK_OK(axc_layer_residuals_for(t, 7, -1, 6, 1, &r));
     axc_layer_residuals_clear(t);
     CHECK(axc_layer_residuals_count(t) == 0 && live == 1 && axc_layer_residuals_kept(t) == 1);
-    axc_layer_residuals_pass_done(t);
+    axc_layer_residuals_call_done(t, r);
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
     CHECK(live == 0);
 
     /* many layers (the table grows), some in flight at destroy: everything released */

@@ -9,6 +9,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "int8": torch.int8, "uint8": torch.uint8}
 
 
+class CallCount:
+    """How often a counter of the C side (e.g. axonn_c._C.grad_finishes) moved since clear()."""
+
+    def __init__(self, counter):
+        self.counter = counter
+        self.clear()
+
+    def clear(self):
+        self.at = self.counter()
+
+    def __len__(self):
+        return self.counter() - self.at
+
+
 def grids(world):
     """Every (G_data, G_intra_r, G_intra_c, G_intra_d) whose product is `world`."""
     for gd, gr, gc in itertools.product(range(1, world + 1), repeat=3):

@@ -1,5 +1,5 @@
-"""The gradient hook decided in C (tests/test_grad_hook.py) on 2 ranks: which gradients reach
-the Python gradient code (counted at grads._take_grad) and what .grad is after backward, as the
+"""The gradient hook decided in C (tests/test_grad_hook.py) on 2 ranks: which gradients go past
+the hook's fast path (counted by _C.grad_hook_works) and what .grad is after backward, as the
 groups, no_grad_sync, the overlap knobs, a run_concurrent thread and the grid change."""
 import os
 import weakref
@@ -7,19 +7,11 @@ import weakref
 import torch
 
 import axonn_c
-from axonn_c import grads
+from axonn_c import _C, grads
+from common import CallCount
 
 RANK = int(os.environ["RANK"])
-calls = []
-_take_grad = grads._take_grad
-
-
-def counted(p, g, create_graph):
-    calls.append(p)
-    _take_grad(p, g, create_graph)
-
-
-grads._take_grad = counted  # (looked up by grads._on_grad when it runs)
+calls = CallCount(_C.grad_hook_works)  # gradients past the hook's fast path
 
 
 def step(p, x, expect_calls, expect_grad, summed=()):
@@ -53,6 +45,25 @@ def main():
     step(p, x, 0, mine)
     del p._axonn_overlap_data
     step(p, x, 1, total, ("data",))
+
+    # create_graph=True: the gradient (which has a graph of its own) is summed like any other,
+    # without extending its graph; a .grad summed in an earlier pass enters divided by its
+    # copies, and the new total is summed again
+    c = torch.nn.Parameter(torch.ones(4))
+    grads.hook(c, ("data",))
+    for before in (None, "summed"):
+        calls.clear()
+        c.grad = None
+        if before:
+            (c * x).sum().backward()
+            assert torch.equal(c.grad, total) and grads.summed_over(c) == ("data",)
+            calls.clear()
+        (c * c * x / 2).sum().backward(create_graph=True)
+        assert len(calls) == 1, len(calls)
+        want = total if before is None else 2 * total
+        assert torch.equal(c.grad, want) and not c.grad.requires_grad, (before, c.grad)
+        assert grads.summed_over(c) == ("data",), grads.summed_over(c)
+    grads.mark_summed(c, ())
 
     # a run_concurrent micro-batch: its gradient is checked, not summed
     calls.clear()

@@ -13,6 +13,7 @@ from torch import nn
 
 import axonn_c
 from axonn_c import chunking
+from common import CallCount
 from linear_worker import shard_of
 
 H = 32
@@ -269,15 +270,10 @@ def check_chunk_records(g):
     autograd_dw = []
     handles = [m.weight.register_hook(lambda d: autograd_dw.append(d is not None) or None)
                for m in model]
-    real_finish = axonn_c.grads.finish
-    finishes = []
-
-    def finish():
-        finishes.append(1)
-        real_finish()
+    finishes = CallCount(axonn_c._C.grad_finishes)
     # buckets whose sums started at their pass's last chunk (before finish(), not by it)
     after_holds = axonn_c.scheduler_stats()["buckets_after_holds"]
-    axonn_c.grads.finish = finish
+    finishes.clear()
     try:
         y = model(X[tok][:, kin].clone().requires_grad_())
         reg = (model[1].weight * shard_of(R, model[1])).sum() / g.G_data
@@ -285,7 +281,6 @@ def check_chunk_records(g):
         # once, at the end: no chunk call found its record closed (a lost chunk count)
         assert len(finishes) == 1, f"{what}: finish() ran {len(finishes)} times in backward"
     finally:
-        axonn_c.grads.finish = real_finish
         for h in handles:
             h.remove()
     early = axonn_c.scheduler_stats()["buckets_after_holds"] - after_holds
@@ -423,17 +418,13 @@ def check_forward_backward(g):
     model, ref, kin, kout, tok, T = setup(g, 2, rows_of=lambda d: 7 if d == 0 else 1)
     gen = torch.Generator().manual_seed(81)
     inside, real_next = [], chunking._Lookahead._next
-    finishes, real_finish = [], axonn_c.grads.finish
+    finishes = CallCount(axonn_c._C.grad_finishes)
 
     def counted(self):
         inside.append(torch._C._current_graph_task_id() != -1)
         return real_next(self)
 
-    def counted_finish():
-        finishes.append(1)
-        real_finish()
-    chunking._Lookahead._next = counted
-    axonn_c.grads.finish = counted_finish  # (what the end of backward calls)
+    chunking._Lookahead._next = counted  # (finishes: what the end of backward calls)
     # container hooks: a forward hook on rank 0 only (statistics), which must not change the
     # collectives' order, and a pre-hook on every rank that replaces the input (x 2, of an
     # input halved below), which every piece must see
@@ -473,7 +464,6 @@ def check_forward_backward(g):
                 assert not inside, f"{case}: looked ahead where it does not pipeline"
     finally:
         chunking._Lookahead._next = real_next
-        axonn_c.grads.finish = real_finish
         for h in hooks:
             h.remove()
     X, dY = torch.randn(T, H, generator=gen), torch.randn(T, H, generator=gen)

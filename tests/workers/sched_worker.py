@@ -14,7 +14,9 @@ import torch.utils.checkpoint
 from torch import nn
 
 import axonn_c
+from common import CallCount
 from linear_worker import shard_of
+
 
 
 def close(got, want, dtype, what):
@@ -327,13 +329,7 @@ def check_weight_other_use(g):
     def regulariser():
         return ((model.fc1.weight * r1).sum() + (model.fc2.weight * r2).sum()) / g.G_data
 
-    finishes, finish = [], axonn_c.grads.finish
-
-    def counted():
-        finishes.append(1)
-        finish()
-
-    axonn_c.grads.finish = counted  # (what _on_grad and the end of backward call)
+    finishes = CallCount(axonn_c._C.grad_finishes)  # (the gradient hooks and the end of backward)
     try:
         for when, mode, ov_data in itertools.product(("before", "after"), ("no_sync", "plain"),
                                                      (True, False)):
@@ -364,7 +360,6 @@ def check_weight_other_use(g):
                 close(layer.weight.grad, shard_of(r.weight.grad, layer), torch.float32,
                       case + " dW")
     finally:
-        axonn_c.grads.finish = finish
         model.fc1.overlap_data = None
 
     # a pass that raises after the regulariser's gradients arrived: the half pass is dropped,

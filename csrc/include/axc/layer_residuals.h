@@ -16,6 +16,7 @@
 #define AXC_LAYER_RESIDUALS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "axc/buckets.h"
 #include "axc/status.h"
@@ -57,9 +58,18 @@ void axc_layer_residuals_forget(axc_layer_residuals *t, int layer);
 /* Every residual dropped (init, finalize, a checkpoint's residuals loaded); those kept for
  * in-flight work go at the pass's end. */
 void axc_layer_residuals_clear(axc_layer_residuals *t);
-/* Everything deferred completed (the end of a backward pass): the residuals kept for in-flight
- * work are released. */
-void axc_layer_residuals_pass_done(axc_layer_residuals *t);
+/* The generations of passes: a use by deferred work (in_flight) is open until the call that
+ * made it queued that work (call_done, with the interpreter lock held again: `data` is what the
+ * call was handed); it then belongs to the current generation. A pass's end takes the current
+ * generation (pass_begin, which starts the next) before it waits for everything deferred, and
+ * after the wait (pass_done) releases the uses of generations up to it, and only those: a pass
+ * ending on one thread never releases a use that a call on another thread is still queueing,
+ * nor one queued after its wait began. AXC_LAYER_RESIDUALS_ALL: every use (nothing in flight:
+ * init, finalize). */
+#define AXC_LAYER_RESIDUALS_ALL UINT64_MAX
+uint64_t axc_layer_residuals_pass_begin(axc_layer_residuals *t);
+void axc_layer_residuals_call_done(axc_layer_residuals *t, const float *data);
+void axc_layer_residuals_pass_done(axc_layer_residuals *t, uint64_t gen);
 
 /* The residuals held: how many, the i-th one's layer, buffer owner and length (checkpoints). */
 int axc_layer_residuals_count(const axc_layer_residuals *t);

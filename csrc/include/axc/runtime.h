@@ -84,12 +84,14 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt);
 /* The state a parameter's gradient hook decides from (set by the embedding program where it
  * changes): whether backward starts gradient sums (off inside no_grad_sync), the data overlap
  * knob in force (init(overlap=), optimize_communication(overlap_data=)), and, per thread,
- * whether the thread runs a run_concurrent micro-batch. Defaults: sums on, overlap off, no
- * micro-batch thread. */
+ * whether the thread runs a run_concurrent micro-batch; and the bucket size of backward's sums.
+ * Defaults: sums on, overlap off, no micro-batch thread, 4 MiB buckets. */
 void axc_runtime_set_grad_sync(axc_runtime *rt, int on);
 int axc_runtime_grad_sync(const axc_runtime *rt);
 void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
 int axc_runtime_overlap_data(const axc_runtime *rt);
+void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes); /* (0 is ignored) */
+size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
 
