@@ -2,12 +2,13 @@
  * lengths crossing the slot size, byte counters, groups progressing independently, works started
  * after other groups' works, channels matched independently, ranks out of step failing at once
  * with both calls named, a dead peer failing the others in time, and an init failing on one rank
- * failing on the others at once. */
+ * failing on the others at once, and a rank's abort failing every rank's collectives at once. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "axc/comm.h"
 #include "axc/futex.h"
@@ -386,6 +387,36 @@ static void crossed_main(int rank, int world, const int dims[4], double timeout)
     axc_comm_destroy(comm);
 }
 
+/* axc_comm_abort on rank 0 (which enters no collective) fails rank 1's all-reduce, waiting for
+ * it, at once (not at the timeout) with rank 0's message, and every later collective of rank
+ * 0's with the same message. */
+static void abort_main(int rank, int world, const int dims[4], double timeout)
+{
+    (void)world;
+    axc_comm *comm = open_comm(rank, 2, dims, "abort", timeout);
+    if (!comm)
+        return;
+    float x[4] = {1, 2, 3, 4};
+    axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = x, .recv = x, .count = 4, .device = -1};
+    EXPECT(run(comm, AXC_GROUP_WORLD, &c) == AXC_OK); /* in step */
+    int64_t t0 = axc_now_ns();
+    if (rank == 0) {
+        struct timespec nap = {0, 200000000}; /* (rank 1 waits by now; sooner: fails at start) */
+        nanosleep(&nap, NULL);
+        EXPECT(axc_comm_abort(comm, AXC_ERR_PEER, "rank 0 stops here") == AXC_ERR_PEER);
+        EXPECT(strstr(axc_last_error(), "rank 0 stops here") != NULL);
+    }
+    axc_status st = run(comm, AXC_GROUP_WORLD, &c);
+    double waited = (double)(axc_now_ns() - t0) * 1e-9;
+    const char *msg = axc_last_error();
+    EXPECT(st == AXC_ERR_PEER);
+    EXPECT(waited < timeout / 2); /* not the timeout */
+    EXPECT(strstr(msg, "rank 0 aborted the job: rank 0 stops here") != NULL);
+    if (fails)
+        fprintf(stderr, "rank %d: %s\n", rank, msg);
+    axc_comm_destroy(comm);
+}
+
 /* AXONN_C_SHM_TAG ends the segment name (which the store publishes), so a leak check can tell
  * its own segments from those of other jobs; a tag that cannot be part of a name fails on every
  * rank, naming the variable. */
@@ -475,6 +506,7 @@ int main(void)
     for (mismatch_case = 0; mismatch_case < 5; mismatch_case++)
         CHECK(fork_ranks_spawn(2, mismatch_main, indep_grid, 20.0, 0) == 0);
     CHECK(fork_ranks_spawn(2, crossed_main, indep_grid, 20.0, 0) == 0);
+    CHECK(fork_ranks_spawn(2, abort_main, indep_grid, 20.0, 0) == 0);
     CHECK(tagged_run("ctest-tag_1", 0) == 0);
     CHECK(tagged_run("../escape", 1) == 0);
     CHECK(tagged_run("a-tag-that-is-far-too-long-to-be-part-of-a-name-0123456789012345678", 1) == 0);
