@@ -60,14 +60,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype)[6:]  # torch.float32 -> "float32"
 
 
-def _op_call(cfg: List[int], dtype: torch.dtype):
-    """The C handle a custom op's ints (Linear._handle's cfg) stand for, per init()."""
-    key = (*cfg, dtype, session.epoch)
+def _op_call(cfg: List[int], dtype: torch.dtype, device: int):
+    """The C handle a custom op's ints (Linear._handle's cfg) stand for, per init() and device
+    of the weights (-1: host; whether a residual is kept depends on the device's transport)."""
+    key = (*cfg, dtype, device, session.epoch)
     call = _cache.op_calls.get(key)
     if call is None:
         if len(_cache.op_calls) > 4096:
             _cache.op_calls.clear()
-        call = _cache.op_calls[key] = _C.LinearCall(cfg, _dtype_name(dtype))
+        call = _cache.op_calls[key] = _C.LinearCall(cfg, _dtype_name(dtype), device)
     return call
 
 
@@ -232,13 +233,13 @@ def _check_place(cfg, place) -> None:
 def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int],
                 place: List[int]) -> Tuple[Tensor, Tensor]:
     _check_place(cfg, place)
-    y, saved = _forward_impl(x, w, b, _op_call(cfg, x.dtype))
+    y, saved = _forward_impl(x, w, b, _op_call(cfg, x.dtype, _dev(w)))
     return y, (saved if saved is not None else x.new_empty((0,)))
 
 
 @_linear_fwd.register_fake
 def _(x, w, b, cfg, place):
-    s = _op_call(cfg, x.dtype).shapes_for(x.shape[0])
+    s = _op_call(cfg, x.dtype, _dev(w)).shapes_for(x.shape[0])
     if cfg[4] == _EASY:
         return x.new_empty((x.shape[0], cfg[1])), x.new_empty((s["saved_rows"], s["saved_cols"]))
     return x.new_empty((x.shape[0], s["n_local"])), x.new_empty((0,))
@@ -268,14 +269,15 @@ _refused_layer.register_autograd(lambda ctx, g: (None, None, None, None, None))
 def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[int],
                 need_dx: bool, place: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
     _check_place(cfg, place)
-    dx, dw, db = _backward_impl(dy, x, saved, w, _op_call(cfg, dy.dtype), need_dx=need_dx)
+    dx, dw, db = _backward_impl(dy, x, saved, w, _op_call(cfg, dy.dtype, _dev(w)),
+                                need_dx=need_dx)
     return ((dx if dx is not None else dy.new_empty((0,))), dw,
             (db if db is not None else dy.new_empty((0,))))
 
 
 @_linear_bwd.register_fake
 def _(dy, x, saved, w, cfg, need_dx, place):
-    s = _op_call(cfg, dy.dtype).shapes
+    s = _op_call(cfg, dy.dtype, _dev(w)).shapes
     return (torch.empty_like(x) if need_dx else dy.new_empty((0,)), torch.empty_like(w),
             dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
 
