@@ -21,7 +21,7 @@ import torch
 
 from . import _C
 from .comm import CODECS
-from .state import session
+from .state import knobs_changed, session
 
 DIMENSIONS = ("data", "depth", "row", "col")
 LAYER_DIMENSIONS = ("depth", "row", "col")  # the layers' own collectives
@@ -117,7 +117,7 @@ def apply(policy: Policy) -> None:
     """Hands the policy to the gradient buckets and the communicator, and records it as the
     session's (the residuals stay: init clears them when the grid is new)."""
     session.compression = dict(policy)
-    session.knobs_version += 1  # (what a layer decided from the policy is stale: its memos)
+    knobs_changed()  # (what a layer decided from the policy is stale: its memos)
     codec, block, ef = policy.get("data", ("none", 0, False))
     _C.grad_buckets_set_codec("data", codec, block, ef)
     if _C.is_initialized():  # (the layers' policy lives in the communicator: gone at finalize)
@@ -189,9 +189,9 @@ def compression_state(model=None) -> dict:
     """
     out = {"residuals": {k: v.detach().clone() for k, v in _C.grad_buckets_residuals().items()}}
     if model is None:
-        held = _C.grad_layer_residuals()
+        held = _C.grad_layer_residuals_held()
         if held:
-            raise ValueError(f"compression_state: {len(held)} Linear layers "
+            raise ValueError(f"compression_state: {held} Linear layers "
                              "keep error-feedback residuals of their depth dW reduce-scatters, "
                              "named by module: pass model=")
         return out

@@ -60,14 +60,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype)[6:]  # torch.float32 -> "float32"
 
 
-def _op_call(cfg: List[int], dtype: torch.dtype):
-    """The C handle a custom op's ints (Linear._handle's cfg) stand for, per init()."""
-    key = (*cfg, dtype, session.epoch)
+def _op_call(cfg: List[int], dtype: torch.dtype, device: int):
+    """The C handle a custom op's ints (Linear._handle's cfg) stand for, per init() and device
+    of the weights (-1: host; whether a residual is kept depends on the device's transport)."""
+    key = (*cfg, dtype, device, session.epoch)
     call = _cache.op_calls.get(key)
     if call is None:
         if len(_cache.op_calls) > 4096:
             _cache.op_calls.clear()
-        call = _cache.op_calls[key] = _C.LinearCall(cfg, _dtype_name(dtype))
+        call = _cache.op_calls[key] = _C.LinearCall(cfg, _dtype_name(dtype), device)
     return call
 
 
@@ -232,47 +233,51 @@ def _check_place(cfg, place) -> None:
 def _linear_fwd(x: Tensor, w: Tensor, b: Optional[Tensor], cfg: List[int],
                 place: List[int]) -> Tuple[Tensor, Tensor]:
     _check_place(cfg, place)
-    y, saved = _forward_impl(x, w, b, _op_call(cfg, x.dtype))
+    y, saved = _forward_impl(x, w, b, _op_call(cfg, x.dtype, _dev(w)))
     return y, (saved if saved is not None else x.new_empty((0,)))
 
 
 @_linear_fwd.register_fake
 def _(x, w, b, cfg, place):
-    s = _op_call(cfg, x.dtype).shapes_for(x.shape[0])
+    s = _op_call(cfg, x.dtype, _dev(w)).shapes_for(x.shape[0])
     if cfg[4] == _EASY:
         return x.new_empty((x.shape[0], cfg[1])), x.new_empty((s["saved_rows"], s["saved_cols"]))
     return x.new_empty((x.shape[0], s["n_local"])), x.new_empty((0,))
 
 
-@torch.library.custom_op("axonn_c::stale_layer", mutates_args=())
-def _stale_layer(x: Tensor, w: Tensor, message: str, n_out: int) -> Tensor:
-    """Stands for a compiled layer whose shards are not this rank's on the current grid (its
-    output: [..., n_out]): raises when the graph runs. (Raising while torch.compile traces would
-    make it skip Linear.forward for good: every later compiled layer would run eagerly; and the
-    layer's own ops cannot be traced, their shapes follow the current grid.)"""
-    raise RuntimeError(message)
+@torch.library.custom_op("axonn_c::refused_layer", mutates_args=())
+def _refused_layer(x: Tensor, w: Tensor, message: str, n_out: int, unsupported: bool) -> Tensor:
+    """Stands for a compiled layer call that cannot run (its output: [..., n_out]): its shards
+    are not this rank's on the current grid (RuntimeError), or it asks for what a compiled
+    graph does not do (`unsupported`: NotImplementedError). Raises when the graph runs. (An
+    exception raised while torch.compile traces never reaches the user: dynamo runs the frame
+    eagerly instead, which for a setting only compiled graphs lack runs it silently, and makes
+    every later compiled layer run eagerly; and the layer's own ops cannot be traced for a stale
+    layer, their shapes follow the current grid.)"""
+    raise (NotImplementedError if unsupported else RuntimeError)(message)
 
 
-@_stale_layer.register_fake
-def _(x, w, message, n_out):
+@_refused_layer.register_fake
+def _(x, w, message, n_out, unsupported):
     return x.new_empty((*x.shape[:-1], n_out))
 
 
-_stale_layer.register_autograd(lambda ctx, g: (None, None, None, None))
+_refused_layer.register_autograd(lambda ctx, g: (None, None, None, None, None))
 
 
 @torch.library.custom_op("axonn_c::linear_bwd", mutates_args=())
 def _linear_bwd(dy: Tensor, x: Tensor, saved: Tensor, w: Tensor, cfg: List[int],
                 need_dx: bool, place: List[int]) -> Tuple[Tensor, Tensor, Tensor]:
     _check_place(cfg, place)
-    dx, dw, db = _backward_impl(dy, x, saved, w, _op_call(cfg, dy.dtype), need_dx=need_dx)
+    dx, dw, db = _backward_impl(dy, x, saved, w, _op_call(cfg, dy.dtype, _dev(w)),
+                                need_dx=need_dx)
     return ((dx if dx is not None else dy.new_empty((0,))), dw,
             (db if db is not None else dy.new_empty((0,))))
 
 
 @_linear_bwd.register_fake
 def _(dy, x, saved, w, cfg, need_dx, place):
-    s = _op_call(cfg, dy.dtype).shapes
+    s = _op_call(cfg, dy.dtype, _dev(w)).shapes
     return (torch.empty_like(x) if need_dx else dy.new_empty((0,)), torch.empty_like(w),
             dy.new_empty((s["n_local"],) if cfg[3] else (0,)))
 
@@ -690,9 +695,7 @@ class Linear(nn.Module):
             # placement recompiles, and the new graph raises when it runs
             msg = _placement_error(self.in_features, self.out_features, self._placed_on,
                                    session.placement)
-            y = _stale_layer(x, self.weight, msg,
-                             self._shard_shapes["n_local"] if self.expert_mode
-                             else self.out_features)
+            y = _refused_layer(x, self.weight, msg, self._n_out(), False)
             return (y, self.bias) if self.skip_bias_add else y
         validate.check_tensor("Linear: input", x, 1)
         s = self._shapes
@@ -736,23 +739,14 @@ class Linear(nn.Module):
                 hold &= ~HOLD_BWD  # autograd reads dx (a cast, a copy) before anyone awaits it
         bc = b if use_bias else None  # (the bias the C call adds)
         if torch.compiler.is_compiling():  # compiled graphs: overlap inside the layer only
-            codecs = self._codecs()
-            if codecs:
-                raise NotImplementedError("Linear.compression (a layer's own codecs) is not "
-                                          "supported under torch.compile yet")
             cfg = [*self._cfg[:3], int(use_bias), self._cfg[4], ov_ar, ov_rs, chunks]
-            if w.requires_grad and _keeps_residual_traced(
-                    tuple(cfg), x2.dtype, _dev(w), (session.epoch, session.knobs_version)):
-                # (C decided; the session's policy only names the codec in the message)
-                depth = session.compression.get("depth") or ("?",)
-                raise NotImplementedError(
-                    f"error feedback on the depth dW reduce-scatter (on by default for the "
-                    f"depth codec {depth[0]!r}) is not supported under torch.compile: a "
-                    "compiled graph keeps no residual; pass compression={'depth': {'codec': "
-                    f"{depth[0]!r}, 'error_feedback': False}}}} or run the model eagerly")
-            # (the handle's ints, written out: nothing of C may run while torch.compile traces;
-            # the op maps them to the handle when the graph runs, _op_call)
-            y = _linear_fwd(x2, w, bc, cfg, list(self._placed_on))[0]
+            refusal = self._compile_refusal(cfg, x2.dtype, w)
+            if refusal:  # (raised when the graph runs, _refused_layer)
+                y = _refused_layer(x2, w, refusal, self._n_out(), True)
+            else:
+                # (the handle's ints, written out: nothing of C may run while torch.compile
+                # traces; the op maps them to the handle when the graph runs, _op_call)
+                y = _linear_fwd(x2, w, bc, cfg, list(self._placed_on))[0]
         else:
             # the scheduler gathers (and prefetches) the parameter itself, not a per-call cast;
             # (a knob that asks for the scheduler: the handle refuses a CUDA graph capture)
@@ -796,6 +790,25 @@ class Linear(nn.Module):
         self.__dict__["_compression_arg"] = value
         self.__dict__["_own_compression"] = own
         self.__dict__["_plain_memo"] = None  # (a layer with its own codecs takes the general path)
+
+    def _n_out(self) -> int:
+        """The last dimension of the layer's output on this rank."""
+        return self._shard_shapes["n_local"] if self.expert_mode else self.out_features
+
+    def _compile_refusal(self, cfg: list, dtype: torch.dtype, w: Tensor) -> str:
+        """Why a compiled graph cannot run this call ("" if it can), asked while tracing."""
+        if self._codecs():
+            return ("Linear.compression (a layer's own codecs) is not supported under "
+                    "torch.compile yet")
+        if w.requires_grad and _keeps_residual_traced(
+                tuple(cfg), dtype, _dev(w), (session.epoch, session.knobs_version)):
+            # (C decided; the session's policy only names the codec in the message)
+            depth = (session.compression.get("depth") or ("?",))[0]
+            return (f"error feedback on the depth dW reduce-scatter (on by default for the depth "
+                    f"codec {depth!r}) is not supported under torch.compile: a compiled graph "
+                    f"keeps no residual; pass compression={{'depth': {{'codec': {depth!r}, "
+                    "'error_feedback': False}} or run the model eagerly")
+        return ""
 
     def _codecs(self) -> tuple:
         """The C layer's codec ints when this layer has its own policy, else ()."""

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from . import _C, grads
 from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
-from .state import first_hook, is_initialized, microbatch_active, refuse_cuda, session
+from .state import first_hook, grid, is_initialized, microbatch_active, refuse_cuda, session
 
 
 def caller_autocasts() -> list:
@@ -144,17 +144,32 @@ class _Reducer:
                     grads.mark_summed(p, groups)
 
 
-def _join(threads: List[threading.Thread]) -> None:
-    """Joins every thread: an interrupt (KeyboardInterrupt) during a join does not leave a
-    micro-batch running while its call ends; it is raised once all have ended."""
+def _abort_interrupted() -> None:
+    """An interrupt (KeyboardInterrupt) ends the call: with peers, the job's collectives are
+    aborted (every wait of every rank fails at once, csrc/comm: axc_comm_abort), so micro-batch
+    threads stuck in one end now rather than at the collective timeout, and the peers, left
+    out of step, fail too instead of waiting it out. The job must init() again."""
+    g = grid()
+    if g.world_size > 1:
+        _C.comm_abort(f"run_concurrent was interrupted (KeyboardInterrupt) on rank {g.rank}")
+
+
+def _join(ended: List[threading.Event]) -> None:
+    """Waits until every thread has ended its part of the call (each sets its event last): an
+    interrupt (KeyboardInterrupt) during the wait aborts the call's collectives
+    (_abort_interrupted) but does not leave a micro-batch running while its call ends (its
+    memory would be freed under it); it is raised once all have ended. (Events, not
+    Thread.join: on Python 3.11 a join interrupted while the thread runs takes it for ended.)"""
     interrupted: Optional[BaseException] = None
-    for t in threads:
+    for e in ended:
         while True:
             try:
-                t.join()
+                e.wait()
                 break
-            except KeyboardInterrupt as e:
-                interrupted = interrupted or e
+            except KeyboardInterrupt as k:
+                if interrupted is None:
+                    _abort_interrupted()
+                interrupted = interrupted or k
     if interrupted is not None:
         raise interrupted
 
@@ -221,15 +236,19 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         except BaseException as e:  # re-raised on the calling thread
             errors[i] = e
         finally:
-            session.thread.microbatch = None
-            _C.microbatch_thread(False)
-            _C.microbatch_thread_done(errors[i] is not None)
+            try:
+                session.thread.microbatch = None
+                _C.microbatch_thread(False)
+                _C.microbatch_thread_done(errors[i] is not None)
+            finally:
+                ended[i + 1].set()  # (the last use of the call)
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
     _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes,
                         SCATTER_BLOCKS_IN_FLIGHT)
     started, start_error = [0], []
+    ended = [threading.Event() for _ in range(n + 1)]  # the starter's, each micro-batch's
 
     def start_all() -> None:
         # on a thread of its own: a KeyboardInterrupt (delivered to the main thread) cannot
@@ -240,6 +259,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
                 started[0] += 1
         except BaseException as e:  # (raised on the calling thread)
             start_error.append(e)
+        finally:
+            ended[0].set()
 
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
         session.concurrent_call = _Call(reducer)
@@ -247,14 +268,17 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
                                    daemon=True)
         starter.start()
         try:
-            _join([starter])
+            _join(ended[:1])
             if start_error:
                 raise start_error[0]
             if reducer is not None:
                 reducer.run()
+        except KeyboardInterrupt:  # (the reducer's waits in C deliver it when they return)
+            _abort_interrupted()
+            raise
         finally:
-            _join([starter])
-            _join(threads[:started[0]])
+            _join(ended[:1])
+            _join(ended[1:1 + started[0]])
         ok = started[0] == n and all(e is None for e in errors)
         # reduce-scatters and unused prefetches waited for, the gather order learned
         _C.microbatch_close(ok)

@@ -452,8 +452,9 @@ _HF_KEYS = (("layers", ("n_layer", "num_hidden_layers")), ("hidden", ("n_embd", 
 
 def hf_config_sizes(path: str) -> dict:
     """The model sizes of a transformers config.json (GPT-2 or Llama-style names): {layers,
-    hidden, heads, ffn, vocab, seq}, the ones the file has (GPT-2's n_inner: null is left out,
-    i.e. 4 * hidden)."""
+    hidden, heads, ffn, vocab, seq: (value, the config's key)}, the ones the file has (GPT-2's
+    n_inner: null is left out, i.e. 4 * hidden). seq is the longest sequence the model takes
+    (n_positions, max_position_embeddings), not the one it trains on."""
     try:
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
@@ -465,7 +466,7 @@ def hf_config_sizes(path: str) -> dict:
     for name, keys in _HF_KEYS:
         for k in keys:
             if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
-                out[name] = cfg[k]
+                out[name] = (cfg[k], k)
                 break
     return out
 
@@ -478,7 +479,8 @@ def _parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--hf-config", metavar="CONFIG.json",
                    help="take the model sizes (layers, hidden, heads, ffn, vocab, seq) from a "
-                        "transformers config.json; flags given as well win")
+                        "transformers config.json; flags given as well win (its seq is the "
+                        "longest the model takes: pass --seq for the training length)")
     m.add_argument("--layers", type=int, help="transformer blocks")
     m.add_argument("--hidden", type=int, help="hidden size")
     m.add_argument("--heads", type=int, help="attention heads")
@@ -535,15 +537,19 @@ def main(argv=None) -> int:
     from .grads import SYNC_BUCKET_BYTES  # (lazy, as in step_volume)
 
     args = _parser().parse_args(argv)
+    seq_from = "--seq"
     if args.hf_config:
         try:
             sizes = hf_config_sizes(args.hf_config)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        for name, value in sizes.items():
+        for name, (value, key) in sizes.items():
             if getattr(args, name) in (None, 0):  # (--vocab's default is 0: none)
                 setattr(args, name, value)
+                if name == "seq":  # (the longest the model takes: training is often shorter)
+                    seq_from = (f"the config's {key}, the longest the model takes; "
+                                "--seq for the training length")
     if args.calibrate:  # (a program of its own: it runs the communicators, this one only models)
         os.execv(sys.executable, [sys.executable, "-m", "axonn_c.calibrate", "--out", args.out])
     missing = [f"--{n.replace('_', '-')}" for n in ("layers", "hidden", "heads", "seq",
@@ -580,7 +586,8 @@ def main(argv=None) -> int:
         args.hidden * args.vocab
     print(f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, ffn {ffn}, "
           f"vocab {args.vocab or 'none'} ({params / 1e9:.1f}B params in linear layers); "
-          f"seq {args.seq}, global batch {args.global_batch}; recompute {args.recompute}, "
+          f"seq {args.seq} ({seq_from}), global batch {args.global_batch}; "
+          f"recompute {args.recompute}, "
           f"{args.dtype} weights, {args.grad_dtype} data-parallel gradients"
           + (f"; compression {' '.join(args.compression)}" if args.compression else ""))
     print(f"machine: {prof['name']} ({prof['gpus_per_node']} GPUs/node, {prof['mem_gib']:g} GiB, "

@@ -59,3 +59,10 @@ def test_compiled_forward_backward_matches_eager(world1):
 def test_explain_two_ranks():
     out = torchrun(2, "compile_worker.py")
     assert out.count("NO GRAPH BREAK") == 1, out
+
+
+@pytest.mark.multiproc
+def test_refusals_raise_when_the_graph_runs():
+    # (in torchrun's processes: dynamo once crashed (SIGSEGV) running the refused layer eagerly)
+    out = torchrun(2, "compile_worker.py", "--refusals")
+    assert out.count("REFUSALS RAISED") == 1, out

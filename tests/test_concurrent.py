@@ -17,6 +17,14 @@ def test_concurrent_microbatches_match_serial(world):
     assert f"world {world}: concurrent micro-batch checks pass" in out
 
 
+@pytest.mark.multiproc
+def test_interrupt_ends_a_hung_call_on_every_rank():
+    # a KeyboardInterrupt while the micro-batch threads wait in a collective aborts it (every
+    # rank's waits fail, naming the interrupt); the call ends once its threads have
+    out = torchrun(2, "mb_interrupt_worker.py")
+    assert "rank 0: interrupt ok" in out and "rank 1: interrupt ok" in out, out
+
+
 def test_splits_inputs_and_keeps_order(world_of_one):
     axonn_c.init(concurrent_microbatches=3)
     x = torch.arange(7.0)

@@ -316,11 +316,13 @@ def test_cli_takes_sizes_from_a_transformers_config(tmp_path, capsys):
                                "n_inner": None, "vocab_size": 50257, "n_positions": 1024}))
     assert plan.main(["--hf-config", str(cfg), "--global-batch", "512", "--gpus", "64"]) == 0
     out = capsys.readouterr().out
-    assert "48 layers, hidden 1600, heads 25, ffn 6400, vocab 50257" in out and "seq 1024" in out
+    assert "48 layers, hidden 1600, heads 25, ffn 6400, vocab 50257" in out
+    # the config's seq is the longest the model takes: the output says it was used
+    assert "seq 1024 (the config's n_positions, the longest the model takes; --seq for" in out
     # flags given as well win over the file
     assert plan.main(["--hf-config", str(cfg), "--seq", "256", "--global-batch", "512",
                       "--gpus", "64"]) == 0
-    assert "seq 256" in capsys.readouterr().out
+    assert "seq 256 (--seq)" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert plan.main(["--hf-config", str(bad), "--global-batch", "8", "--gpus", "4"]) == 2

@@ -294,6 +294,17 @@ void axc_comm_destroy(axc_comm *comm)
     free(comm);
 }
 
+axc_status axc_comm_abort(axc_comm *comm, axc_status status, const char *msg)
+{
+    char kept[512]; /* (msg may be axc_last_error()'s buffer, which axc_fail rewrites) */
+    snprintf(kept, sizeof kept, "%s", msg);
+    axc_backend *backends[2] = {comm ? comm->shm : NULL, comm ? comm->nccl : NULL};
+    for (int i = 0; i < 2; i++)
+        if (backends[i] && backends[i]->abort)
+            backends[i]->abort(backends[i], status, kept);
+    return axc_fail(status, "%s", kept);
+}
+
 const axc_grid *axc_comm_grid(const axc_comm *comm) { return &comm->grid; }
 int axc_comm_rank(const axc_comm *comm) { return comm->rank; }
 double axc_comm_timeout(const axc_comm *comm) { return comm->timeout_s; }

@@ -348,6 +348,12 @@ static void nccl_group_close(axc_backend *base, void *group)
     free(g);
 }
 
+/* axc_comm_abort: this rank's communicators aborted, its works failed with `msg` */
+static void nccl_abort_job(axc_backend *base, axc_status status, const char *msg)
+{
+    axc_nccl_fail_all((nccl_backend *)base, status, msg, 0);
+}
+
 static void nccl_destroy(axc_backend *base)
 {
     nccl_backend *be = (nccl_backend *)base;
@@ -420,6 +426,7 @@ axc_status axc_nccl_backend_create(axc_backend **out, const axc_comm_config *cfg
     be->base.follows_after = 1; /* follow_after(): stream waits on the works' events */
     be->base.wait = axc_nccl_wait;
     be->base.query = axc_nccl_query;
+    be->base.abort = nccl_abort_job;
     be->base.destroy = nccl_destroy;
     be->cu = cu;
     be->nc = nc;

@@ -163,6 +163,11 @@ static axc_status shm_abort(shm_backend *b, axc_status st, const char *msg)
     return axc_fail(st, "%s", msg);
 }
 
+static void shm_abort_job(axc_backend *be, axc_status st, const char *msg)
+{
+    (void)shm_abort((shm_backend *)be, st, msg);
+}
+
 /* The error of a rank that aborted the segment, as seen by the others. */
 static axc_status aborted_error(shm_backend *b, const char *what)
 {
@@ -1091,6 +1096,7 @@ axc_status axc_shm_backend_create(axc_backend **out, const axc_comm_config *cfg)
     b->base.follows_after = 1;
     b->base.wait = shm_wait;
     b->base.query = NULL;
+    b->base.abort = shm_abort_job;
     b->base.destroy = shm_destroy;
     b->rank = cfg->rank;
     b->world = cfg->grid.world_size;

@@ -182,6 +182,18 @@ static PyObject *py_set_thread_channel(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* comm_abort(message): axc_comm_abort (a no-op without a communicator) */
+static PyObject *py_comm_abort(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *msg = PyUnicode_AsUTF8(arg);
+    if (!msg)
+        return NULL;
+    if (axc_py_comm())
+        (void)axc_comm_abort(axc_py_comm(), AXC_ERR_PEER, msg);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_is_initialized(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -754,6 +766,9 @@ PyMethodDef axc_py_comm_methods[] = {
      "Creates the communicator (internal; use axonn_c.init)."},
     {"finalize", py_finalize, METH_NOARGS, "Releases the communicator."},
     {"is_initialized", py_is_initialized, METH_NOARGS, "True between init and finalize."},
+    {"comm_abort", py_comm_abort, METH_O,
+     "comm_abort(message): every collective of the job, pending or later, fails with message "
+     "(every rank's on shm); init() again to go on."},
     {"set_thread_channel", py_set_thread_channel, METH_O,
      "set_thread_channel(c): the calling thread's collectives use channel c."},
     {"grid_info", py_grid_info, METH_NOARGS, "Sizes, this rank's coordinates, backends."},

@@ -9,24 +9,20 @@
 
 static axc_layer_residuals *table(void) { return axc_runtime_layer_residuals(axc_py_runtime()); }
 
-/* grad_layer_residuals() -> {layer id: tensor}: every residual held (live buffers) */
-static PyObject *py_residuals(PyObject *self, PyObject *noargs)
+/* grad_layer_residuals_held() -> how many layers hold a residual */
+static PyObject *py_held(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    PyObject *d = PyDict_New();
-    int n = axc_layer_residuals_count(table());
-    for (int i = 0; d && i < n; i++) {
+    int n = axc_layer_residuals_count(table()), held = 0;
+    for (int i = 0; i < n; i++) {
         int layer;
         void *owner;
         size_t elems;
         axc_layer_residuals_at(table(), i, &layer, &owner, &elems);
-        PyObject *k = owner ? PyLong_FromLong(layer) : NULL;
-        if (owner && (!k || PyDict_SetItem(d, k, (PyObject *)owner) < 0))
-            Py_CLEAR(d);
-        Py_XDECREF(k);
+        held += owner != NULL;
     }
-    return d;
+    return PyLong_FromLong(held);
 }
 
 /* grad_layer_residual(layer) -> tensor or None (the live buffer) */
@@ -88,8 +84,8 @@ static PyObject *py_kept(PyObject *self, PyObject *noargs)
 }
 
 PyMethodDef axc_py_layer_residuals_methods[] = {
-    {"grad_layer_residuals", py_residuals, METH_NOARGS,
-     "grad_layer_residuals() -> {layer id: tensor}: the depth dW error-feedback residuals"},
+    {"grad_layer_residuals_held", py_held, METH_NOARGS,
+     "grad_layer_residuals_held() -> how many layers hold a depth dW error-feedback residual"},
     {"grad_layer_residual", py_residual, METH_O, "grad_layer_residual(layer) -> tensor or None"},
     {"grad_layer_set_residual", py_set_residual, METH_VARARGS,
      "grad_layer_set_residual(layer, tensor)"},

@@ -2,6 +2,7 @@
  * keep-alives and gradient records, and the start of due bucket sums. */
 #include "axc/runtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "axc/gemm.h"
@@ -157,6 +158,22 @@ axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt)
     return rt ? rt->layer_residuals : NULL;
 }
 
+/* A due sum this rank could not start (`st`, before its collective was entered) leaves its
+ * peers waiting in theirs: unless every rank fails alike (a collective refused by its
+ * description: INVALID, UNAVAILABLE; a communicator already failed: PEER, TIMEOUT), the job's
+ * collectives are aborted so that they fail at once, naming this rank's error, instead of at
+ * the timeout. */
+static axc_status unstarted_sum(axc_runtime *rt, axc_status st, axc_group_kind group)
+{
+    if (!rt->comm || st == AXC_ERR_INVALID || st == AXC_ERR_UNAVAILABLE || st == AXC_ERR_PEER ||
+        st == AXC_ERR_TIMEOUT)
+        return st;
+    char msg[512];
+    snprintf(msg, sizeof msg, "rank %d could not start a gradient sum over the %s group: %s",
+             axc_comm_rank(rt->comm), axc_group_name(group), axc_last_error());
+    return axc_comm_abort(rt->comm, st, msg);
+}
+
 axc_status axc_runtime_start_due_sums(axc_runtime *rt)
 {
     if (rt->starting)
@@ -167,8 +184,8 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
     int more;
     /* (next_sum may allocate a residual through the ops: with the caller's lock held) */
     while (st == AXC_OK && (more = axc_buckets_next_sum(rt->buckets, &sum)) != 0) {
-        if (more < 0) {
-            st = AXC_ERR_NOMEM; /* the ops set the message */
+        if (more < 0) { /* (the ops set the message) */
+            st = unstarted_sum(rt, AXC_ERR_NOMEM, sum.group);
             break;
         }
         axc_sched *sched = rt->sched; /* (read while the caller's lock is held) */
@@ -181,12 +198,18 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
                       .count = sum.count, .dtype = sum.dtype, .op = AXC_RED_SUM,
                       .device = sum.device, .codec = sum.codec, .block = sum.block,
                       .residual = sum.residual};
-        if (sum.device >= 0)
-            st = axc_torch_cuda_current_stream(sum.device, &c.stream);
+        if (sum.device >= 0 && (st = axc_torch_cuda_current_stream(sum.device, &c.stream)))
+            st = unstarted_sum(rt, st, sum.group);
         if (st == AXC_OK) {
             void *b = blocking_begin(rt);
+            /* (the queued tasks first: a task's error is returned after its sum started) */
+            axc_status ts = axc_sched_run_tasks(sched);
             st = axc_sched_start_after_deferred(sched, sum.group, &c);
             blocking_end(rt, b);
+            if (st != AXC_OK)
+                st = unstarted_sum(rt, st, sum.group);
+            else
+                st = ts;
         }
     }
     rt->starting = 0;

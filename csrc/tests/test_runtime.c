@@ -2,8 +2,8 @@
  * refusing a second open, also one or a close while an open waits for the ranks), the
  * blocking hooks around every wait, the buckets and keep-alives that outlive a close, and the
  * start of due bucket sums: at 2 data-parallel ranks a bucket's sum reaches every rank, a
- * re-entrant start returns at once, and due sums without an open communicator fail with a
- * message; what a gradient hook decides from (axc_runtime_grad_needs_work: pending work,
+ * re-entrant start returns at once, a sum one rank cannot start fails the other's at once, and
+ * due sums without an open communicator fail with a message; what a gradient hook decides from (axc_runtime_grad_needs_work: pending work,
  * marks, the micro-batch thread, sums on, the overlap knob and a parameter's own, group sizes
  * of the open grid). */
 #include <stdio.h>
@@ -172,6 +172,76 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
     rank_end(rank);
 }
 
+/* Takes `elems` float32 of a data-group bucket: its id (-1 when the take failed), and the
+ * values' address at *values. */
+static int take_data_bucket(axc_runtime *rt, size_t elems, float **values)
+{
+    axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
+    key.groups[0] = AXC_GROUP_DATA;
+    int id = -1;
+    size_t off = 0;
+    void *owner = NULL;
+    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, elems, &id, &off, &owner));
+    *values = owner ? (float *)owner + off : NULL;
+    return id;
+}
+
+/* set by a test: the residual allocator fails (this rank cannot start its compressed sums) */
+static int g_residual_fails;
+
+static axc_status fake_residual(void *ctx, void *bucket_owner, int device, size_t elems,
+                                void **data, void **owner)
+{
+    (void)ctx;
+    (void)bucket_owner;
+    (void)device;
+    if (g_residual_fails)
+        return axc_fail(AXC_ERR_NOMEM, "fake residual allocator: out of memory");
+    g_counts.allocs++;
+    *data = *owner = calloc(elems, sizeof(float));
+    return *data ? AXC_OK : axc_fail(AXC_ERR_NOMEM, "fake residual allocator: out of memory");
+}
+
+/* 2 data-parallel ranks, int8 sums with error feedback: rank 0 cannot make the residual of its
+ * first sum, rank 1 starts it. Rank 0's start fails and aborts the job's collectives, so rank
+ * 1's sum fails at once (not at the timeout) naming rank 0's error. */
+static void unstarted_main(int rank, int world, const int dims[4], double timeout)
+{
+    rank_begin(rank);
+    memset(&g_counts, 0, sizeof g_counts);
+    g_residual_fails = rank == 0;
+    axc_runtime_ops ops = ops_of();
+    ops.buckets.alloc_residual = fake_residual;
+    axc_runtime *rt = NULL;
+    CHECK_OK(axc_runtime_create(&rt, &ops));
+    axc_comm_config cfg;
+    CHECK_OK(fork_ranks_config(&cfg, rank, world, dims, "unstarted", timeout));
+    CHECK_OK(axc_runtime_open(rt, &cfg));
+    axc_bucket_codec int8 = {.codec = AXC_CODEC_INT8, .error_feedback = 1};
+    CHECK_OK(axc_buckets_set_codec(axc_runtime_buckets(rt), AXC_GROUP_DATA, &int8));
+    float *values;
+    int id = take_data_bucket(rt, 16, &values);
+    for (int i = 0; values && i < 16; i++)
+        values[i] = (float)i;
+    CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
+    int64_t t0 = axc_now_ns();
+    axc_status st = axc_runtime_start_due_sums(rt);
+    if (rank == 1) {
+        CHECK_OK(st);
+        st = axc_sched_finish(axc_runtime_sched(rt));
+    }
+    double waited = (double)(axc_now_ns() - t0) * 1e-9;
+    const char *msg = axc_last_error();
+    CHECK_MSG(st == (rank == 0 ? AXC_ERR_NOMEM : AXC_ERR_PEER), "status %d: %s", (int)st, msg);
+    CHECK_MSG(strstr(msg, "rank 0 could not start a gradient sum over the data group: fake "
+                          "residual allocator: out of memory") != NULL, "%s", msg);
+    CHECK_MSG(waited < timeout / 2, "waited %.1f s of the %.0f s timeout", waited, timeout);
+    axc_buckets_reset(axc_runtime_buckets(rt));
+    (void)axc_runtime_close(rt);
+    axc_runtime_destroy(rt);
+    rank_end(rank);
+}
+
 static void one_rank(void)
 {
     memset(&g_counts, 0, sizeof g_counts);
@@ -190,12 +260,8 @@ static void one_rank(void)
     axc_runtime_set_overlap_data(rt, 1);
     CHECK(axc_runtime_grads_idle(rt) && !axc_runtime_grad_needs_work(rt, 1, &world));
     /* a sum that comes due with nothing open fails, naming init */
-    axc_bucket_key key = {.dtype = AXC_DT_F32, .device = -1, .ngroups = 1};
-    key.groups[0] = AXC_GROUP_DATA;
-    int id;
-    size_t off;
-    void *owner;
-    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 4, &id, &off, &owner));
+    float *values;
+    int id = take_data_bucket(rt, 4, &values);
     CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
     axc_buckets_close_all(axc_runtime_buckets(rt));
     CHECK(axc_runtime_start_due_sums(rt) == AXC_ERR_STATE &&
@@ -248,5 +314,6 @@ int main(void)
     one_rank();
     static const int data2[4] = {2, 1, 1, 1};
     spawn_and_tally("G_data=2", 2, data2_main, data2);
+    spawn_and_tally("G_data=2, a sum rank 0 cannot start", 2, unstarted_main, data2);
     return ctest_summary("test_runtime");
 }

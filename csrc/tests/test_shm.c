@@ -2,12 +2,13 @@
  * lengths crossing the slot size, byte counters, groups progressing independently, works started
  * after other groups' works, channels matched independently, ranks out of step failing at once
  * with both calls named, a dead peer failing the others in time, and an init failing on one rank
- * failing on the others at once. */
+ * failing on the others at once, and a rank's abort failing every rank's collectives at once. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "axc/comm.h"
 #include "axc/futex.h"
@@ -362,25 +363,39 @@ static void mismatch_main(int rank, int world, const int dims[4], double timeout
  * rank 1 runs one on the world group, each waiting for it. The calls meet on no lane, so
  * check_calls cannot compare them; each rank waits for the other. Both fail at once (not at the
  * timeout), naming both calls and both groups. (independent_main: started in crossed orders and
- * waited for afterwards, the same calls complete.) */
+ * waited for afterwards, the same calls complete.) `by_abort`: rank 0 calls axc_comm_abort
+ * instead, then runs rank 1's call; rank 1's wait fails at once with rank 0's message, and so
+ * does rank 0's call. */
+static int by_abort;
 static void crossed_main(int rank, int world, const int dims[4], double timeout)
 {
     (void)world;
-    axc_comm *comm = open_comm(rank, 2, dims, "crossed", timeout);
+    axc_comm *comm = open_comm(rank, 2, dims, by_abort ? "abort" : "crossed", timeout);
     if (!comm)
         return;
     float x[4] = {1, 2, 3, 4};
     axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = x, .recv = x, .count = 4, .device = -1};
     EXPECT(run(comm, AXC_GROUP_WORLD, &c) == AXC_OK); /* in step */
     int64_t t0 = axc_now_ns();
-    axc_status st = run(comm, rank == 0 ? AXC_GROUP_COL : AXC_GROUP_WORLD, &c);
+    if (by_abort && rank == 0) {
+        struct timespec nap = {0, 200000000}; /* (rank 1 waits by now; sooner: fails at start) */
+        nanosleep(&nap, NULL);
+        EXPECT(axc_comm_abort(comm, AXC_ERR_PEER, "rank 0 stops here") == AXC_ERR_PEER);
+        EXPECT(strstr(axc_last_error(), "rank 0 stops here") != NULL);
+    }
+    axc_status st = run(comm, rank == 0 && !by_abort ? AXC_GROUP_COL : AXC_GROUP_WORLD, &c);
     double waited = (double)(axc_now_ns() - t0) * 1e-9;
     const char *msg = axc_last_error();
     EXPECT(st == AXC_ERR_PEER);
     EXPECT(waited < timeout / 2); /* not the timeout */
-    EXPECT(strstr(msg, "out of step on the") != NULL && strstr(msg, "which have the same ranks"));
-    EXPECT(strstr(msg, "all_reduce of 4 float32 (sum) as its collective 1 on the col group"));
-    EXPECT(strstr(msg, "all_reduce of 4 float32 (sum) as its collective 2 on the world group"));
+    if (by_abort) {
+        EXPECT(strstr(msg, "rank 0 aborted the job: rank 0 stops here") != NULL);
+    } else {
+        EXPECT(strstr(msg, "out of step on the") != NULL &&
+               strstr(msg, "which have the same ranks") != NULL);
+        EXPECT(strstr(msg, "all_reduce of 4 float32 (sum) as its collective 1 on the col group"));
+        EXPECT(strstr(msg, "all_reduce of 4 float32 (sum) as its collective 2 on the world group"));
+    }
     if (fails)
         fprintf(stderr, "rank %d: %s\n", rank, msg);
     axc_comm_destroy(comm);
@@ -474,7 +489,8 @@ int main(void)
     CHECK(fork_ranks_spawn(2, channels_main, indep_grid, 10.0, 0) == 0);
     for (mismatch_case = 0; mismatch_case < 5; mismatch_case++)
         CHECK(fork_ranks_spawn(2, mismatch_main, indep_grid, 20.0, 0) == 0);
-    CHECK(fork_ranks_spawn(2, crossed_main, indep_grid, 20.0, 0) == 0);
+    for (by_abort = 0; by_abort < 2; by_abort++)
+        CHECK(fork_ranks_spawn(2, crossed_main, indep_grid, 20.0, 0) == 0);
     CHECK(tagged_run("ctest-tag_1", 0) == 0);
     CHECK(tagged_run("../escape", 1) == 0);
     CHECK(tagged_run("a-tag-that-is-far-too-long-to-be-part-of-a-name-0123456789012345678", 1) == 0);

@@ -117,7 +117,7 @@ def identity_run(grid, overlap, policy, own):
         assert axonn_c._C.grad_layer_residuals_kept() == 0
         del net, layers, layer, seen
         gc.collect()
-        assert axonn_c._C.grad_layer_residuals() == {}, grid
+        assert axonn_c._C.grad_layer_residuals_held() == 0, grid
         return errors, residuals
     finally:
         axonn_c.finalize()

@@ -119,6 +119,12 @@ typedef struct axc_comm_config {
 /* Collective over the whole world: every rank calls it with the same config. */
 axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg);
 void axc_comm_destroy(axc_comm *comm);
+/* Aborts the job's collectives for a rank that cannot go on with them (an interrupted call, a
+ * collective it failed to enter), so that nobody waits out the timeout: every wait of this
+ * rank's pending and later collectives fails promptly, and on shm every peer's too, with
+ * `msg` (the backends' abort). For good: the job must init() again. Returns `status` with
+ * `msg` as the error. */
+axc_status axc_comm_abort(axc_comm *comm, axc_status status, const char *msg);
 
 const axc_grid *axc_comm_grid(const axc_comm *comm);
 int axc_comm_rank(const axc_comm *comm);
@@ -220,6 +226,10 @@ struct axc_backend {
     axc_status (*wait)(axc_backend *be, axc_work *work);
     /* Optional: 1 when the work has finished (e.g. its CUDA event fired). NULL: use work->state. */
     int (*query)(axc_backend *be, axc_work *work);
+    /* Optional: fails this rank's pending and later collectives with `msg` (shm: every rank's,
+     * through the segment; nccl: this rank's communicators, its peers see it at their own
+     * timeout or when NCCL reports the lost peer). */
+    void (*abort)(axc_backend *be, axc_status status, const char *msg);
     void (*destroy)(axc_backend *be);
 };
 

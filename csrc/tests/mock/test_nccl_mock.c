@@ -2,7 +2,8 @@
  * watchdog abort within the timeout; the unwaited work fails with AXC_ERR_TIMEOUT naming the op,
  * group and the collective's number on that group, a start overtaken by the abort (enqueued
  * before it, booked after) fails the same way instead of passing for finished, and every later
- * start fails with the same error. Before that, CUDA-graph capture: a
+ * start fails with the same error; then axc_comm_abort fails a new communicator's starts with
+ * its message. Before that, CUDA-graph capture: a
  * collective on a capturing stream is refused with a clear error, and event queries refused
  * because another thread captures do not fail the job. The buffers are the mock's device memory,
  * so its stream-order checker sees every collective's accesses: the fork from the caller's
@@ -339,6 +340,16 @@ int main(void)
     CHECK(w3 == NULL);
     c.kind = AXC_COLL_BARRIER;
     CHECK(axc_comm_start(comm, AXC_GROUP_WORLD, &c, &w3) == AXC_ERR_TIMEOUT);
+    axc_comm_destroy(comm);
+    /* axc_comm_abort: this rank's communicators aborted, every later start fails with its
+     * message, and the communicator still closes */
+    comm = NULL;
+    CHECK_OK(axc_comm_create(&comm, &cfg));
+    CHECK(axc_comm_abort(comm, AXC_ERR_PEER, "rank 0 stops here") == AXC_ERR_PEER);
+    axc_work *wa = NULL;
+    axc_status as = axc_comm_start(comm, AXC_GROUP_WORLD, &c, &wa);
+    printf("start after axc_comm_abort: %s: %s\n", axc_status_name(as), axc_last_error());
+    CHECK(as == AXC_ERR_PEER && wa == NULL && strstr(axc_last_error(), "rank 0 stops here"));
     axc_comm_destroy(comm);
     /* the watchdog aborted every communicator at once (the mock's aborts wait for each other) */
     CHECK(g_abort_failures == 0);
