@@ -37,7 +37,8 @@ static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
                                     axc_py_timeline_methods, axc_py_sched_methods,
                                     axc_py_compress_methods, axc_py_grads_methods,
                                     axc_py_records_methods, axc_py_grad_hook_methods,
-                                    axc_py_microbatch_methods, axc_py_layer_residuals_methods};
+                                    axc_py_microbatch_methods, axc_py_layer_residuals_methods,
+                                    axc_py_sync_methods};
 
 static struct PyModuleDef axc_module = {PyModuleDef_HEAD_INIT, "axonn_c._C",
                                         "C core of axonn_c (internal; use the axonn_c package).",

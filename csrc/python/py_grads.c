@@ -125,7 +125,7 @@ static int start_due(void)
     return 0;
 }
 
-int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
+int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key)
 {
     PyObject *dt = PyObject_GetAttr(like, s_dtype);
     PyObject *dts = dt ? PyObject_Str(dt) : NULL;
@@ -144,7 +144,12 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
     PyObject *dev = PyObject_CallMethodNoArgs(like, s_get_device);
     key->device = dev ? (int)PyLong_AsLong(dev) : -1;
     Py_XDECREF(dev);
-    if (PyErr_Occurred())
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
+{
+    if (axc_py_bucket_kind(like, key) < 0)
         return -1;
     if (!PyTuple_Check(groups) || PyTuple_GET_SIZE(groups) < 1 ||
         PyTuple_GET_SIZE(groups) > AXC_BUCKET_MAX_GROUPS) {
@@ -157,13 +162,38 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
         const char *g = PyUnicode_AsUTF8(PyTuple_GET_ITEM(groups, i));
         if (!g)
             return -1;
-        st = axc_group_from_name(g, &key->groups[i]);
+        axc_status st = axc_group_from_name(g, &key->groups[i]);
         if (st != AXC_OK) {
             axc_py_raise(st);
             return -1;
         }
     }
     return 0;
+}
+
+PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
+                             int *bucket)
+{
+    axc_buckets *b = buckets();
+    if (!b)
+        return NULL;
+    (void)axc_buckets_set_bytes(b, bytes);
+    size_t off;
+    void *owner;
+    g_like = like;
+    axc_status st = axc_buckets_take(b, key, n, bucket, &off, &owner);
+    g_like = NULL;
+    if (st != AXC_OK)
+        return PyErr_Occurred() ? NULL : axc_py_raise(st);
+    /* (the engine's reference may go while start_due releases the GIL: hold one here) */
+    PyObject *flat = (PyObject *)owner;
+    Py_INCREF(flat);
+    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
+                          ? NULL
+                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off,
+                                                (Py_ssize_t)n);
+    Py_DECREF(flat);
+    return piece;
 }
 
 /* grad_bucket_take(like, n, groups, bucket_bytes) -> (piece, bucket): n elements of the open
@@ -181,25 +211,10 @@ static PyObject *py_take(PyObject *self, PyObject *args)
                                        "n >= 0 and bucket_bytes > 0", n, bytes);
         return NULL;
     }
-    axc_buckets *b = buckets();
-    if (!b || axc_py_bucket_key(like, groups, &key) < 0)
+    if (!buckets() || axc_py_bucket_key(like, groups, &key) < 0)
         return NULL;
-    (void)axc_buckets_set_bytes(b, (size_t)bytes);
     int id;
-    size_t off;
-    void *owner;
-    g_like = like;
-    axc_status st = axc_buckets_take(b, &key, (size_t)n, &id, &off, &owner);
-    g_like = NULL;
-    if (st != AXC_OK)
-        return PyErr_Occurred() ? NULL : axc_py_raise(st);
-    /* (the engine's reference may go while start_due releases the GIL: hold one here) */
-    PyObject *flat = (PyObject *)owner;
-    Py_INCREF(flat);
-    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
-                          ? NULL
-                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off, n);
-    Py_DECREF(flat);
+    PyObject *piece = axc_py_bucket_take(like, &key, (size_t)n, (size_t)bytes, &id);
     if (!piece)
         return NULL;
     return Py_BuildValue("(Ni)", piece, id);
