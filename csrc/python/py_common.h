@@ -54,10 +54,11 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key);
 /* py_grads.c: the dtype and device of `like` into key (its groups left as they are) */
 int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key);
 /* py_grads.c: n elements of the open bucket of `key` (a new one made like `like`), at most
- * `bytes` a bucket unless one piece is larger: the piece (a new reference; NULL with an
- * exception) and the bucket's number; the sums that came due are started */
+ * `bytes` a bucket unless one piece is larger: the bucket's flat buffer (a new reference; NULL
+ * with an exception), its number and the piece's offset in it; the sums that came due are
+ * started */
 PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
-                             int *bucket);
+                             int *bucket, size_t *offset);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */
 
 /* Types registered on the module (each file adds its own). */

@@ -172,28 +172,24 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
 }
 
 PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
-                             int *bucket)
+                             int *bucket, size_t *offset)
 {
     axc_buckets *b = buckets();
     if (!b)
         return NULL;
     (void)axc_buckets_set_bytes(b, bytes);
-    size_t off;
     void *owner;
     g_like = like;
-    axc_status st = axc_buckets_take(b, key, n, bucket, &off, &owner);
+    axc_status st = axc_buckets_take(b, key, n, bucket, offset, &owner);
     g_like = NULL;
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     /* (the engine's reference may go while start_due releases the GIL: hold one here) */
     PyObject *flat = (PyObject *)owner;
     Py_INCREF(flat);
-    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
-                          ? NULL
-                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off,
-                                                (Py_ssize_t)n);
-    Py_DECREF(flat);
-    return piece;
+    if (start_due() < 0) /* (a bucket without room retired) */
+        Py_CLEAR(flat);
+    return flat;
 }
 
 /* grad_bucket_take(like, n, groups, bucket_bytes) -> (piece, bucket): n elements of the open
@@ -214,7 +210,11 @@ static PyObject *py_take(PyObject *self, PyObject *args)
     if (!buckets() || axc_py_bucket_key(like, groups, &key) < 0)
         return NULL;
     int id;
-    PyObject *piece = axc_py_bucket_take(like, &key, (size_t)n, (size_t)bytes, &id);
+    size_t off;
+    PyObject *flat = axc_py_bucket_take(like, &key, (size_t)n, (size_t)bytes, &id, &off);
+    PyObject *piece = flat ? PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off, n)
+                           : NULL;
+    Py_XDECREF(flat);
     if (!piece)
         return NULL;
     return Py_BuildValue("(Ni)", piece, id);

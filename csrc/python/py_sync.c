@@ -11,7 +11,8 @@
 #include "py_common.h"
 
 static PyObject *s_numel, *s_reshape, *s_copy_, *s_mul_, *s_view_as, *s_grad, *s_grad_groups,
-    *s_deferred, *s_summed_over, *s_mark_summed, *s_minus_one, *s_names[AXC_GROUP_COUNT];
+    *s_deferred, *s_summed_over, *s_mark_summed, *s_minus_one, *s_is_cpu, *s_layout,
+    *s_is_contiguous, *s_data_ptr, *g_strided, *s_names[AXC_GROUP_COUNT];
 
 static int intern(void)
 {
@@ -27,7 +28,11 @@ static int intern(void)
         !(s_deferred = PyUnicode_InternFromString("_axonn_deferred")) ||
         !(s_summed_over = PyUnicode_InternFromString("grad_summed_over")) ||
         !(s_mark_summed = PyUnicode_InternFromString("grad_mark_summed")) ||
-        !(s_minus_one = PyLong_FromLong(-1)))
+        !(s_minus_one = PyLong_FromLong(-1)) ||
+        !(s_is_cpu = PyUnicode_InternFromString("is_cpu")) ||
+        !(s_layout = PyUnicode_InternFromString("layout")) ||
+        !(s_is_contiguous = PyUnicode_InternFromString("is_contiguous")) ||
+        !(s_data_ptr = PyUnicode_InternFromString("data_ptr")))
         return -1;
     for (int i = 0; i < AXC_GROUP_COUNT; i++)
         if (!(s_names[i] = PyUnicode_InternFromString(axc_group_name((axc_group_kind)i))))
@@ -100,26 +105,157 @@ static int call1(PyObject *o, PyObject *name, PyObject *arg)
     return r ? 0 : -1;
 }
 
-/* t's gradient-bucket piece, filled with t: the piece (a new reference) and its bucket */
-static PyObject *pack(PyObject *t, axc_bucket_key *key, size_t bytes)
+/* One tensor's piece of a bucket. */
+typedef struct piece {
+    PyObject *flat;   /* the bucket's buffer (a reference) */
+    size_t off, n, elem; /* the piece: elements [off, off + n) of flat, of `elem` bytes */
+    char *in_flat;    /* the piece's memory, with `mem` */
+    char *mem;        /* the tensor's memory when it is copied with memcpy (a contiguous CPU
+                       * torch.Tensor: what its copy_ does), else NULL: torch's copy_ */
+} piece;
+
+static PyTypeObject *g_tensor_type, *g_param_type;
+
+static int torch_types(void)
+{
+    if (g_tensor_type)
+        return 0;
+    PyObject *torch = PyImport_ImportModule("torch");
+    PyObject *t = torch ? PyObject_GetAttrString(torch, "Tensor") : NULL;
+    PyObject *nn = torch ? PyObject_GetAttrString(torch, "nn") : NULL;
+    PyObject *p = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
+    g_strided = p ? PyObject_GetAttrString(torch, "strided") : NULL;
+    Py_XDECREF(torch);
+    Py_XDECREF(nn);
+    if (!t || !p || !g_strided || !PyType_Check(t) || !PyType_Check(p)) {
+        Py_XDECREF(t);
+        Py_XDECREF(p);
+        Py_CLEAR(g_strided);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "torch.Tensor is not a type");
+        return -1;
+    }
+    g_tensor_type = (PyTypeObject *)t; /* (kept for the life of the process) */
+    g_param_type = (PyTypeObject *)p;
+    return 0;
+}
+
+/* a pointer-sized integer a method returns; 0 with no exception when it raised (the caller
+ * then takes torch's path) */
+static uintptr_t call_ptr(PyObject *o, PyObject *name)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(o, name);
+    uintptr_t v = r ? (uintptr_t)PyLong_AsVoidPtr(r) : 0;
+    Py_XDECREF(r);
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    return v;
+}
+
+/* t's memory when memcpy copies it exactly as t.copy_ would: a contiguous dense CPU tensor of
+ * torch's own type (no subclass, whose copy_ may differ), else NULL */
+static char *cpu_memory(PyObject *t, int device)
+{
+    if (device != -1 || (Py_TYPE(t) != g_tensor_type && Py_TYPE(t) != g_param_type))
+        return NULL;
+    PyObject *cpu = PyObject_GetAttr(t, s_is_cpu);
+    int is_cpu = cpu == Py_True;
+    Py_XDECREF(cpu);
+    PyObject *layout = is_cpu ? PyObject_GetAttr(t, s_layout) : NULL;
+    int strided = layout && layout == g_strided;
+    Py_XDECREF(layout);
+    PyObject *c = strided ? PyObject_CallMethodNoArgs(t, s_is_contiguous) : NULL;
+    int contiguous = c == Py_True;
+    Py_XDECREF(c);
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    return contiguous ? (char *)call_ptr(t, s_data_ptr) : NULL;
+}
+
+/* t into a piece of the open bucket of its key; -1 with an exception */
+static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
 {
     PyObject *num = PyObject_CallMethodNoArgs(t, s_numel);
     Py_ssize_t numel = num ? PyLong_AsSsize_t(num) : -1;
     Py_XDECREF(num);
     if (numel < 0 || axc_py_bucket_kind(t, key) < 0)
-        return NULL;
+        return -1;
     int bucket;
-    PyObject *piece = axc_py_bucket_take(t, key, (size_t)numel, bytes, &bucket);
-    PyObject *flat = piece ? PyObject_CallMethodOneArg(t, s_reshape, s_minus_one) : NULL;
-    int ok = flat && call1(piece, s_copy_, flat) == 0;
-    Py_XDECREF(flat);
+    pc->n = (size_t)numel;
+    pc->elem = axc_dtype_size(key->dtype);
+    pc->flat = axc_py_bucket_take(t, key, pc->n, bytes, &bucket, &pc->off);
+    if (!pc->flat)
+        return -1;
+    pc->mem = cpu_memory(t, key->device);
+    char *base = pc->mem ? (char *)call_ptr(pc->flat, s_data_ptr) : NULL;
+    int ok;
+    if (base) {
+        pc->in_flat = base + pc->off * pc->elem;
+        memcpy(pc->in_flat, pc->mem, pc->n * pc->elem);
+        ok = 1;
+    } else {
+        pc->mem = NULL;
+        PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
+                                             (Py_ssize_t)pc->n);
+        PyObject *flat = part ? PyObject_CallMethodOneArg(t, s_reshape, s_minus_one) : NULL;
+        ok = flat && call1(part, s_copy_, flat) == 0;
+        Py_XDECREF(flat);
+        Py_XDECREF(part);
+    }
     PyObject *id = ok ? PyLong_FromLong(bucket) : NULL;
     PyObject *written = id ? axc_py_bucket_op(id, axc_buckets_written) : NULL;
     Py_XDECREF(id);
     Py_XDECREF(written);
-    if (!written)
-        Py_CLEAR(piece);
-    return piece;
+    return written ? 0 : -1;
+}
+
+/* Multiplies the used part of each bucket by `scale`, once per bucket (elementwise as each
+ * piece's mul_ would): the pieces of one call fill their buckets from the start. */
+static int scale_buckets(const piece *pcs, size_t n, PyObject *scale)
+{
+    /* the buckets (few: one per dtype and device and 32 MiB) and how far each is used */
+    PyObject **flats = PyMem_Calloc(n ? n : 1, sizeof *flats);
+    size_t *ends = PyMem_Calloc(n ? n : 1, sizeof *ends);
+    size_t nflats = 0;
+    int rc = flats && ends ? 0 : -1;
+    if (rc < 0)
+        PyErr_NoMemory();
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        size_t f = nflats;
+        while (f > 0 && flats[f - 1] != pcs[i].flat) /* (the latest bucket first) */
+            f--;
+        if (f == 0) {
+            flats[nflats] = pcs[i].flat;
+            f = ++nflats;
+        }
+        if (pcs[i].off + pcs[i].n > ends[f - 1])
+            ends[f - 1] = pcs[i].off + pcs[i].n;
+    }
+    for (size_t f = 0; rc == 0 && f < nflats; f++) {
+        PyObject *used = PyObject_CallMethod(flats[f], "narrow", "inn", 0, (Py_ssize_t)0,
+                                             (Py_ssize_t)ends[f]);
+        rc = !used || call1(used, s_mul_, scale) < 0 ? -1 : 0;
+        Py_XDECREF(used);
+    }
+    PyMem_Free(flats);
+    PyMem_Free(ends);
+    return rc;
+}
+
+/* The summed piece back into t; -1 with an exception */
+static int unpack(PyObject *t, const piece *pc)
+{
+    if (pc->mem) {
+        memcpy(pc->mem, pc->in_flat, pc->n * pc->elem);
+        return 0;
+    }
+    PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
+                                         (Py_ssize_t)pc->n);
+    PyObject *view = part ? PyObject_CallMethodOneArg(part, s_view_as, t) : NULL;
+    int failed = !view || call1(t, s_copy_, view) < 0;
+    Py_XDECREF(view);
+    Py_XDECREF(part);
+    return failed ? -1 : 0;
 }
 
 /* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
@@ -139,36 +275,34 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
                                        "supported", g->n, AXC_BUCKET_MAX_GROUPS);
         return -1;
     }
+    if (torch_types() < 0)
+        return -1;
     axc_bucket_key key = {.ngroups = g->n};
     memcpy(key.groups, g->g, (size_t)g->n * sizeof g->g[0]);
-    PyObject **pieces = PyMem_Calloc(n ? n : 1, sizeof *pieces);
-    if (!pieces) {
+    piece *pcs = PyMem_Calloc(n ? n : 1, sizeof *pcs);
+    if (!pcs) {
         PyErr_NoMemory();
         return -1;
     }
     int rc = -1;
     size_t i;
     for (i = 0; i < n; i++)
-        if (!(pieces[i] = pack(tensors[i], &key, bytes)))
+        if (pack(tensors[i], &key, bytes, &pcs[i]) < 0)
             goto out;
     PyObject *done = axc_py_grad_buckets_finish();
     if (!done)
         goto out;
     Py_DECREF(done);
-    for (i = 0; i < n; i++) {
-        if (scale && call1(pieces[i], s_mul_, scale) < 0)
+    if (scale && scale_buckets(pcs, n, scale) < 0)
+        goto out;
+    for (i = 0; i < n; i++)
+        if (unpack(tensors[i], &pcs[i]) < 0)
             goto out;
-        PyObject *view = PyObject_CallMethodOneArg(pieces[i], s_view_as, tensors[i]);
-        int failed = !view || call1(tensors[i], s_copy_, view) < 0;
-        Py_XDECREF(view);
-        if (failed)
-            goto out;
-    }
     rc = 0;
 out:
     for (i = 0; i < n; i++)
-        Py_XDECREF(pieces[i]);
-    PyMem_Free(pieces);
+        Py_XDECREF(pcs[i].flat);
+    PyMem_Free(pcs);
     return rc;
 }
 
