@@ -107,11 +107,8 @@ static int call1(PyObject *o, PyObject *name, PyObject *arg)
 
 /* One tensor's piece of a bucket. */
 typedef struct piece {
-    PyObject *flat;   /* the bucket's buffer (a reference) */
-    size_t off, n, elem; /* the piece: elements [off, off + n) of flat, of `elem` bytes */
-    char *in_flat;    /* the piece's memory, with `mem` */
-    char *mem;        /* the tensor's memory when it is copied with memcpy (a contiguous CPU
-                       * torch.Tensor: what its copy_ does), else NULL: torch's copy_ */
+    PyObject *flat; /* the bucket's buffer (a reference) */
+    size_t off, n;  /* the piece: elements [off, off + n) of flat */
 } piece;
 
 static PyTypeObject *g_tensor_type, *g_param_type;
@@ -182,19 +179,17 @@ static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
         return -1;
     int bucket;
     pc->n = (size_t)numel;
-    pc->elem = axc_dtype_size(key->dtype);
     pc->flat = axc_py_bucket_take(t, key, pc->n, bytes, &bucket, &pc->off);
     if (!pc->flat)
         return -1;
-    pc->mem = cpu_memory(t, key->device);
-    char *base = pc->mem ? (char *)call_ptr(pc->flat, s_data_ptr) : NULL;
+    const char *mem = cpu_memory(t, key->device);
+    char *base = mem ? (char *)call_ptr(pc->flat, s_data_ptr) : NULL;
     int ok;
-    if (base) {
-        pc->in_flat = base + pc->off * pc->elem;
-        memcpy(pc->in_flat, pc->mem, pc->n * pc->elem);
+    if (base) { /* (reading t: nothing of t changes, as with piece.copy_(t)) */
+        size_t elem = axc_dtype_size(key->dtype);
+        memcpy(base + pc->off * elem, mem, pc->n * elem);
         ok = 1;
     } else {
-        pc->mem = NULL;
         PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
                                              (Py_ssize_t)pc->n);
         PyObject *flat = part ? PyObject_CallMethodOneArg(t, s_reshape, s_minus_one) : NULL;
@@ -242,13 +237,11 @@ static int scale_buckets(const piece *pcs, size_t n, PyObject *scale)
     return rc;
 }
 
-/* The summed piece back into t; -1 with an exception */
+/* The summed piece back into t, by torch's copy_ on every device: t is the user's gradient,
+ * whose version counter an in-place write must advance (autograd then refuses a graph that
+ * saved it before, as with any in-place op); -1 with an exception */
 static int unpack(PyObject *t, const piece *pc)
 {
-    if (pc->mem) {
-        memcpy(pc->mem, pc->in_flat, pc->n * pc->elem);
-        return 0;
-    }
     PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
                                          (Py_ssize_t)pc->n);
     PyObject *view = part ? PyObject_CallMethodOneArg(part, s_view_as, t) : NULL;
