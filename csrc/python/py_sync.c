@@ -2,8 +2,9 @@
  * in which order, the bucket engine (csrc/grads/buckets.c, through py_grads.c) packs the
  * gradients into flat buffers and starts their sums. This file reads the parameters'
  * attributes, updates their summed-over marks (through py_records.c's grad_mark_summed) and
- * copies the gradients in and out with torch's own tensor methods (copy_ on the current
- * stream, so CUDA gradients are ordered as any torch op). */
+ * copies the gradients in and out: a contiguous CPU gradient into its piece with memcpy, any
+ * other with torch's copy_ (on the current stream, so CUDA gradients are ordered as any torch
+ * op); the scale once per bucket; back into each gradient with torch's copy_. */
 #include <string.h>
 
 #include "axc/buckets.h"
