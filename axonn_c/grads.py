@@ -90,22 +90,8 @@ SYNC_BUCKET_BYTES = 32 * 1024 * 1024
 def reduce_now(tensors: List[Tensor], groups: Tuple[str, ...], scale: Optional[float]) -> None:
     """Sums the tensors in place over `groups` (in this order) and multiplies them by `scale`,
     waiting for the result: packed into gradient buckets (the same ones as backward's, emptied
-    first by the caller's finish()) and copied back."""
-    if groups:
-        pieces = []
-        for t in tensors:
-            piece, bucket = _C.grad_bucket_take(t, t.numel(), groups, SYNC_BUCKET_BYTES)
-            piece.copy_(t.reshape(-1))
-            _C.grad_bucket_written(bucket)
-            pieces.append(piece)
-        _C.grad_buckets_finish()
-        for t, piece in zip(tensors, pieces):
-            if scale is not None:
-                piece.mul_(scale)
-            t.copy_(piece.view_as(t))
-    elif scale is not None:
-        for t in tensors:
-            t.mul_(scale)
+    first by the caller's finish()) and copied back (in C: csrc/python/py_sync.c)."""
+    _C.grad_reduce_now(tensors, groups, scale, SYNC_BUCKET_BYTES)
 
 
 # A Linear's deferred weight gradient, decided in C (axc_grad_plan_deferred,

@@ -12,6 +12,10 @@ Which ranks hold which tokens decides every reduction here:
 
 A parameter of an axonn_c.Linear names the groups to sum its gradient over in
 `param._axonn_grad_groups` (the layer has already reduced what its own collectives cover).
+
+sync_gradients checks its arguments and does the first call's set-up here; the loop over the
+parameters, the decision of what each gradient still needs summing over (csrc/grads/sync.c)
+and the packed sums are one call into C (_C.grad_sync, csrc/python/py_sync.c).
 """
 from __future__ import annotations
 
@@ -40,12 +44,14 @@ def _axonn_layers(model: nn.Module) -> List[Linear]:
     return [m for m in model.modules() if isinstance(m, Linear)]
 
 
-def _model_expert_mode(model: nn.Module, expert_mode: Optional[bool]) -> bool:
-    """True when the model's axonn_c.Linear layers use the expert layout (tokens split over data
-    x depth only), False for the easy layout or a model without axonn_c layers."""
+def _model_expert_mode(model: nn.Module, expert_mode: Optional[bool],
+                       layers: Optional[List[Linear]] = None) -> bool:
+    """True when the model's axonn_c.Linear layers (`layers`, when the caller has them) use the
+    expert layout (tokens split over data x depth only), False for the easy layout or a model
+    without axonn_c layers."""
     if expert_mode is not None:
         return bool(expert_mode)
-    modes = {m.expert_mode for m in _axonn_layers(model)}
+    modes = {m.expert_mode for m in (_axonn_layers(model) if layers is None else layers)}
     if len(modes) > 1:
         raise ValueError(
             "the model mixes expert_mode=True and expert_mode=False axonn_c.Linear layers, so "
@@ -125,8 +131,9 @@ def _sync(model: nn.Module, mean: bool, expert_mode: Optional[bool], gradient_at
     if not _C.grad_sync_enabled():
         return
     grads.finish()
-    expert = _model_expert_mode(model, expert_mode)
-    if any(not hasattr(m.weight, "_axonn_norm_groups") for m in _axonn_layers(model)):
+    layers = _axonn_layers(model)
+    expert = _model_expert_mode(model, expert_mode, layers)
+    if any(not hasattr(m.weight, "_axonn_norm_groups") for m in layers):
         tag_norm_groups(model)  # for clip_grad_norm_, which sees parameters only
     replicated = _replicated_groups(expert)
     replicate.same_replicated_state(model, replicated)  # first call: as DDP does (issue 28 item 5)
@@ -134,34 +141,12 @@ def _sync(model: nn.Module, mean: bool, expert_mode: Optional[bool], gradient_at
     scale = 1.0 / shards if mean else None
     if scale == 1.0:
         scale = None
-    by_groups: Dict[Tuple[str, ...], List[nn.Parameter]] = OrderedDict()
-    for p in model.parameters():  # deduplicated, the same order on every rank
-        if gradient_attr_name == "grad" and not getattr(p, "_axonn_deferred", False):
-            # later backward passes sum this gradient while they run (axonn_c/grads.py)
-            grads.hook(p, getattr(p, "_axonn_grad_groups", replicated))
-        if getattr(p, gradient_attr_name, None) is None:
-            continue
-        groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
-        # (another attribute, e.g. a main_grad copied from .grad, carries .grad's sums)
-        done = grads.summed_over(p)
-        if done:  # summed over these during backward (or by sync_gradients_depth_parallel)
-            groups = tuple(g for g in groups if g not in done)
-        if only is not None:
-            groups = tuple(g for g in groups if g in only)
-            if groups and gradient_attr_name == "grad":
-                grads.mark_summed(p, tuple(done) + groups)
-        elif done:
-            grads.mark_summed(p, ())
-        if only is not None and not groups:
-            continue
-        by_groups.setdefault(groups, []).append(p)
-    for groups, params in by_groups.items():
-        tensors = [getattr(p, gradient_attr_name) for p in params]
-        if vectorize:
-            grads.reduce_now(tensors, groups, scale)
-        else:
-            for t in tensors:
-                grads.reduce_now([t], groups, scale)
+    # C decides per parameter what is left to sum (csrc/grads/sync.c), updates the summed-over
+    # marks, registers the gradient hooks through grads.hook (with .grad: later backward passes
+    # sum while they run) and sums set by set through the gradient buckets (py_sync.c)
+    with torch.no_grad():
+        _C.grad_sync(model.parameters(), gradient_attr_name, replicated, only, scale, vectorize,
+                     grads.hook, grads.SYNC_BUCKET_BYTES)
     if only is None:
         # the step's gradient sums are done: the next pass is the first of the next step (the
         # compression residuals are kept per pass of a step and bucket, csrc/grads/buckets.c)

@@ -110,8 +110,8 @@ def check_grad_attr(model, name) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"sync_gradients: gradient_attr_name must be a non-empty str, got "
                         f"{name!r}")
-    params = list(model.parameters())
-    if name != "grad" and params and not any(hasattr(p, name) for p in params):
+    params = [] if name == "grad" else list(model.parameters())  # (.grad: every tensor has it)
+    if params and not any(hasattr(p, name) for p in params):
         raise ValueError(f"sync_gradients: no parameter of the model has the attribute "
                          f"gradient_attr_name={name!r} (expected 'grad' or the attribute that "
                          "holds the gradients, e.g. 'main_grad')")

@@ -120,6 +120,9 @@ def test_bad_hook_arguments_are_named():
     p._axonn_hook_groups = ("data", "nowhere")
     with pytest.raises(ValueError, match="_axonn_hook_groups"):
         _C.GradHook(p, print)(torch.ones(2))
+    # any sequence of group names (the groups may be changed after the hook was registered)
+    p._axonn_hook_groups = ["data"]
+    assert _C.GradHook(p, print)(torch.ones(2)) is None
     with pytest.raises(ValueError, match="positive"):
         _C.grad_bucket_bytes(0)
 

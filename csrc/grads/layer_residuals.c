@@ -6,20 +6,23 @@
 #include <stdlib.h>
 
 /* A use by deferred work belongs to the generation of passes that was current when the call
- * that made it had queued its work (axc_layer_residuals_call_done; 0 until then: open), so a
- * pass that ends on one thread releases only what the work it waited for used, never a use a
- * call on another thread is still queueing. */
+ * that made it had queued its work (axc_layer_residuals_call_done), so a pass that ends on one
+ * thread releases only what the work it waited for used, never a use a call on another thread
+ * is still queueing. Two calls of one layer on two threads share its buffer: `open` counts the
+ * uses not queued yet, and the last one queued stamps the buffer. */
 typedef struct entry {
     int layer;
     int device;
     int busy;       /* a deferred reduce-scatter uses it */
-    uint64_t stamp; /* the generation of that use (0: open) */
+    int open;       /* uses whose call has not queued its work yet */
+    uint64_t stamp; /* the generation of the latest queued use (0: none yet) */
     void *data, *owner;
     size_t elems;
 } entry;
 
 typedef struct kept_buf {
     void *owner, *data;
+    int open;
     uint64_t stamp;
 } kept_buf;
 
@@ -77,7 +80,7 @@ static axc_status reserve(axc_layer_residuals *t, int more)
 static void drop_buffer(axc_layer_residuals *t, entry *e)
 {
     if (e->busy) {
-        t->kept[t->nkept++] = (kept_buf){e->owner, e->data, e->stamp};
+        t->kept[t->nkept++] = (kept_buf){e->owner, e->data, e->open, e->stamp};
         t->nbusy--;
     } else {
         release(t, e->owner);
@@ -157,7 +160,7 @@ axc_status axc_layer_residuals_for(axc_layer_residuals *t, int layer, int device
         t->nbusy++;
     }
     if (in_flight)
-        e->stamp = 0; /* (open until the call queued its work) */
+        e->open++; /* (until the call queued its work: call_done) */
     *data = e->data;
     return AXC_OK;
 }
@@ -176,7 +179,7 @@ axc_status axc_layer_residuals_scratch(axc_layer_residuals *t, int device, size_
             release(t, o);
             return st;
         }
-        t->kept[t->nkept++] = (kept_buf){o, d, 0};
+        t->kept[t->nkept++] = (kept_buf){o, d, 1, 0};
     } else {
         *owner = o;
     }
@@ -227,17 +230,22 @@ void axc_layer_residuals_call_done(axc_layer_residuals *t, const float *data)
     if (!t || !data)
         return;
     for (int i = 0; i < t->n; i++)
-        if (t->v[i].busy && !t->v[i].stamp && t->v[i].data == data)
-            t->v[i].stamp = t->gen;
+        if (t->v[i].busy && t->v[i].open > 0 && t->v[i].data == data) {
+            t->v[i].open--;
+            t->v[i].stamp = t->gen; /* (the newest use decides) */
+        }
     for (int i = 0; i < t->nkept; i++)
-        if (!t->kept[i].stamp && t->kept[i].data == data)
+        if (t->kept[i].open > 0 && t->kept[i].data == data) {
+            t->kept[i].open--;
             t->kept[i].stamp = t->gen;
+        }
 }
 
-/* whether a use of generation `stamp` is over when the passes up to `gen` are */
-static int over(uint64_t stamp, uint64_t gen)
+/* whether the uses of a buffer (`open` not queued yet, the latest queued in generation
+ * `stamp`) are over when the passes up to `gen` are */
+static int over(int open, uint64_t stamp, uint64_t gen)
 {
-    return gen == AXC_LAYER_RESIDUALS_ALL || (stamp && stamp <= gen);
+    return gen == AXC_LAYER_RESIDUALS_ALL || (!open && stamp && stamp <= gen);
 }
 
 void axc_layer_residuals_pass_done(axc_layer_residuals *t, uint64_t gen)
@@ -245,14 +253,15 @@ void axc_layer_residuals_pass_done(axc_layer_residuals *t, uint64_t gen)
     if (!t)
         return;
     for (int i = 0; i < t->n; i++)
-        if (t->v[i].busy && over(t->v[i].stamp, gen)) {
-            t->v[i].busy = 0;
+        if (t->v[i].busy && over(t->v[i].open, t->v[i].stamp, gen)) {
+            t->v[i].busy = t->v[i].open = 0;
+            t->v[i].stamp = 0;
             t->nbusy--;
         }
     /* (a release may run other code that keeps more: taken one at a time, each found anew) */
     for (;;) {
         int i = t->nkept - 1;
-        while (i >= 0 && !over(t->kept[i].stamp, gen))
+        while (i >= 0 && !over(t->kept[i].open, t->kept[i].stamp, gen))
             i--;
         if (i < 0)
             break;

@@ -44,6 +44,7 @@ extern PyMethodDef axc_py_records_methods[];
 extern PyMethodDef axc_py_grad_hook_methods[];
 extern PyMethodDef axc_py_microbatch_methods[];
 extern PyMethodDef axc_py_layer_residuals_methods[];
+extern PyMethodDef axc_py_sync_methods[]; /* py_sync.c: sync_gradients' sums */
 
 /* shared by the gradient bindings (py_grads.c, py_records.c) */
 typedef axc_status (*bucket_fn)(axc_buckets *, int);
@@ -51,11 +52,17 @@ PyObject *axc_py_bucket_op(PyObject *bucket, bucket_fn fn); /* fn on a bucket, t
 PyObject *axc_py_grad_buckets_finish(void);                 /* _C.grad_buckets_finish() */
 /* py_grads.c: the bucket key of gradients like `like` summed over `groups` (names) */
 int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key);
-int axc_py_bucket_key_like(PyObject *like, axc_bucket_key *key); /* its dtype and device only */
-/* n elements of the open bucket of `key` (buffers made like `like`; due sums started) and the
- * bucket's number: _C.grad_bucket_take's piece */
-PyObject *axc_py_bucket_take(PyObject *like, Py_ssize_t n, const axc_bucket_key *key,
-                             size_t bytes, int *id);
+/* py_grads.c: the dtype and device of `like` into key (its groups left as they are) */
+int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key);
+/* py_grads.c: n elements of the open bucket of `key` (a new one made like `like`), at most
+ * `bytes` a bucket unless one piece is larger: the bucket's flat buffer (a new reference; NULL
+ * with an exception), its number and the piece's offset in it; the sums that came due are
+ * started */
+PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
+                             int *bucket, size_t *offset);
+/* py_grads.c: as axc_py_bucket_take, the piece itself (flat.narrow(0, offset, n)) */
+PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
+                              int *bucket);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */
 
 /* py_records.c: the records of pending gradients and the summed-over marks */

@@ -48,10 +48,15 @@ static PyObject *optional_attr(PyObject *obj, PyObject *name)
 static int parse_groups(PyObject *t, axc_groups *out)
 {
     out->n = 0;
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) > AXC_GROUP_COUNT)
+    /* (a tuple, as grads.hook stores it; any other sequence a user set works too) */
+    PyObject *seq = PyTuple_Check(t) ? Py_NewRef(t) : PySequence_Fast(t, "");
+    if (!seq) {
+        PyErr_Clear();
         return 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
-        PyObject *name = PyTuple_GET_ITEM(t, i);
+    }
+    int ok = PySequence_Fast_GET_SIZE(seq) <= AXC_GROUP_COUNT;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *name = PySequence_Fast_GET_ITEM(seq, i);
         int k = 0;
         while (k < AXC_GROUP_COUNT && name != s_names[k]) /* (interned: the common case) */
             k++;
@@ -60,13 +65,26 @@ static int parse_groups(PyObject *t, axc_groups *out)
             axc_group_kind kind;
             if (!s || axc_group_from_name(s, &kind) != AXC_OK) {
                 PyErr_Clear();
-                return 0;
+                ok = 0;
+                break;
             }
             k = (int)kind;
         }
         out->g[out->n++] = (axc_group_kind)k;
     }
-    return 1;
+    Py_DECREF(seq);
+    return ok;
+}
+
+/* the grid of the communicator (NULL with an exception after finalize(): another thread may
+ * have finalized while this hook released the GIL) */
+static const axc_grid *grid_now(void)
+{
+    axc_comm *comm = axc_py_comm();
+    if (!comm)
+        PyErr_SetString(PyExc_RuntimeError, "axonn_c was finalized during a backward pass: "
+                                            "call finalize() only after backward() returned");
+    return comm ? axc_comm_grid(comm) : NULL;
 }
 
 /* the hook's parameter (a new reference), or NULL once it is gone (or on an error, set) */
@@ -103,8 +121,8 @@ static int hook_settings(PyObject *p, int *own, axc_groups *groups)
         return PyErr_Occurred() ? -1 : 0;
     int known = parse_groups(names, groups);
     if (!known)
-        PyErr_Format(PyExc_ValueError, "a hooked parameter's _axonn_hook_groups must be a tuple "
-                     "of group names (col, row, depth, data, intra, world), got %R", names);
+        PyErr_Format(PyExc_ValueError, "a hooked parameter's _axonn_hook_groups must be a "
+                     "sequence of group names (col, row, depth, data, intra, world), got %R", names);
     Py_DECREF(names);
     return known ? 0 : -1;
 }
@@ -140,9 +158,10 @@ static int plain_grad(PyObject *p, PyObject *g)
 static long copies_of(PyObject *p)
 {
     axc_groups summed;
-    if (axc_py_grad_summed(p, &summed) < 0)
+    const axc_grid *grid;
+    if (axc_py_grad_summed(p, &summed) < 0 || !(grid = grid_now()))
         return -1;
-    return axc_grad_copies(axc_comm_grid(axc_py_comm()), &summed);
+    return axc_grad_copies(grid, &summed);
 }
 
 /* A .grad summed over groups during an earlier backward, about to absorb a gradient that is not
@@ -181,7 +200,7 @@ PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_group
                                   int *id)
 {
     axc_bucket_key key;
-    if (axc_py_bucket_key_like(p, &key) < 0)
+    if (axc_py_bucket_kind(p, &key) < 0)
         return NULL;
     if (groups->n > AXC_BUCKET_MAX_GROUPS) {
         PyErr_Format(PyExc_ValueError, "a gradient is summed over at most %d groups, got %d",
@@ -191,8 +210,8 @@ PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_group
     key.ngroups = groups->n;
     for (int i = 0; i < groups->n; i++)
         key.groups[i] = groups->g[i];
-    return axc_py_bucket_take(p, numel, &key,
-                              axc_runtime_grad_bucket_bytes(axc_py_runtime()), id);
+    return axc_py_bucket_piece(p, &key, (size_t)numel,
+                               axc_runtime_grad_bucket_bytes(axc_py_runtime()), id);
 }
 
 /* view.copy_(g.reshape(-1)): -1 with an exception */
@@ -348,7 +367,12 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
             f.create_graph = grad_mode;
             f.sync = axc_runtime_grad_sync(rt);
             f.overlap = own < 0 ? axc_runtime_overlap_data(rt) : own;
-            axc_grad_groups_to_sum(axc_comm_grid(axc_py_comm()), hooked, &groups);
+            const axc_grid *grid = grid_now();
+            if (!grid) {
+                rc = -1;
+                break;
+            }
+            axc_grad_groups_to_sum(grid, hooked, &groups);
             f.groups = groups.n;
             break;
         }

@@ -125,7 +125,7 @@ static int start_due(void)
     return 0;
 }
 
-int axc_py_bucket_key_like(PyObject *like, axc_bucket_key *key)
+int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key)
 {
     PyObject *dt = PyObject_GetAttr(like, s_dtype);
     PyObject *dts = dt ? PyObject_Str(dt) : NULL;
@@ -149,9 +149,8 @@ int axc_py_bucket_key_like(PyObject *like, axc_bucket_key *key)
 
 int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
 {
-    if (axc_py_bucket_key_like(like, key) < 0)
+    if (axc_py_bucket_kind(like, key) < 0)
         return -1;
-    axc_status st;
     if (!PyTuple_Check(groups) || PyTuple_GET_SIZE(groups) < 1 ||
         PyTuple_GET_SIZE(groups) > AXC_BUCKET_MAX_GROUPS) {
         PyErr_Format(PyExc_ValueError, "groups must be a tuple of 1 to %d group names, got %R",
@@ -163,7 +162,7 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
         const char *g = PyUnicode_AsUTF8(PyTuple_GET_ITEM(groups, i));
         if (!g)
             return -1;
-        st = axc_group_from_name(g, &key->groups[i]);
+        axc_status st = axc_group_from_name(g, &key->groups[i]);
         if (st != AXC_OK) {
             axc_py_raise(st);
             return -1;
@@ -172,27 +171,36 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
     return 0;
 }
 
-PyObject *axc_py_bucket_take(PyObject *like, Py_ssize_t n, const axc_bucket_key *key,
-                             size_t bytes, int *id)
+PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
+                             int *bucket, size_t *offset)
 {
     axc_buckets *b = buckets();
     if (!b)
         return NULL;
     (void)axc_buckets_set_bytes(b, bytes);
-    size_t off;
     void *owner;
     g_like = like;
-    axc_status st = axc_buckets_take(b, key, (size_t)n, id, &off, &owner);
+    axc_status st = axc_buckets_take(b, key, n, bucket, offset, &owner);
     g_like = NULL;
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     /* (the engine's reference may go while start_due releases the GIL: hold one here) */
     PyObject *flat = (PyObject *)owner;
     Py_INCREF(flat);
-    PyObject *piece = start_due() < 0 /* (a bucket without room retired) */
-                          ? NULL
-                          : PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off, n);
-    Py_DECREF(flat);
+    if (start_due() < 0) /* (a bucket without room retired) */
+        Py_CLEAR(flat);
+    return flat;
+}
+
+PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
+                              int *bucket)
+{
+    size_t off;
+    PyObject *flat = axc_py_bucket_take(like, key, n, bytes, bucket, &off);
+    PyObject *piece = flat ? PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off,
+                                                 (Py_ssize_t)n)
+                           : NULL;
+    Py_XDECREF(flat);
     return piece;
 }
 
@@ -214,7 +222,7 @@ static PyObject *py_take(PyObject *self, PyObject *args)
     if (!buckets() || axc_py_bucket_key(like, groups, &key) < 0)
         return NULL;
     int id;
-    PyObject *piece = axc_py_bucket_take(like, n, &key, (size_t)bytes, &id);
+    PyObject *piece = axc_py_bucket_piece(like, &key, (size_t)n, (size_t)bytes, &id);
     return piece ? Py_BuildValue("(Ni)", piece, id) : NULL;
 }
 

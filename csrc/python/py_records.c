@@ -385,11 +385,11 @@ PyObject *axc_py_grad_records_finish(void)
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
         axc_py_keeps_release_done();
+        /* (everything deferred completed, also when a sum failed: the depth residuals it used
+         * may go) */
+        axc_layer_residuals_pass_done(res, gen);
         PyErr_Restore(et, ev, tb);
     }
-    /* (everything deferred completed, also when a sum failed: the depth residuals it used may
-     * go) */
-    axc_layer_residuals_pass_done(res, gen);
     int rc = 0;
     if (!done) { /* do not leave half-reduced values where a gradient is expected */
         PyObject *et, *ev, *tb;

@@ -134,6 +134,21 @@ int main(void)
     axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
     CHECK_OK(axc_layer_residuals_for(t, 7, -1, 6, 0, &r2));
     CHECK(live == 1 && axc_layer_residuals_kept(t) == 0);
+    /* two calls of one layer on two threads share its buffer: the first one queued and a pass
+     * ended (its wait began before the second call queued its work), the second still holds it */
+    float *b1 = NULL, *b2 = NULL;
+    CHECK_OK(axc_layer_residuals_for(t, 7, -1, 6, 1, &b1));
+    CHECK_OK(axc_layer_residuals_for(t, 7, -1, 6, 1, &b2));
+    CHECK(b1 == r2 && b2 == r2);
+    axc_layer_residuals_call_done(t, b1);
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
+    axc_layer_residuals_forget(t, 7);
+    CHECK(live == 1 && axc_layer_residuals_kept(t) == 1); /* (the second use keeps it) */
+    axc_layer_residuals_call_done(t, b2);
+    axc_layer_residuals_pass_done(t, axc_layer_residuals_pass_begin(t));
+    CHECK(live == 0 && axc_layer_residuals_kept(t) == 0);
+    CHECK_OK(axc_layer_residuals_for(t, 7, -1, 6, 0, &r2));
+    CHECK(live == 1);
 
     /* scratch zeros: never the layer's, released by the caller, or kept while in flight */
     void *scratch = NULL;

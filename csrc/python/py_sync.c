@@ -1,0 +1,488 @@
+/* Bindings of sync_gradients' sums: csrc/grads/sync.c decides per parameter what to sum and
+ * in which order, the bucket engine (csrc/grads/buckets.c, through py_grads.c) packs the
+ * gradients into flat buffers and starts their sums. This file reads the parameters'
+ * attributes, updates their summed-over marks (through py_records.c's axc_py_grad_mark) and
+ * copies the gradients in and out: a contiguous CPU gradient into its piece with memcpy, any
+ * other with torch's copy_ (on the current stream, so CUDA gradients are ordered as any torch
+ * op); the scale once per bucket; back into each gradient with torch's copy_. */
+#include <string.h>
+
+#include "axc/buckets.h"
+#include "axc/sync.h"
+#include "py_common.h"
+
+static PyObject *s_numel, *s_reshape, *s_copy_, *s_mul_, *s_view_as, *s_grad, *s_grad_groups,
+    *s_deferred, *s_minus_one, *s_is_cpu, *s_layout,
+    *s_is_contiguous, *s_data_ptr, *g_strided, *s_names[AXC_GROUP_COUNT];
+
+static int intern(void)
+{
+    if (s_numel)
+        return 0;
+    if (!(s_numel = PyUnicode_InternFromString("numel")) ||
+        !(s_reshape = PyUnicode_InternFromString("reshape")) ||
+        !(s_copy_ = PyUnicode_InternFromString("copy_")) ||
+        !(s_mul_ = PyUnicode_InternFromString("mul_")) ||
+        !(s_view_as = PyUnicode_InternFromString("view_as")) ||
+        !(s_grad = PyUnicode_InternFromString("grad")) ||
+        !(s_grad_groups = PyUnicode_InternFromString("_axonn_grad_groups")) ||
+        !(s_deferred = PyUnicode_InternFromString("_axonn_deferred")) ||
+        !(s_minus_one = PyLong_FromLong(-1)) ||
+        !(s_is_cpu = PyUnicode_InternFromString("is_cpu")) ||
+        !(s_layout = PyUnicode_InternFromString("layout")) ||
+        !(s_is_contiguous = PyUnicode_InternFromString("is_contiguous")) ||
+        !(s_data_ptr = PyUnicode_InternFromString("data_ptr")))
+        return -1;
+    for (int i = 0; i < AXC_GROUP_COUNT; i++)
+        if (!(s_names[i] = PyUnicode_InternFromString(axc_group_name((axc_group_kind)i))))
+            return -1;
+    return 0;
+}
+
+/* getattr(o, name, None) as a new reference, NULL without an exception for None or a missing
+ * attribute (found without raising and catching an AttributeError, which would cost more than
+ * the rest of a parameter's decision); NULL with one for any other error */
+static PyObject *attr_or_null(PyObject *o, PyObject *name)
+{
+    PyObject *v = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    (void)PyObject_GetOptionalAttr(o, name, &v);
+#else
+    (void)_PyObject_LookupAttr(o, name, &v);
+#endif
+    if (v == Py_None)
+        Py_CLEAR(v);
+    return v;
+}
+
+/* a sequence of group names (in order, repeats kept) -> groups; -1 with an exception naming
+ * `what` */
+static int names_to_groups(PyObject *names, const char *what, axc_groups *out)
+{
+    PyObject *seq = PySequence_Fast(names, "");
+    if (!seq) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple of group names, got %R", what, names);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int rc = 0;
+    out->n = 0;
+    if (n > AXC_GROUP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "%s names %zd groups, expected at most %d: %R", what, n,
+                     AXC_GROUP_COUNT, names);
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        const char *name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+        if (!name || axc_group_from_name(name, &out->g[out->n++]) != AXC_OK) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s: %R is not a group name (expected one of col, "
+                                           "row, depth, data, intra, world)", what, item);
+            rc = -1;
+        }
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* Calls o.name(arg) for its effect; -1 with an exception. */
+static int call1(PyObject *o, PyObject *name, PyObject *arg)
+{
+    PyObject *r = PyObject_CallMethodOneArg(o, name, arg);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+/* One tensor's piece of a bucket. */
+typedef struct piece {
+    PyObject *flat; /* the bucket's buffer (a reference) */
+    size_t off, n;  /* the piece: elements [off, off + n) of flat */
+} piece;
+
+static PyTypeObject *g_tensor_type, *g_param_type;
+
+static int torch_types(void)
+{
+    if (g_tensor_type)
+        return 0;
+    PyObject *torch = PyImport_ImportModule("torch");
+    PyObject *t = torch ? PyObject_GetAttrString(torch, "Tensor") : NULL;
+    PyObject *nn = torch ? PyObject_GetAttrString(torch, "nn") : NULL;
+    PyObject *p = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
+    g_strided = p ? PyObject_GetAttrString(torch, "strided") : NULL;
+    Py_XDECREF(torch);
+    Py_XDECREF(nn);
+    if (!t || !p || !g_strided || !PyType_Check(t) || !PyType_Check(p)) {
+        Py_XDECREF(t);
+        Py_XDECREF(p);
+        Py_CLEAR(g_strided);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "torch.Tensor is not a type");
+        return -1;
+    }
+    g_tensor_type = (PyTypeObject *)t; /* (kept for the life of the process) */
+    g_param_type = (PyTypeObject *)p;
+    return 0;
+}
+
+/* a pointer-sized integer a method returns; 0 with no exception when it raised (the caller
+ * then takes torch's path) */
+static uintptr_t call_ptr(PyObject *o, PyObject *name)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(o, name);
+    uintptr_t v = r ? (uintptr_t)PyLong_AsVoidPtr(r) : 0;
+    Py_XDECREF(r);
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    return v;
+}
+
+/* t's memory when memcpy copies it exactly as t.copy_ would: a contiguous dense CPU tensor of
+ * torch's own type (no subclass, whose copy_ may differ), else NULL */
+static char *cpu_memory(PyObject *t, int device)
+{
+    if (device != -1 || (Py_TYPE(t) != g_tensor_type && Py_TYPE(t) != g_param_type))
+        return NULL;
+    PyObject *cpu = PyObject_GetAttr(t, s_is_cpu);
+    int is_cpu = cpu == Py_True;
+    Py_XDECREF(cpu);
+    PyObject *layout = is_cpu ? PyObject_GetAttr(t, s_layout) : NULL;
+    int strided = layout && layout == g_strided;
+    Py_XDECREF(layout);
+    PyObject *c = strided ? PyObject_CallMethodNoArgs(t, s_is_contiguous) : NULL;
+    int contiguous = c == Py_True;
+    Py_XDECREF(c);
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    return contiguous ? (char *)call_ptr(t, s_data_ptr) : NULL;
+}
+
+/* t into a piece of the open bucket of its key; -1 with an exception */
+static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
+{
+    PyObject *num = PyObject_CallMethodNoArgs(t, s_numel);
+    Py_ssize_t numel = num ? PyLong_AsSsize_t(num) : -1;
+    Py_XDECREF(num);
+    if (numel < 0 || axc_py_bucket_kind(t, key) < 0)
+        return -1;
+    int bucket;
+    pc->n = (size_t)numel;
+    pc->flat = axc_py_bucket_take(t, key, pc->n, bytes, &bucket, &pc->off);
+    if (!pc->flat)
+        return -1;
+    const char *mem = cpu_memory(t, key->device);
+    char *base = mem ? (char *)call_ptr(pc->flat, s_data_ptr) : NULL;
+    int ok;
+    if (base) { /* (reading t: nothing of t changes, as with piece.copy_(t)) */
+        size_t elem = axc_dtype_size(key->dtype);
+        memcpy(base + pc->off * elem, mem, pc->n * elem);
+        ok = 1;
+    } else {
+        PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
+                                             (Py_ssize_t)pc->n);
+        PyObject *flat = part ? PyObject_CallMethodOneArg(t, s_reshape, s_minus_one) : NULL;
+        ok = flat && call1(part, s_copy_, flat) == 0;
+        Py_XDECREF(flat);
+        Py_XDECREF(part);
+    }
+    PyObject *id = ok ? PyLong_FromLong(bucket) : NULL;
+    PyObject *written = id ? axc_py_bucket_op(id, axc_buckets_written) : NULL;
+    Py_XDECREF(id);
+    Py_XDECREF(written);
+    return written ? 0 : -1;
+}
+
+/* Multiplies the used part of each bucket by `scale`, once per bucket (elementwise as each
+ * piece's mul_ would): the pieces of one call fill their buckets from the start. */
+static int scale_buckets(const piece *pcs, size_t n, PyObject *scale)
+{
+    /* the buckets (few: one per dtype and device and 32 MiB) and how far each is used */
+    PyObject **flats = PyMem_Calloc(n ? n : 1, sizeof *flats);
+    size_t *ends = PyMem_Calloc(n ? n : 1, sizeof *ends);
+    size_t nflats = 0;
+    int rc = flats && ends ? 0 : -1;
+    if (rc < 0)
+        PyErr_NoMemory();
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        size_t f = nflats;
+        while (f > 0 && flats[f - 1] != pcs[i].flat) /* (the latest bucket first) */
+            f--;
+        if (f == 0) {
+            flats[nflats] = pcs[i].flat;
+            f = ++nflats;
+        }
+        if (pcs[i].off + pcs[i].n > ends[f - 1])
+            ends[f - 1] = pcs[i].off + pcs[i].n;
+    }
+    for (size_t f = 0; rc == 0 && f < nflats; f++) {
+        PyObject *used = PyObject_CallMethod(flats[f], "narrow", "inn", 0, (Py_ssize_t)0,
+                                             (Py_ssize_t)ends[f]);
+        rc = !used || call1(used, s_mul_, scale) < 0 ? -1 : 0;
+        Py_XDECREF(used);
+    }
+    PyMem_Free(flats);
+    PyMem_Free(ends);
+    return rc;
+}
+
+/* The summed piece back into t, by torch's copy_ on every device: t is the user's gradient,
+ * whose version counter an in-place write must advance (autograd then refuses a graph that
+ * saved it before, as with any in-place op); -1 with an exception */
+static int unpack(PyObject *t, const piece *pc)
+{
+    PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
+                                         (Py_ssize_t)pc->n);
+    PyObject *view = part ? PyObject_CallMethodOneArg(part, s_view_as, t) : NULL;
+    int failed = !view || call1(t, s_copy_, view) < 0;
+    Py_XDECREF(view);
+    Py_XDECREF(part);
+    return failed ? -1 : 0;
+}
+
+/* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
+ * (NULL: not), waiting for the result: packed into gradient buckets of `bytes` (the same ones
+ * as backward's, emptied first by the caller) and copied back. -1 with an exception. */
+static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObject *scale,
+                  size_t bytes)
+{
+    if (!g->n) {
+        for (size_t i = 0; scale && i < n; i++)
+            if (call1(tensors[i], s_mul_, scale) < 0)
+                return -1;
+        return 0;
+    }
+    if (g->n > AXC_BUCKET_MAX_GROUPS) {
+        PyErr_Format(PyExc_ValueError, "a gradient is summed over %d groups, at most %d are "
+                                       "supported", g->n, AXC_BUCKET_MAX_GROUPS);
+        return -1;
+    }
+    if (torch_types() < 0)
+        return -1;
+    axc_bucket_key key = {.ngroups = g->n};
+    memcpy(key.groups, g->g, (size_t)g->n * sizeof g->g[0]);
+    piece *pcs = PyMem_Calloc(n ? n : 1, sizeof *pcs);
+    if (!pcs) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = -1;
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (pack(tensors[i], &key, bytes, &pcs[i]) < 0)
+            goto out;
+    PyObject *done = axc_py_grad_buckets_finish();
+    if (!done)
+        goto out;
+    Py_DECREF(done);
+    if (scale && scale_buckets(pcs, n, scale) < 0)
+        goto out;
+    for (i = 0; i < n; i++)
+        if (unpack(tensors[i], &pcs[i]) < 0)
+            goto out;
+    rc = 0;
+out:
+    for (i = 0; i < n; i++)
+        Py_XDECREF(pcs[i].flat);
+    PyMem_Free(pcs);
+    return rc;
+}
+
+/* None -> NULL, else the number itself (borrowed); -1 with an exception */
+static int parse_scale(PyObject **scale)
+{
+    if (*scale == Py_None) {
+        *scale = NULL;
+        return 0;
+    }
+    if (!PyFloat_Check(*scale) && !PyLong_Check(*scale)) {
+        PyErr_Format(PyExc_TypeError, "scale must be a float or None, got %R", *scale);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_bytes(Py_ssize_t bytes)
+{
+    if (bytes > 0)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "bucket_bytes=%zd, expected > 0", bytes);
+    return -1;
+}
+
+/* grad_reduce_now(tensors, groups, scale, bucket_bytes): sums the tensors in place over
+ * `groups` (names, in this order; none: only scaled) and multiplies them by `scale` (None:
+ * not), waiting for the result (run_concurrent's reducer; sync_gradients is grad_sync) */
+static PyObject *py_reduce_now(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *tensors, *names, *scale;
+    Py_ssize_t bytes;
+    axc_groups g;
+    if (!PyArg_ParseTuple(args, "OOOn", &tensors, &names, &scale, &bytes) || intern() < 0 ||
+        parse_scale(&scale) < 0 || parse_bytes(bytes) < 0 ||
+        names_to_groups(names, "grad_reduce_now: groups", &g) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(tensors, "grad_reduce_now: tensors must be a sequence");
+    if (!seq)
+        return NULL;
+    int rc = reduce(PySequence_Fast_ITEMS(seq), (size_t)PySequence_Fast_GET_SIZE(seq), &g, scale,
+                    (size_t)bytes);
+    Py_DECREF(seq);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* What one sync needs from its arguments. */
+typedef struct sync_args {
+    PyObject *attr, *replicated, *hook;
+    unsigned several;
+    const axc_groups *only;
+    int marks_grad;
+} sync_args;
+
+/* Decides param p's part (C: csrc/grads/sync.c) and updates its mark; *grad: the gradient to
+ * sum (a new reference), NULL when it has none. -1 with an exception. */
+static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObject **grad)
+{
+    *grad = NULL;
+    PyObject *own = attr_or_null(p, s_grad_groups);
+    if (!own && PyErr_Occurred())
+        return -1;
+    PyObject *groups_obj = own ? own : a->replicated;
+    int rc = -1;
+    if (a->hook && a->marks_grad) { /* later backward passes sum this gradient while they run (grads.hook) */
+        PyObject *deferred = attr_or_null(p, s_deferred);
+        int is_deferred = deferred ? PyObject_IsTrue(deferred) : (PyErr_Occurred() ? -1 : 0);
+        Py_XDECREF(deferred);
+        PyObject *r = is_deferred == 0 ? PyObject_CallFunctionObjArgs(a->hook, p, groups_obj, NULL)
+                                       : NULL;
+        Py_XDECREF(r);
+        if (is_deferred < 0 || (!is_deferred && !r))
+            goto out;
+    }
+    PyObject *g = attr_or_null(p, a->attr);
+    if (!g) {
+        c->skip = 1;
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    axc_groups groups, done = {0};
+    if (names_to_groups(groups_obj, "a parameter's _axonn_grad_groups", &groups) < 0)
+        goto drop;
+    if (axc_records_marks(axc_runtime_records(axc_py_runtime()))) { /* (else no mark to read) */
+        if (axc_py_grad_summed(p, &done) < 0)
+            goto drop;
+    }
+    axc_sync_decide(&groups, &done, a->several, a->only, a->marks_grad, c);
+    if (c->mark != AXC_SYNC_MARK_KEEP) {
+        axc_groups none = {0};
+        if (axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none) < 0)
+            goto drop;
+    }
+    *grad = g;
+    rc = 0;
+    goto out;
+drop:
+    Py_DECREF(g);
+out:
+    Py_XDECREF(own);
+    return rc;
+}
+
+/* The sums of the plan, set by set (each set's gradients packed together, or one by one
+ * without `vectorize`). */
+static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject *scale,
+                    int vectorize, size_t bytes)
+{
+    PyObject **set = PyMem_Calloc(plan->n ? plan->n : 1, sizeof *set);
+    if (!set) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+    for (int s = 0; rc == 0 && s < plan->nsets; s++) {
+        const axc_sync_set *ss = &plan->sets[s];
+        for (size_t k = 0; k < ss->count; k++)
+            set[k] = grads[plan->order[ss->first + k]];
+        if (vectorize)
+            rc = reduce(set, ss->count, &ss->groups, scale, bytes);
+        for (size_t k = 0; !vectorize && rc == 0 && k < ss->count; k++)
+            rc = reduce(&set[k], 1, &ss->groups, scale, bytes);
+    }
+    PyMem_Free(set);
+    return rc;
+}
+
+/* grad_sync(params, attr, replicated, only, scale, vectorize, hook, bucket_bytes): sums each
+ * parameter's gradient (its attribute `attr`) over its groups (`_axonn_grad_groups`, else
+ * `replicated`) that have several ranks, less those its mark says are summed already, within
+ * `only` (None: all), and multiplies it by `scale` (None: not); updates the marks; with `hook`
+ * (None: none), first calls hook(p, groups) for each parameter that is not a deferred Linear
+ * weight. The sums are packed per set of groups into buckets of `bucket_bytes`. */
+static PyObject *py_sync(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *params, *only_obj, *scale;
+    Py_ssize_t bytes;
+    int vectorize;
+    sync_args a = {0};
+    axc_groups only;
+    if (!PyArg_ParseTuple(args, "OUOOOpOn", &params, &a.attr, &a.replicated, &only_obj, &scale,
+                          &vectorize, &a.hook, &bytes) ||
+        intern() < 0 || parse_scale(&scale) < 0 || parse_bytes(bytes) < 0)
+        return NULL;
+    axc_comm *comm = axc_py_comm();
+    if (!comm) {
+        PyErr_SetString(PyExc_RuntimeError, "axonn_c is not initialised: call axonn_c.init(...) "
+                                            "first");
+        return NULL;
+    }
+    a.several = axc_sync_several(axc_comm_grid(comm));
+    a.marks_grad = PyUnicode_Compare(a.attr, s_grad) == 0;
+    if (a.hook == Py_None)
+        a.hook = NULL;
+    if (only_obj != Py_None) {
+        if (names_to_groups(only_obj, "grad_sync: only", &only) < 0)
+            return NULL;
+        a.only = &only;
+    }
+    PyObject *list = PySequence_List(params);
+    size_t n = list ? (size_t)PyList_GET_SIZE(list) : 0;
+    axc_sync_choice *choices = list ? PyMem_Calloc(n ? n : 1, sizeof *choices) : NULL;
+    PyObject **grads = choices ? PyMem_Calloc(n ? n : 1, sizeof *grads) : NULL;
+    int rc = -1;
+    axc_sync_plan plan = {0};
+    if (!grads) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (decide_one(&a, PyList_GET_ITEM(list, i), &choices[i], &grads[i]) < 0)
+            goto out;
+    axc_status st = axc_sync_plan_build(&plan, choices, n);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        goto out;
+    }
+    rc = run_plan(&plan, grads, scale, vectorize, (size_t)bytes);
+out:
+    axc_sync_plan_free(&plan);
+    for (size_t i = 0; grads && i < n; i++)
+        Py_XDECREF(grads[i]);
+    PyMem_Free(grads);
+    PyMem_Free(choices);
+    Py_XDECREF(list);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyMethodDef axc_py_sync_methods[] = {
+    {"grad_sync", py_sync, METH_VARARGS,
+     "grad_sync(params, attr, replicated, only, scale, vectorize, hook, bucket_bytes)"},
+    {"grad_reduce_now", py_reduce_now, METH_VARARGS,
+     "grad_reduce_now(tensors, groups, scale, bucket_bytes)"},
+    {NULL, NULL, 0, NULL}};
