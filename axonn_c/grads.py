@@ -82,8 +82,10 @@ mark_summed = _C.grad_mark_summed
 
 
 # A synchronous sum (sync_gradients, run_concurrent's reducer) packs up to this many bytes per
-# collective: it waits for all of them at once, so larger buckets only save calls.
-SYNC_BUCKET_BYTES = 32 * 1024 * 1024
+# collective: it waits for all of them at once, so larger buckets only save calls. Under 32 MiB:
+# glibc maps a CPU buffer of 32 MiB or more afresh (and page-faults it) each time, a smaller one
+# comes back from the heap (docs/ARCHITECTURE.md#gradient-buckets).
+SYNC_BUCKET_BYTES = 16 * 1024 * 1024
 
 
 @torch.no_grad()

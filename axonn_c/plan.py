@@ -515,7 +515,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--bucket-size", type=int, default=None, metavar="BYTES",
                    help="data gradient bucket size (init(bucket_size=)); with --compression "
                    "the packing decides the data group's wire bytes (default: "
-                   "sync_gradients' 32 MiB buckets, model order)")
+                   "sync_gradients' 16 MiB buckets, model order)")
     r.add_argument("--fwd-chunks", type=int, default=1,
                    help="over-decomposition of the forward all-reduce")
     r.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",

@@ -48,12 +48,11 @@ static PyObject *optional_attr(PyObject *obj, PyObject *name)
 static int parse_groups(PyObject *t, axc_groups *out)
 {
     out->n = 0;
-    /* (a tuple, as grads.hook stores it; any other sequence a user set works too) */
-    PyObject *seq = PyTuple_Check(t) ? Py_NewRef(t) : PySequence_Fast(t, "");
-    if (!seq) {
-        PyErr_Clear();
+    /* (a tuple, as grads.hook stores it, or a list a user set; not an unordered container,
+     * which could order the groups differently on different ranks) */
+    if (!PyTuple_Check(t) && !PyList_Check(t))
         return 0;
-    }
+    PyObject *seq = Py_NewRef(t);
     int ok = PySequence_Fast_GET_SIZE(seq) <= AXC_GROUP_COUNT;
     for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *name = PySequence_Fast_GET_ITEM(seq, i);
@@ -122,7 +121,7 @@ static int hook_settings(PyObject *p, int *own, axc_groups *groups)
     int known = parse_groups(names, groups);
     if (!known)
         PyErr_Format(PyExc_ValueError, "a hooked parameter's _axonn_hook_groups must be a "
-                     "sequence of group names (col, row, depth, data, intra, world), got %R", names);
+                     "tuple or list of group names (col, row, depth, data, intra, world), got %R", names);
     Py_DECREF(names);
     return known ? 0 : -1;
 }

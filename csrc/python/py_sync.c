@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "axc/buckets.h"
+#include "axc/sched.h"
 #include "axc/sync.h"
 #include "py_common.h"
 
@@ -59,11 +60,14 @@ static PyObject *attr_or_null(PyObject *o, PyObject *name)
  * `what` */
 static int names_to_groups(PyObject *names, const char *what, axc_groups *out)
 {
-    PyObject *seq = PySequence_Fast(names, "");
-    if (!seq) {
-        PyErr_Format(PyExc_TypeError, "%s must be a tuple of group names, got %R", what, names);
+    /* (a tuple or list: an unordered container could order the groups differently on
+     * different ranks, whose sums would then not match) */
+    if (!PyTuple_Check(names) && !PyList_Check(names)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple or list of group names (in the same "
+                                      "order on every rank), got %R", what, names);
         return -1;
     }
+    PyObject *seq = Py_NewRef(names);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int rc = 0;
     out->n = 0;
@@ -138,8 +142,18 @@ static uintptr_t call_ptr(PyObject *o, PyObject *name)
     return v;
 }
 
+/* whether o.name() returned True (-1 with an exception) */
+static int call_true(PyObject *o, const char *name)
+{
+    PyObject *r = PyObject_CallMethod(o, name, NULL);
+    int v = r ? r == Py_True : -1;
+    Py_XDECREF(r);
+    return v;
+}
+
 /* t's memory when memcpy copies it exactly as t.copy_ would: a contiguous dense CPU tensor of
- * torch's own type (no subclass, whose copy_ may differ), else NULL */
+ * torch's own type (no subclass, whose copy_ may differ) without a lazy negation or
+ * conjugation (torch._neg_view, .conj(): its memory is not its values), else NULL */
 static char *cpu_memory(PyObject *t, int device)
 {
     if (device != -1 || (Py_TYPE(t) != g_tensor_type && Py_TYPE(t) != g_param_type))
@@ -151,7 +165,7 @@ static char *cpu_memory(PyObject *t, int device)
     int strided = layout && layout == g_strided;
     Py_XDECREF(layout);
     PyObject *c = strided ? PyObject_CallMethodNoArgs(t, s_is_contiguous) : NULL;
-    int contiguous = c == Py_True;
+    int contiguous = c == Py_True && call_true(t, "is_neg") == 0 && call_true(t, "is_conj") == 0;
     Py_XDECREF(c);
     if (PyErr_Occurred())
         PyErr_Clear();
@@ -166,30 +180,52 @@ static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
     Py_XDECREF(num);
     if (numel < 0 || axc_py_bucket_kind(t, key) < 0)
         return -1;
+    /* (what can fail on t's side before the piece is taken: a piece taken is always written,
+     * so no bucket is left open with unwritten memory in it) */
+    const char *mem = cpu_memory(t, key->device);
+    PyObject *src = mem ? NULL : PyObject_CallMethodOneArg(t, s_reshape, s_minus_one);
+    if (!mem && !src)
+        return -1;
     int bucket;
     pc->n = (size_t)numel;
     pc->flat = axc_py_bucket_take(t, key, pc->n, bytes, &bucket, &pc->off);
-    if (!pc->flat)
+    if (!pc->flat) {
+        Py_XDECREF(src);
         return -1;
-    const char *mem = cpu_memory(t, key->device);
+    }
     char *base = mem ? (char *)call_ptr(pc->flat, s_data_ptr) : NULL;
-    int ok;
-    if (base) { /* (reading t: nothing of t changes, as with piece.copy_(t)) */
+    int ok = 1;
+    if (mem && base) { /* (reading t: nothing of t changes, as with piece.copy_(t)) */
         size_t elem = axc_dtype_size(key->dtype);
         memcpy(base + pc->off * elem, mem, pc->n * elem);
-        ok = 1;
     } else {
         PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
                                              (Py_ssize_t)pc->n);
-        PyObject *flat = part ? PyObject_CallMethodOneArg(t, s_reshape, s_minus_one) : NULL;
-        ok = flat && call1(part, s_copy_, flat) == 0;
-        Py_XDECREF(flat);
+        if (!src && part) /* (the bucket's pointer could not be read: torch's copy) */
+            src = PyObject_CallMethodOneArg(t, s_reshape, s_minus_one);
+        ok = part && src && call1(part, s_copy_, src) == 0;
+        if (!ok && part) { /* zeros, not stale memory, in what the sum reads */
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyObject *z = PyObject_CallMethod(part, "zero_", NULL);
+            Py_XDECREF(z);
+            PyErr_Clear();
+            PyErr_Restore(et, ev, tb);
+        }
         Py_XDECREF(part);
     }
-    PyObject *id = ok ? PyLong_FromLong(bucket) : NULL;
+    Py_XDECREF(src);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb); /* (written also after a failed copy: its error kept) */
+    PyObject *id = PyLong_FromLong(bucket);
     PyObject *written = id ? axc_py_bucket_op(id, axc_buckets_written) : NULL;
     Py_XDECREF(id);
     Py_XDECREF(written);
+    if (!ok) { /* (the copy's error wins over the write's) */
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
     return written ? 0 : -1;
 }
 
@@ -240,6 +276,24 @@ static int unpack(PyObject *t, const piece *pc)
     return failed ? -1 : 0;
 }
 
+/* After a piece failed: the pieces packed so far are not summed, so that nothing of this call
+ * is left in an open bucket for a later sum (or its error-feedback residual) to take in; sums
+ * already started (a full bucket) complete first, as they write the buffers. The pending
+ * exception is kept. */
+static void drop_packed(void)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    axc_sched *s = axc_py_sched();
+    if (s) {
+        Py_BEGIN_ALLOW_THREADS (void)axc_sched_finish(s); /* (the first error is the piece's) */
+        Py_END_ALLOW_THREADS
+    }
+    axc_buckets_reset(axc_runtime_buckets(axc_py_runtime()));
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
 /* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
  * (NULL: not), waiting for the result: packed into gradient buckets of `bytes` (the same ones
  * as backward's, emptied first by the caller) and copied back. -1 with an exception. */
@@ -269,8 +323,10 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
     int rc = -1;
     size_t i;
     for (i = 0; i < n; i++)
-        if (pack(tensors[i], &key, bytes, &pcs[i]) < 0)
+        if (pack(tensors[i], &key, bytes, &pcs[i]) < 0) {
+            drop_packed();
             goto out;
+        }
     PyObject *done = axc_py_grad_buckets_finish();
     if (!done)
         goto out;
@@ -323,7 +379,8 @@ static PyObject *py_reduce_now(PyObject *self, PyObject *args)
         parse_scale(&scale) < 0 || parse_bytes(bytes) < 0 ||
         names_to_groups(names, "grad_reduce_now: groups", &g) < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(tensors, "grad_reduce_now: tensors must be a sequence");
+    /* (a tuple of its own: the list a caller passes may change while the sums release the GIL) */
+    PyObject *seq = PySequence_Tuple(tensors);
     if (!seq)
         return NULL;
     int rc = reduce(PySequence_Fast_ITEMS(seq), (size_t)PySequence_Fast_GET_SIZE(seq), &g, scale,
