@@ -11,7 +11,7 @@ it. While chunk 0 waits for its reduction, chunk 1 computes, in this layer or th
 Backward follows by itself: autograd runs the chunks' nodes in reverse creation order, a
 Linear child leaves its dX all-reduce held, and an identity node in front of the child's input
 (_AwaitGrad) awaits it before anything else can read it. The chunks' weight gradients are
-accumulated by their dW GEMMs into one buffer per weight and pass (grads.chunk_prepare), whose
+accumulated by their dW GEMMs into one buffer per weight and pass (the chunk record), whose
 data-parallel sum starts once the last chunk has written.
 
 The order in which chunks advance depends only on which children hold a result, which the grid

@@ -30,17 +30,19 @@ not on the Parameter: a Parameter's __dict__ travels with torch.save and copy.co
 copy's .grad is not the one that was summed.
 
 Chunk calls (axonn_c.Sequential) accumulate a weight's gradient over the chunks of a pass in
-the dW GEMM (chunk_prepare/chunk_done): one record per weight and pass, complete after the
-chunk count the forwards announced (expect_chunk); its bucket starts its sum only then.
+the dW GEMM: one record per weight and pass, complete after the chunk count the forwards
+announced (expect_chunk); its bucket starts its sum only then.
 
 The records of pending gradients, the taken .grads, the chunk records and counts and the
 summed-over marks live in C (csrc/grads/records.c, bound by csrc/python/py_records.c), which
 also applies them at the end of a pass; every collective is started and waited for by
 csrc/sched/sched.c. The gradient hooks decide and act in C (the decision
 csrc/grads/grad_policy.c, carried out by csrc/python/py_grad_hook.c), and so does the end of a
-pass (csrc/python/py_grad_pass.c: finish, drop_if_abandoned, queue_finish). What is still here
-decides what a Linear's deferred weight gradient records (prepare, add, chunk_prepare) and
-answers what only autograd's Python API knows (accumulates).
+pass (csrc/python/py_grad_pass.c: finish, drop_if_abandoned, and queueing the end of a pass).
+A Linear's deferred weight gradient (where it goes, keeping what its queued work reads, its
+record, a chunk call's part) is one call, the layer handle's backward
+(csrc/python/py_linear_call.c with csrc/python/py_grad_deferred.c). What is still here answers
+what only autograd's Python API knows (accumulates).
 """
 from __future__ import annotations
 
@@ -96,20 +98,6 @@ def reduce_now(tensors: List[Tensor], groups: Tuple[str, ...], scale: Optional[f
     _C.grad_reduce_now(tensors, groups, scale, SYNC_BUCKET_BYTES)
 
 
-# A Linear's deferred weight gradient, decided in C (axc_grad_plan_deferred,
-# csrc/grads/grad_policy.c; carried out by csrc/python/py_grad_deferred.c).
-# prepare(param, n, overlap_data) -> (dw, fold, replace, bucket): the tensor the layer writes
-# ([n] elements), the accumulated gradient to fold in (or None), whether dw replaces .grad (else
-# it is added: a .grad already summed over data cannot absorb an unreduced one), and the data
-# bucket dw is in when it is reduced over data during backward (`overlap_data`: the layer's
-# knob), else None. A pass that raised is dropped first; a layer that ran twice in this pass
-# (shared weights) completes its first gradient first.
-prepare = _C.grad_prepare
-# add(param, dw, keep, replace, bucket): records it (`keep`: what the C side reads until
-# finish()) and queues the end of the pass.
-add = _C.grad_add
-
-
 def expect_chunk(param: Tensor) -> None:
     """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
     accumulate into param's gradient in this pass."""
@@ -142,20 +130,6 @@ def chunk_counts(into):
 add_chunk_counts = _C.grad_add_counts  # (the table is left empty)
 
 
-# chunk_prepare(param, n, overlap_data) -> (dw, fold): for a chunk call's weight gradient, the
-# tensor its dW GEMM writes and the tensor it adds to (the gradient so far, or for the pass's
-# later chunks dw itself). The chunks of a pass accumulate in the GEMM, without a per-chunk dW
-# tensor for autograd to sum; the record completes (its bucket may then start its sum) after
-# the last chunk's backward, chunk_done.
-chunk_prepare = _C.grad_chunk_prepare
-
-
-def chunk_done(param: Tensor) -> None:
-    """A chunk call's backward has written its part: after the last one the record is complete
-    and its bucket, if full, starts its sum."""
-    _C.grad_chunk_done(param)  # (an unknown count: finish() completes it)
-
-
 def chunk_open(param: Tensor) -> bool:
     """Whether param has a chunk record of this pass still waiting for chunk calls."""
     return _C.grad_chunk_dw(param) is not None
@@ -167,24 +141,13 @@ def chunk_open(param: Tensor) -> bool:
 # of backward), "output" (a held forward all-reduce was awaited by axonn_c.Sequential within
 # its forward, so these never mean that a backward pass was abandoned or left work to
 # finish()). Whoever drops such a tensor first, e.g. an exception unwinding autograd's
-# Function.apply, must not free memory the progress thread still writes.
-
-def keep_for_task(task: int, tensors: tuple) -> None:
-    """Keeps what a deferred dW GEMM (scheduler task `task`) reads until it has run."""
-    _C.keep_alive("task", task, tensors)
-
+# Function.apply, must not free memory the progress thread still writes. A Linear's backward
+# keeps its task's and result's tensors itself (csrc/python/py_linear_call.c).
 
 def keep_output(number: int, y: Tensor) -> None:
     """Keeps a forward's output y, which a held all-reduce (result `number`) writes, alive until
     axonn_c.Sequential awaits it."""
     _C.keep_alive("output", number, y)
-
-
-def keep_for_result(number: int, dx: Tensor) -> None:
-    """Keeps dx, which a held dX all-reduce of backward (result `number`) writes, alive until it
-    is awaited."""
-    _C.keep_alive("result", number, dx)
-    queue_finish()  # the end of backward awaits what no hook did
 
 
 release_done = _C.keeps_release_done  # releases what tasks run and results awaited kept
@@ -244,13 +207,12 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
 idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad
 
 
-# The end of a backward pass (csrc/python/py_grad_pass.c). queue_finish(): completes the pending
-# gradients when the current backward pass ends (an engine callback, once per pass, keyed by
-# the pass's graph-task id, so a pass that raised does not block later ones); the callback also
-# ends the scheduler's step. The engine holds the callback while the pass is alive and lets it
-# go when the pass ends, also when it raised (then it never runs): a weak reference to it tells
-# whether pending gradients still belong to a running pass.
-queue_finish = _C.grad_queue_finish
+# The end of a backward pass (csrc/python/py_grad_pass.c). A pass with pending gradients
+# completes them when it ends (an engine callback queued once per pass, keyed by the pass's
+# graph-task id, so a pass that raised does not block later ones; _C.grad_queue_finish); the
+# callback also ends the scheduler's step. The engine holds the callback while the pass is
+# alive and lets it go when the pass ends, also when it raised (then it never runs): a weak
+# reference to it tells whether pending gradients still belong to a running pass.
 # finish(): completes every deferred gradient: closes open buckets, waits for the collectives,
 # sets .grad (or adds to it) record by record and marks what each .grad is summed over; on a
 # failed sum the records' .grads become None. Called at the end of backward, by

@@ -121,52 +121,32 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
                    hold: int = 0, param=None, need_dx: bool = True,
                    trains: Callable[[], bool] = lambda: True):
     """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
-    parameter itself, eager mode, when _deferred_param says so) dW is deferred: it is completed
-    into param.grad at the end of backward (axonn_c/grads.py) and dw is None. need_dx=False (the
-    input needs no gradient, e.g. a first layer on raw data): no dX GEMM and no dX collectives,
-    dx is None."""
-    dy = dy.contiguous()  # (kept alive below: the one the C call reads)
-    s = call.shapes
-    chunk = param is not None and bool(hold & HOLD_CHUNK)
-    dw = fold = None
-    if chunk:  # the chunks of axonn_c.Sequential accumulate dW in the GEMM (grads.chunk_prepare)
-        dw, fold = grads.chunk_prepare(param, s["shard"], call.overlap_data)
-    elif param is not None:
-        dw, fold, replace, bucket = grads.prepare(param, s["shard"], call.overlap_data)
+    parameter itself, eager mode, when _deferred_param says so) dW is deferred: the handle's
+    backward takes where it goes, queues its reductions and records it, and it is completed into
+    param.grad at the end of backward (csrc/python/py_grad_deferred.c); dw is None.
+    need_dx=False (the input needs no gradient, e.g. a first layer on raw data): no dX GEMM and
+    no dX collectives, dx is None."""
     _keep_shard(call, w)
     wf = _shared_gather(w, call, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, call) if param is None else None
-    hold = need_dx and bool(hold & HOLD_BWD)
     # the depth dW error-feedback residual is C's (by layer id, where C says the call needs one):
     # a micro-batch thread or a dW no .grad receives takes scratch zeros, not the layer's
     trains_residual = call.keeps_dw_residual and not microbatch_active() and trains()
-    # (dw given: deferred, the handle hands its completion to the scheduler)
-    dx, dw, db, ws_t, task = call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), dw,
-                                           fold, wf, dwf, trains_residual, hold)
-    if hold:  # dx may still be written by its all-reduce: kept until the latest result is done
-        grads.keep_for_result(_C.sched_counters()[1], dx)
+    # (chunk calls of axonn_c.Sequential accumulate dW in the GEMM into the pass's chunk record;
+    # a held dx is kept by C until its all-reduce is awaited)
+    dx, dw, db = call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), param,
+                               bool(hold & HOLD_CHUNK), wf, dwf, trains_residual,
+                               need_dx and bool(hold & HOLD_BWD))
     if dwf is not None:  # added to .grad when run_concurrent ends
         session.concurrent_call.reduce_scatter(call.layer, w, dwf)
         return dx, None, db
-    if chunk:  # (no dW GEMM task: chunk calls run it in the call, G_d == 1: no reduce-scatter)
-        grads.chunk_done(param)
-        return dx, None, db
-    if param is not None:
-        if task:  # the dW GEMM runs later (a scheduler task, Gd == 1): what it reads stays alive
-            grads.keep_for_task(task, (dy, x, saved, dw, fold, ws_t))
-        # the reduce-scatter reads the workspace (and the residual, which C keeps) and writes dw
-        # until grads.finish()
-        grads.add(param, dw, (ws_t, fold) if s["depth_size"] > 1 else (fold,), replace, bucket)
-        return dx, None, db
-    if call.scheduled and call.layer >= 0:
-        grads.queue_finish()  # the end of backward ends the scheduler's step
     return dx, dw, db
 
 
 def _deferred_param(param, call, hold: int):
-    """`param` when this backward hands its dW to the deferred completion (grads.prepare /
-    grads.add), else None. C decides from the layer, its knobs and the grid (call.defers, as
+    """`param` when this backward hands its dW to the deferred completion (the handle's backward,
+    csrc/python/py_grad_deferred.c), else None. C decides from the layer, its knobs and the grid (call.defers, as
     csrc/layers/linear.c's backward); Python adds what only autograd knows: the weight is the
     leaf parameter itself (not a per-call cast) and the pass accumulates into .grad (not
     torch.autograd.grad)."""
@@ -497,7 +477,7 @@ class Linear(nn.Module):
         self._plain_memo = self._calls = None  # (new parameters, maybe another device: again)
         w, b = self.weight, self.bias
         w._axonn_grad_groups = ("data",)
-        w._axonn_deferred = True  # its gradient goes through grads.prepare/add
+        w._axonn_deferred = True  # its gradient is deferred by the handle's backward
         # what reaches autograd for it (a cast weight's gradient, another use of the weight: a
         # tied or regularised weight) is summed during backward, and added to a deferred
         # gradient of the same pass instead of being overwritten by it

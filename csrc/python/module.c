@@ -37,7 +37,7 @@ static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
                                     axc_py_timeline_methods, axc_py_sched_methods,
                                     axc_py_compress_methods, axc_py_grads_methods,
                                     axc_py_records_methods, axc_py_grad_hook_methods,
-                                    axc_py_grad_pass_methods, axc_py_grad_deferred_methods,
+                                    axc_py_grad_pass_methods,
                                     axc_py_microbatch_methods, axc_py_layer_residuals_methods,
                                     axc_py_sync_methods};
 

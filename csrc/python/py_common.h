@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "axc/comm.h"
+#include "axc/keeps.h"
 #include "axc/records.h"
 #include "axc/runtime.h"
 #include "axc/status.h"
@@ -64,6 +65,9 @@ PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n
 PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
                               int *bucket);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */
+/* py_grads.c: keeps obj (a new reference taken) until `number` of `kind` is done, after
+ * releasing what is done already (_C.keep_alive) */
+int axc_py_keep_alive(axc_keep_kind kind, uint64_t number, PyObject *obj);
 
 /* py_records.c: the records of pending gradients and the summed-over marks */
 int axc_py_grad_summed(PyObject *p, axc_groups *out); /* p.grad's mark (none when stale) */
@@ -72,6 +76,8 @@ int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g 
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
                        const axc_groups *groups, int bucket);
 int axc_py_grad_take(PyObject *p, PyObject *prev, PyObject *scratch); /* _C.grad_take */
+/* one chunk call of p is done; after the last, its bucket may start its sums */
+int axc_py_grad_chunk_done(PyObject *p);
 PyObject *axc_py_grad_records_finish(void); /* _C.grad_records_finish() */
 /* _C.grad_records_drop(), releasing the depth residuals' uses up to generation `gen` (taken
  * before the deferred work was waited for, axc/layer_residuals.h) */
@@ -80,7 +86,21 @@ PyObject *axc_py_grad_records_drop(uint64_t gen);
  * runtime's bucket size) and the bucket's number */
 PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_groups *groups,
                                   int *id);
-extern PyMethodDef axc_py_grad_deferred_methods[]; /* py_grad_deferred.c */
+/* py_grad_deferred.c: a Linear backward's deferred weight gradient (py_linear_call.c).
+ * prepare: where dW goes (a chunk call's: the pass's chunk record of param, opened by its
+ * first chunk call); record: after the backward, a pending record of it (depth > 1: the
+ * reduce-scatter's workspace `ws` kept with the fold until the pass ends) and the end of the
+ * pass queued, or for a chunk call its part done; clear: drops what prepare handed out (a
+ * backward that raised: nothing recorded, as before the move into C). */
+typedef struct {
+    PyObject *dw, *fold; /* new references (fold: NULL or the gradient so far to add in) */
+    int replace, bucket, chunk;
+} axc_py_deferred_dw;
+int axc_py_deferred_prepare(PyObject *param, Py_ssize_t n, int overlap_data, int chunk,
+                            axc_py_deferred_dw *out);
+int axc_py_deferred_record(const axc_py_deferred_dw *dd, PyObject *param, PyObject *ws,
+                           int depth);
+void axc_py_deferred_clear(axc_py_deferred_dw *dd);
 /* py_grad_pass.c: the end of a backward pass (grads.finish, drop_if_abandoned, queue_finish) */
 PyObject *axc_py_grad_finish(void);
 int axc_py_grad_drop_if_abandoned(void);

@@ -1,5 +1,5 @@
-/* A Linear's deferred weight gradient (axonn_c/grads.py's prepare, add, chunk_prepare, called by
- * axonn_c/linear.py's backward): where the layer's dW goes and what it records. The decision
+/* A Linear's deferred weight gradient, handled inside the layer handle's backward
+ * (csrc/python/py_linear_call.c): where the layer's dW goes and what it records. The decision
  * (reduce over data now, fold the .grad so far, replace or add) is axc_grad_plan_deferred
  * (csrc/grads/grad_policy.c); this carries it out on torch tensors. */
 #include "py_common.h"
@@ -74,74 +74,23 @@ out:
     return rc;
 }
 
-static int parse(PyObject *args, const char *fmt, PyObject **param, Py_ssize_t *n, int *overlap)
+/* A chunk call's (axonn_c.Sequential) weight gradient: the pass's chunk record of param, opened
+ * by its first chunk call (its calls counted so far; its bucket's sums wait for the pass's last
+ * chunk); the pass's later chunks add to dw itself (fold = dw) */
+static int chunk_prepare(PyObject *param, Py_ssize_t n, int overlap, axc_py_deferred_dw *dd)
 {
-    if (!PyArg_ParseTuple(args, fmt, param, n, overlap))
-        return -1;
-    if (*n < 0) {
-        PyErr_Format(PyExc_ValueError, "a deferred gradient of n=%zd elements, expected n >= 0",
-                     *n);
-        return -1;
-    }
-    return 0;
-}
-
-static PyObject *bucket_or_none(int bucket)
-{
-    return bucket < 0 ? Py_NewRef(Py_None) : PyLong_FromLong(bucket);
-}
-
-/* grad_prepare(param, n, overlap_data) -> (dw, fold, replace, bucket) */
-static PyObject *py_prepare(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *param, *dw, *fold;
-    Py_ssize_t n;
-    int overlap, replace, bucket;
-    if (parse(args, "Onp:grad_prepare", &param, &n, &overlap) < 0 ||
-        prepare(param, n, overlap, &dw, &fold, &replace, &bucket) < 0)
-        return NULL;
-    return Py_BuildValue("(NNON)", dw, fold ? fold : Py_NewRef(Py_None),
-                         replace ? Py_True : Py_False, bucket_or_none(bucket));
-}
-
-/* grad_add(param, dw, keep, replace, bucket): records the deferred gradient (in `bucket` when it
- * is reduced over data) and queues the end of the pass */
-static PyObject *py_add(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *param, *dw, *keep, *bucket;
-    int replace;
-    if (!PyArg_ParseTuple(args, "OOOpO:grad_add", &param, &dw, &keep, &replace, &bucket))
-        return NULL;
-    long b = bucket == Py_None ? -1 : PyLong_AsLong(bucket);
-    if (b == -1 && PyErr_Occurred())
-        return NULL;
-    if (axc_py_grad_record(param, dw, keep == Py_None ? NULL : keep, replace,
-                           b < 0 ? &k_none : &k_data, (int)b) < 0 ||
-        axc_py_grad_queue_finish() < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* grad_chunk_prepare(param, n, overlap_data) -> (dw, fold): the pass's chunk record of param
- * (opened by the pass's first chunk call, whose bucket waits for the last one) */
-static PyObject *py_chunk_prepare(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *param, *dw, *fold;
-    Py_ssize_t n;
-    int overlap, replace, bucket;
-    if (parse(args, "Onp:grad_chunk_prepare", &param, &n, &overlap) < 0)
-        return NULL;
     PyObject *open = axc_records_chunk_dw(recs(), (uintptr_t)param);
-    if (open) /* the pass's later chunks add to dw itself */
-        return Py_BuildValue("(OO)", open, open);
-    if (prepare(param, n, overlap, &dw, &fold, &replace, &bucket) < 0)
-        return NULL;
-    PyObject *keep = PyTuple_Pack(1, fold ? fold : Py_None);
-    /* its calls counted so far; its bucket's sums wait for the pass's last chunk */
-    int rc = keep ? axc_py_grad_record(param, dw, keep, replace, bucket < 0 ? &k_none : &k_data, -1)
+    if (open) {
+        dd->dw = Py_NewRef(open);
+        dd->fold = Py_NewRef(open);
+        return 0;
+    }
+    if (prepare(param, n, overlap, &dd->dw, &dd->fold, &dd->replace, &dd->bucket) < 0)
+        return -1;
+    int bucket = dd->bucket;
+    PyObject *keep = PyTuple_Pack(1, dd->fold ? dd->fold : Py_None);
+    int rc = keep ? axc_py_grad_record(param, dd->dw, keep, dd->replace,
+                                       bucket < 0 ? &k_none : &k_data, -1)
                   : -1;
     Py_XDECREF(keep);
     if (rc == 0) {
@@ -159,23 +108,44 @@ static PyObject *py_chunk_prepare(PyObject *self, PyObject *args)
         Py_XDECREF(r);
         rc = r ? 0 : -1;
     }
-    if (rc == 0)
-        rc = axc_py_grad_queue_finish();
-    if (rc < 0) {
-        Py_DECREF(dw);
-        Py_XDECREF(fold);
-        return NULL;
-    }
-    return Py_BuildValue("(NN)", dw, fold ? fold : Py_NewRef(Py_None));
+    return rc == 0 ? axc_py_grad_queue_finish() : -1;
 }
 
-PyMethodDef axc_py_grad_deferred_methods[] = {
-    {"grad_prepare", py_prepare, METH_VARARGS,
-     "grad_prepare(param, n, overlap_data) -> (dw, fold, replace, bucket): where a Linear's "
-     "deferred weight gradient goes"},
-    {"grad_add", py_add, METH_VARARGS,
-     "grad_add(param, dw, keep, replace, bucket): records a deferred weight gradient"},
-    {"grad_chunk_prepare", py_chunk_prepare, METH_VARARGS,
-     "grad_chunk_prepare(param, n, overlap_data) -> (dw, fold): a chunk call's weight gradient"},
-    {NULL, NULL, 0, NULL},
-};
+int axc_py_deferred_prepare(PyObject *param, Py_ssize_t n, int overlap_data, int chunk,
+                            axc_py_deferred_dw *dd)
+{
+    *dd = (axc_py_deferred_dw){.bucket = -1, .chunk = chunk};
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "a deferred gradient of n=%zd elements, expected n >= 0",
+                     n);
+        return -1;
+    }
+    int rc = chunk ? chunk_prepare(param, n, overlap_data, dd)
+                   : prepare(param, n, overlap_data, &dd->dw, &dd->fold, &dd->replace,
+                             &dd->bucket);
+    if (rc < 0)
+        axc_py_deferred_clear(dd);
+    return rc;
+}
+
+int axc_py_deferred_record(const axc_py_deferred_dw *dd, PyObject *param, PyObject *ws,
+                           int depth)
+{
+    if (dd->chunk) /* (an unknown count: finish() completes it) */
+        return axc_py_grad_chunk_done(param);
+    /* what C reads until the pass ends: the depth reduce-scatter's workspace (the residual is
+     * the layer table's) and the fold */
+    PyObject *fold = dd->fold ? dd->fold : Py_None;
+    PyObject *keep = depth > 1 ? PyTuple_Pack(2, ws, fold) : PyTuple_Pack(1, fold);
+    int rc = keep ? axc_py_grad_record(param, dd->dw, keep, dd->replace,
+                                       dd->bucket < 0 ? &k_none : &k_data, dd->bucket)
+                  : -1;
+    Py_XDECREF(keep);
+    return rc == 0 ? axc_py_grad_queue_finish() : -1;
+}
+
+void axc_py_deferred_clear(axc_py_deferred_dw *dd)
+{
+    Py_CLEAR(dd->dw);
+    Py_CLEAR(dd->fold);
+}

@@ -445,6 +445,20 @@ void axc_py_keeps_release_done(void)
     axc_keeps_release_done(keeps(), t.tasks_run, t.results_done);
 }
 
+int axc_py_keep_alive(axc_keep_kind kind, uint64_t number, PyObject *obj)
+{
+    axc_keeps *k = keeps();
+    if (!k)
+        return -1;
+    axc_py_keeps_release_done();
+    axc_status st = axc_keeps_add(k, kind, number, Py_NewRef(obj)); /* (released on failure) */
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_kind(PyObject *name, axc_keep_kind *kind)
 {
     const char *n = PyUnicode_AsUTF8(name);
@@ -469,14 +483,8 @@ static PyObject *py_keep_alive(PyObject *self, PyObject *args)
     axc_keep_kind kind;
     if (!PyArg_ParseTuple(args, "UKO", &name, &number, &obj) || parse_kind(name, &kind) < 0)
         return NULL;
-    axc_keeps *k = keeps();
-    if (!k)
+    if (axc_py_keep_alive(kind, number, obj) < 0)
         return NULL;
-    axc_py_keeps_release_done();
-    Py_INCREF(obj);
-    axc_status st = axc_keeps_add(k, kind, number, obj);
-    if (st != AXC_OK)
-        return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 

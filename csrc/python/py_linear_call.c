@@ -328,34 +328,77 @@ done:
     return out;
 }
 
-/* backward(dy, x, saved, w, need_dx[, device, stream[, dw, dw_prev, w_full, dw_full,
- *          trains_residual, hold_result]]) -> (dx or None, dw, db or None), and with the 13
- * arguments (dx or None, dw, db or None, workspace or None, task number). dw: a tensor given by
- * the caller's deferred completion (the call then hands dW's reduce-scatter to the scheduler,
- * axc_linear_io.defer, and adds dw_prev in first), or None: allocated here; w_full, dw_full:
- * as axc_linear_io's, or None; trains_residual: false where the call's dW reaches no .grad or
- * runs on a micro-batch thread (its depth reduce-scatter then takes scratch zeros as its
- * error-feedback residual, not the layer's); hold_result: dx's all-reduce is left in flight. */
+/* After a successful backward: a held dX all-reduce's dx kept until the result is awaited
+ * (and the end of the pass queued, which awaits what no hook did); a queued dW GEMM task's
+ * inputs (task_reads, or NULL) kept until it has run; the deferred gradient recorded (dd->dw NULL: not deferred; a
+ * scheduled call then queues the end of the pass, which ends the scheduler's step). */
+static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObject *dx,
+                          PyObject *task_reads, PyObject *param, const axc_py_deferred_dw *dd,
+                          PyObject *ws, int depth, int shared_scatter)
+{
+    if (io->hold_result) {
+        axc_sched *sched = axc_py_sched();
+        axc_sched_stats t;
+        if (!sched) {
+            PyErr_SetString(PyExc_RuntimeError, "a held dX all-reduce needs the scheduler");
+            return -1;
+        }
+        Py_BEGIN_ALLOW_THREADS axc_sched_stats_get(sched, &t);
+        Py_END_ALLOW_THREADS
+        if (axc_py_keep_alive(AXC_KEEP_RESULT, t.results_held, dx) < 0 ||
+            axc_py_grad_queue_finish() < 0)
+            return -1;
+    }
+    if (shared_scatter) /* (run_concurrent's reducer adds it to .grad when it ends) */
+        return 0;
+    if (dd->dw) {
+        /* the dW GEMM runs later (a scheduler task, Gd == 1; chunk calls run it in the call) */
+        if (task_reads && axc_py_keep_alive(AXC_KEEP_TASK, *io->task_number, task_reads) < 0)
+            return -1;
+        return axc_py_deferred_record(dd, param, ws, depth);
+    }
+    if (self->d.scheduled && self->layer >= 0)
+        return axc_py_grad_queue_finish();
+    return 0;
+}
+
+/* backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, w_full, dw_full,
+ *          trains_residual, hold_result]]) -> (dx or None, dw or None, db or None).
+ * param: the weight parameter whose gradient this call defers (axonn_c/linear.py
+ * _deferred_param), or None. Deferred, the call does the whole deferred weight gradient
+ * (py_grad_deferred.c): takes where dW goes (a slice of an open data bucket, with the .grad so
+ * far to fold in; `chunk`: axonn_c.Sequential's chunk record, accumulated in the dW GEMM), hands
+ * dW's reduce-scatter to the scheduler (axc_linear_io.defer), keeps what a queued dW GEMM task
+ * reads until it has run, and records the gradient (a chunk call: its part done); dw is then
+ * None. w_full, dw_full: as axc_linear_io's, or None (dw_full: run_concurrent's shared
+ * reduce-scatter, which excludes param); trains_residual: false where the call's dW reaches
+ * no .grad or runs on a micro-batch thread (its depth reduce-scatter then takes scratch zeros
+ * as its error-feedback residual, not the layer's); hold_result: dx's all-reduce is left in
+ * flight, dx kept until it is awaited. A backward that raises records nothing (a piece taken
+ * from a bucket stays unwritten, its pass dropped as abandoned). */
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5 && n != 7 && n != 13) {
         PyErr_SetString(PyExc_TypeError,
-                        "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream[, dw, "
-                        "dw_prev, w_full, dw_full, trains_residual, hold_result]])");
+                        "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream[, param, "
+                        "chunk, w_full, dw_full, trains_residual, hold_result]])");
         return NULL;
     }
     PyObject *x = a[1], *saved = a[2], *w = a[3];
     PyObject *const *more = n == 13 ? a + 7 : NULL;
+    PyObject *param = more && more[0] != Py_None ? more[0] : NULL;
     int need_dx = PyObject_IsTrue(a[4]), hold = more ? PyObject_IsTrue(more[5]) : 0;
-    int defer = more && more[0] != Py_None;
+    int chunk = param ? PyObject_IsTrue(more[1]) : 0;
+    int defer = param != NULL;
     int device = -1;
     void *stream = NULL;
-    if (need_dx < 0 || hold < 0 ||
+    if (need_dx < 0 || hold < 0 || chunk < 0 ||
         device_stream_of(a[0], n >= 7 ? a + 5 : NULL, &device, &stream) < 0 ||
         check_capture(self, device, stream) < 0)
         return NULL;
-    if (more && more[3] != Py_None && (defer || more[1] != Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "dw_full excludes dw and dw_prev");
+    hold = hold && need_dx;
+    if (param && more[3] != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "dw_full excludes a deferred param");
         return NULL;
     }
     axc_comm *comm = axc_py_linear_comm();
@@ -377,13 +420,19 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     }
     if (st != AXC_OK)
         return axc_py_raise(st);
+    axc_py_deferred_dw dd = {.bucket = -1};
+    if (param && axc_py_deferred_prepare(param, (Py_ssize_t)s.shard, d->overlap_data, chunk,
+                                         &dd) < 0)
+        return NULL;
     PyObject *dy = PyObject_CallMethodNoArgs(a[0], s_contiguous);
     PyObject *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *out = NULL;
-    if (!dy)
+    if (!dy) {
+        axc_py_deferred_clear(&dd);
         return NULL;
+    }
     /* (x and w are contiguous: the forward and the shard check saw to it) */
     dx = need_dx ? empty_like(x) : (Py_INCREF(Py_None), Py_None);
-    if (!dx || !(dw = defer ? Py_NewRef(more[0]) : empty_like(w)))
+    if (!dx || !(dw = defer ? Py_NewRef(dd.dw) : empty_like(w)))
         goto done;
     if ( !(db = d->has_bias ? new_empty(dy, s.n_local, 0, 0) : (Py_INCREF(Py_None), Py_None)) ||
         !(ws = s.workspace_elems ? new_empty(dy, s.workspace_elems, 0, 0)
@@ -403,7 +452,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     io.workspace = opt_ptr(ws, &err);
     int trains = 0; /* (the short forms: a self-contained call, which keeps no residual) */
     if (more) {
-        io.dw_prev = opt_ptr(more[1], &err);
+        io.dw_prev = dd.fold ? ptr_of(dd.fold, &err) : NULL;
         io.w_full = opt_ptr(more[2], &err);
         io.dw_full = opt_ptr(more[3], &err);
         if (!err && (trains = PyObject_IsTrue(more[4])) < 0)
@@ -449,9 +498,23 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         axc_py_raise(st);
         goto done;
     }
-    out = more ? Py_BuildValue("(OOOOK)", dx, dw, db, ws, (unsigned long long)task)
-               : PyTuple_Pack(3, dx, dw, db);
+    if (more) {
+        /* what a queued dW GEMM task reads */
+        int keeps_task = task && defer && !chunk;
+        PyObject *reads = keeps_task ? PyTuple_Pack(6, dy, x, saved, dw,
+                                                    dd.fold ? dd.fold : Py_None, ws)
+                                     : NULL;
+        if ((keeps_task && !reads) ||
+            after_backward(self, &io, dx, reads, param, &dd, ws, s.depth_size,
+                           more[3] != Py_None) < 0) {
+            Py_XDECREF(reads);
+            goto done;
+        }
+        Py_XDECREF(reads);
+    }
+    out = PyTuple_Pack(3, dx, defer ? Py_None : dw, db);
 done:
+    axc_py_deferred_clear(&dd);
     Py_DECREF(dy);
     Py_XDECREF(dx);
     Py_XDECREF(dw);
@@ -522,8 +585,8 @@ static PyMethodDef call_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))call_forward, METH_FASTCALL,
      "forward(x, w, b[, device, stream]) -> (y, saved or None)"},
     {"backward", (PyCFunction)(void (*)(void))call_backward, METH_FASTCALL,
-     "backward(dy, x, saved, w, need_dx[, device, stream[, dw, dw_prev, w_full, dw_full, "
-     "trains_residual, hold_result]]) -> (dx, dw, db[, workspace, task])"},
+     "backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, w_full, dw_full, "
+     "trains_residual, hold_result]]) -> (dx, dw or None (deferred: param's), db)"},
     {"shapes_for", (PyCFunction)call_shapes_for, METH_O,
      "shapes_for(rows) -> the shapes of a call with `rows` rows (dict)"},
     {"defers", (PyCFunction)(void (*)(void))call_defers, METH_FASTCALL,

@@ -233,17 +233,16 @@ static PyObject *py_chunk_dw(PyObject *self, PyObject *p)
     return Py_NewRef(dw ? dw : Py_None);
 }
 
-/* grad_chunk_done(p): one chunk call of p is done; after the last, its bucket may start */
-static PyObject *py_chunk_done(PyObject *self, PyObject *p)
+int axc_py_grad_chunk_done(PyObject *p)
 {
-    (void)self;
     int64_t bucket = -1;
     if (!axc_records_chunk_done(recs(), key_of(p), &bucket) || bucket < 0)
-        Py_RETURN_NONE;
+        return 0;
     PyObject *b = PyLong_FromLongLong(bucket);
     PyObject *r = b ? axc_py_bucket_op(b, axc_buckets_unhold) : NULL;
     Py_XDECREF(b);
-    return r;
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
 static PyObject *py_chunks_open(PyObject *self, PyObject *noargs)
@@ -461,7 +460,6 @@ PyMethodDef axc_py_records_methods[] = {
     {"grad_marks", py_marks, METH_NOARGS, "grad_marks() -> int"},
     {"grad_idle", py_idle, METH_NOARGS, "grad_idle() -> bool"},
     {"grad_chunk_dw", py_chunk_dw, METH_O, "grad_chunk_dw(p) -> Tensor or None"},
-    {"grad_chunk_done", py_chunk_done, METH_O, "grad_chunk_done(p)"},
     {"grad_chunks_open", py_chunks_open, METH_NOARGS, "grad_chunks_open() -> int"},
     {"grad_expect_chunk", py_expect_chunk, METH_O, "grad_expect_chunk(p)"},
     {"grad_chunk_counts", py_chunk_counts, METH_NOARGS, "grad_chunk_counts() -> counts"},
