@@ -37,6 +37,7 @@ summed by sync_gradients.
 """
 from __future__ import annotations
 
+import _thread
 import contextlib
 import threading
 from typing import Any, Callable, List, Optional
@@ -154,21 +155,25 @@ def _abort_interrupted() -> None:
         _C.comm_abort(f"run_concurrent was interrupted (KeyboardInterrupt) on rank {g.rank}")
 
 
-def _join(ended: List[threading.Event]) -> None:
+def _join(ended: List[threading.Event], abort: bool = False) -> None:
     """Waits until every thread has ended its part of the call (each sets its event last): an
-    interrupt (KeyboardInterrupt) during the wait aborts the call's collectives
+    interrupt (KeyboardInterrupt) during the wait, or `abort`, aborts the call's collectives
     (_abort_interrupted) but does not leave a micro-batch running while its call ends (its
-    memory would be freed under it); it is raised once all have ended. (Events, not
-    Thread.join: on Python 3.11 a join interrupted while the thread runs takes it for ended.)"""
+    memory would be freed under it); it is raised once all have ended. The abort runs inside
+    the try, so a further interrupt during it is caught too (and the abort tried again).
+    (Events, not Thread.join: on Python 3.11 a join interrupted while the thread runs takes it
+    for ended.)"""
     interrupted: Optional[BaseException] = None
     for e in ended:
         while True:
             try:
+                if abort:
+                    _abort_interrupted()  # (a second abort of an aborted job does nothing)
+                    abort = False
                 e.wait()
                 break
             except KeyboardInterrupt as k:
-                if interrupted is None:
-                    _abort_interrupted()
+                abort = abort or interrupted is None
                 interrupted = interrupted or k
     if interrupted is not None:
         raise interrupted
@@ -264,20 +269,30 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
         session.concurrent_call = _Call(reducer)
-        starter = threading.Thread(target=start_all, name="axonn_c-microbatch-start",
-                                   daemon=True)
-        starter.start()
+        # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
+        # try, where a second interrupt is caught); starter: whether ended[0] will be set
+        abort, starter = True, True
         try:
+            try:  # (one C call, which CPython interrupts only once it returned, the thread
+                # started: an interrupt right after it aborts and joins, unlike Thread.start's
+                # Python code, which can take one before its thread exists)
+                _thread.start_new_thread(start_all, ())
+            except RuntimeError:  # (no thread: nothing will set its event)
+                starter = False
+                raise
             _join(ended[:1])
             if start_error:
                 raise start_error[0]
             if reducer is not None:
-                reducer.run()
-        except KeyboardInterrupt:  # (the reducer's waits in C deliver it when they return)
-            _abort_interrupted()
+                reducer.run()  # (its waits in C look for an interrupt every 50 ms)
+            abort = False
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            abort = False
             raise
         finally:
-            _join(ended[:1])
+            _join(ended[:1] if starter else [], abort=abort)
             _join(ended[1:1 + started[0]])
         ok = started[0] == n and all(e is None for e in errors)
         # reduce-scatters and unused prefetches waited for, the gather order learned

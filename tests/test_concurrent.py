@@ -18,10 +18,12 @@ def test_concurrent_microbatches_match_serial(world):
 
 
 @pytest.mark.multiproc
-def test_interrupt_ends_a_hung_call_on_every_rank():
+@pytest.mark.parametrize("model", [False, True])
+def test_interrupt_ends_a_hung_call_on_every_rank(model):
     # a KeyboardInterrupt while the micro-batch threads wait in a collective aborts it (every
-    # rank's waits fail, naming the interrupt); the call ends once its threads have
-    out = torchrun(2, "mb_interrupt_worker.py")
+    # rank's waits fail, naming the interrupt); the call ends once its threads have; with
+    # model=, the main thread waits in the reducer for a bucket and sees the interrupt there
+    out = torchrun(2, "mb_interrupt_worker.py", *(["model"] if model else []))
     assert "rank 0: interrupt ok" in out and "rank 1: interrupt ok" in out, out
 
 

@@ -348,10 +348,14 @@ static void nccl_group_close(axc_backend *base, void *group)
     free(g);
 }
 
-/* axc_comm_abort: this rank's communicators aborted, its works failed with `msg` */
+/* axc_comm_abort: this rank's communicators aborted, its works failed with `msg`. As on shm, the
+ * failure they and later starts report is a communication error (PEER; TIMEOUT for a timeout),
+ * not the cause's kind (e.g. NOMEM: a MemoryError for every later collective); the cause goes
+ * to axc_comm_abort's caller only. Once failed, a backend is not failed again. */
 static void nccl_abort_job(axc_backend *base, axc_status status, const char *msg)
 {
-    axc_nccl_fail_all((nccl_backend *)base, status, msg, 0);
+    axc_nccl_fail_all((nccl_backend *)base,
+                      status == AXC_ERR_TIMEOUT ? AXC_ERR_TIMEOUT : AXC_ERR_PEER, msg, 0);
 }
 
 static void nccl_destroy(axc_backend *base)

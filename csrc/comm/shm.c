@@ -46,7 +46,7 @@ typedef struct shm_header {
     uint64_t slot_bytes;
     uint32_t channels;
     _Atomic uint32_t attached;
-    _Atomic uint32_t aborted; /* 0, or 1 + the rank that aborted */
+    _Atomic uint32_t aborted; /* 0, or 1 + the rank that aborted (| ABORT_WRITING meanwhile) */
     uint32_t abort_status;    /* its axc_status, so every rank reports the same kind of error */
     char abort_msg[512];
     char pad[CACHE_LINE];
@@ -152,13 +152,18 @@ static int pid_alive(int32_t pid)
     return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
-/* Marks the segment aborted so every waiting rank fails promptly, then returns `st`. */
+/* `aborted` while the aborting rank writes its reason: readers wait for the final value */
+#define ABORT_WRITING 0x80000000u
+
+/* Marks the segment aborted so every waiting rank fails promptly, then returns `st`. The first
+ * abort wins; its status and reason are written before `aborted` takes its final value. */
 static axc_status shm_abort(shm_backend *b, axc_status st, const char *msg)
 {
-    uint32_t expected = 0;
-    if (atomic_compare_exchange_strong(&b->hdr->aborted, &expected, (uint32_t)b->rank + 1)) {
+    uint32_t expected = 0, who = (uint32_t)b->rank + 1;
+    if (atomic_compare_exchange_strong(&b->hdr->aborted, &expected, who | ABORT_WRITING)) {
         b->hdr->abort_status = (uint32_t)st;
         snprintf(b->hdr->abort_msg, sizeof b->hdr->abort_msg, "%s", msg);
+        atomic_store_explicit(&b->hdr->aborted, who, memory_order_release);
     }
     return axc_fail(st, "%s", msg);
 }
@@ -171,7 +176,16 @@ static void shm_abort_job(axc_backend *be, axc_status st, const char *msg)
 /* The error of a rank that aborted the segment, as seen by the others. */
 static axc_status aborted_error(shm_backend *b, const char *what)
 {
-    uint32_t ab = atomic_load(&b->hdr->aborted);
+    uint32_t ab = atomic_load_explicit(&b->hdr->aborted, memory_order_acquire);
+    /* the aborting rank is writing its reason: a few microseconds, unless it died meanwhile */
+    for (int tries = 0; (ab & ABORT_WRITING) && tries < 1000; tries++) {
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+        ab = atomic_load_explicit(&b->hdr->aborted, memory_order_acquire);
+    }
+    if (ab & ABORT_WRITING)
+        return axc_fail(AXC_ERR_PEER, "%s failed because rank %u aborted the job (it did not "
+                        "write why)", what, (ab & ~ABORT_WRITING) - 1);
     axc_status st = b->hdr->abort_status == AXC_ERR_TIMEOUT ? AXC_ERR_TIMEOUT : AXC_ERR_PEER;
     return axc_fail(st, "%s failed because rank %u aborted the job: %s", what, ab - 1,
                     b->hdr->abort_msg);

@@ -2,10 +2,12 @@
  * their readiness; the shared depth gathers, their learned order and prefetch. */
 #include "axc/microbatch.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "axc/grid.h"
 #include "axc/reduce.h"
@@ -162,7 +164,12 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *com
         mb->ops = mem->ops;
     int init = 0;
     init += pthread_mutex_init(&mb->mu, NULL) == 0;
-    init += init == 1 && pthread_cond_init(&mb->cv, NULL) == 0;
+    pthread_condattr_t ca; /* (the reducer's timed waits count on the monotonic clock) */
+    if (init == 1 && pthread_condattr_init(&ca) == 0) {
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        init += pthread_cond_init(&mb->cv, &ca) == 0;
+        pthread_condattr_destroy(&ca);
+    }
     init += init == 2 && pthread_mutex_init(&mb->gmu, NULL) == 0;
     init += init == 3 && pthread_cond_init(&mb->gcv, NULL) == 0;
     init += init == 4 && pthread_mutex_init(&mb->smu, NULL) == 0;
@@ -290,12 +297,28 @@ void axc_mb_thread_done(axc_mb *mb, int failed)
     pthread_mutex_unlock(&mb->mu);
 }
 
-int axc_mb_next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key)
+int axc_mb_next_bucket(axc_mb *mb, int wait_ms, int *first, int *count, axc_bucket_key *key)
 {
+    struct timespec until;
+    if (wait_ms >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += wait_ms / 1000;
+        until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
     pthread_mutex_lock(&mb->mu);
     while (!mb->failed && mb->next < mb->nb && mb->finished < mb->n &&
-           mb->b[mb->next].missing > 0)
-        pthread_cond_wait(&mb->cv, &mb->mu);
+           mb->b[mb->next].missing > 0) {
+        if (wait_ms < 0) {
+            pthread_cond_wait(&mb->cv, &mb->mu);
+        } else if (pthread_cond_timedwait(&mb->cv, &mb->mu, &until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&mb->mu);
+            return -1;
+        }
+    }
     int got = !mb->failed && mb->next < mb->nb;
     if (got) {
         const mb_bucket *b = &mb->b[mb->next++];

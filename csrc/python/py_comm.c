@@ -182,15 +182,19 @@ static PyObject *py_set_thread_channel(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* comm_abort(message): axc_comm_abort (a no-op without a communicator) */
+/* comm_abort(message): axc_comm_abort (a no-op without a communicator), without the GIL: on nccl
+ * ncclCommAbort may take a while, and Python's other threads go on meanwhile */
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg)
 {
     (void)self;
-    const char *msg = PyUnicode_AsUTF8(arg);
+    const char *msg = PyUnicode_AsUTF8(arg); /* (kept alive by the caller's reference) */
     if (!msg)
         return NULL;
-    if (axc_py_comm())
-        (void)axc_comm_abort(axc_py_comm(), AXC_ERR_PEER, msg);
+    axc_comm *comm = axc_py_comm(); /* (read with the GIL held) */
+    if (comm) {
+        Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
+        Py_END_ALLOW_THREADS
+    }
     Py_RETURN_NONE;
 }
 

@@ -171,7 +171,11 @@ static PyObject *py_thread_done(PyObject *self, PyObject *arg)
 }
 
 /* microbatch_next_bucket() -> (first, count) of the reducer's order, once that bucket is ready;
- * None: nothing more to sum (waits without the GIL) */
+ * None: nothing more to sum (waits without the GIL, in slices: an interrupt (Ctrl-C) between
+ * them raises here, and run_concurrent aborts the job's collectives) */
+/* how long the reducer waits for a bucket between looks for an interrupt */
+#define NEXT_BUCKET_SLICE_MS 50
+
 static PyObject *py_next_bucket(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -183,8 +187,15 @@ static PyObject *py_next_bucket(PyObject *self, PyObject *noargs)
     }
     int first = 0, count = 0, got;
     axc_bucket_key key;
-    Py_BEGIN_ALLOW_THREADS got = axc_mb_next_bucket(mb, &first, &count, &key);
-    Py_END_ALLOW_THREADS
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS got = axc_mb_next_bucket(mb, NEXT_BUCKET_SLICE_MS, &first, &count,
+                                                        &key);
+        Py_END_ALLOW_THREADS
+        if (got >= 0)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
     if (!got)
         Py_RETURN_NONE;
     return Py_BuildValue("(ii)", first, count);

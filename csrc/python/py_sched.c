@@ -130,7 +130,7 @@ static PyObject *py_sched_reduce(PyObject *self, PyObject *args)
     c.op = AXC_RED_SUM;
     c.device = device;
     c.stream = (void *)(uintptr_t)stream;
-    Py_BEGIN_ALLOW_THREADS st = axc_sched_start_after_deferred(s, kind, &c);
+    Py_BEGIN_ALLOW_THREADS st = axc_sched_start_after_deferred(s, kind, &c, NULL);
     Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
     Py_RETURN_NONE;
 }

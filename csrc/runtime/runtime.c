@@ -160,18 +160,22 @@ axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt)
 
 /* A due sum this rank could not start (`st`, before its collective was entered) leaves its
  * peers waiting in theirs: unless every rank fails alike (a collective refused by its
- * description: INVALID, UNAVAILABLE; a communicator already failed: PEER, TIMEOUT), the job's
- * collectives are aborted so that they fail at once, naming this rank's error, instead of at
+ * description: INVALID, UNAVAILABLE; a usage error: STATE; a communicator already failed or
+ * aborted: PEER, TIMEOUT), the job's collectives are aborted (without the GIL: on nccl the
+ * abort may take a while) so that they fail at once, naming this rank's error, instead of at
  * the timeout. */
 static axc_status unstarted_sum(axc_runtime *rt, axc_status st, axc_group_kind group)
 {
-    if (!rt->comm || st == AXC_ERR_INVALID || st == AXC_ERR_UNAVAILABLE || st == AXC_ERR_PEER ||
-        st == AXC_ERR_TIMEOUT)
+    if (!rt->comm || st == AXC_ERR_INVALID || st == AXC_ERR_UNAVAILABLE || st == AXC_ERR_STATE ||
+        st == AXC_ERR_PEER || st == AXC_ERR_TIMEOUT)
         return st;
     char msg[512];
     snprintf(msg, sizeof msg, "rank %d could not start a gradient sum over the %s group: %s",
              axc_comm_rank(rt->comm), axc_group_name(group), axc_last_error());
-    return axc_comm_abort(rt->comm, st, msg);
+    void *b = blocking_begin(rt);
+    st = axc_comm_abort(rt->comm, st, msg);
+    blocking_end(rt, b);
+    return st;
 }
 
 axc_status axc_runtime_start_due_sums(axc_runtime *rt)
@@ -204,9 +208,10 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
             void *b = blocking_begin(rt);
             /* (the queued tasks first: a task's error is returned after its sum started) */
             axc_status ts = axc_sched_run_tasks(sched);
-            st = axc_sched_start_after_deferred(sched, sum.group, &c);
+            int started = 0; /* (an error after the start: its peers are not left waiting) */
+            st = axc_sched_start_after_deferred(sched, sum.group, &c, &started);
             blocking_end(rt, b);
-            if (st != AXC_OK)
+            if (st != AXC_OK && !started)
                 st = unstarted_sum(rt, st, sum.group);
             else
                 st = ts;

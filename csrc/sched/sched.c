@@ -659,7 +659,8 @@ axc_status axc_sched_run_tasks(axc_sched *s)
     }
 }
 
-axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c)
+axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c,
+                                         int *started)
 {
     /* the collective may read what a queued task writes (a dW GEMM into a gradient bucket);
      * it starts even when a task failed, so that a failure on one rank does not leave its
@@ -669,6 +670,8 @@ axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, co
     /* groups progress independently: this one reads what the deferred ones write */
     axc_work *w = NULL;
     axc_status st = axc_comm_start_after(s->comm, group, c, s->pending, s->npending, &w);
+    if (started)
+        *started = st == AXC_OK;
     if (st == AXC_OK)
         st = defer_locked(s, w);
     pthread_mutex_unlock(&s->mu);

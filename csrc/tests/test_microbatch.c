@@ -53,11 +53,11 @@ static void test_buckets(void)
     axc_bucket_key k;
     int want_first[] = {0, 2, 3, 4, 5}, want_count[] = {2, 1, 1, 1, 1};
     for (int i = 0; i < 5; i++) {
-        CHECK(axc_mb_next_bucket(mb, &first, &count, &k) == 1);
+        CHECK(axc_mb_next_bucket(mb, -1, &first, &count, &k) == 1);
         CHECK(first == want_first[i] && count == want_count[i]);
     }
     CHECK(k.dtype == AXC_DT_BF16 && k.groups[0] == AXC_GROUP_DATA);
-    CHECK(axc_mb_next_bucket(mb, &first, &count, &k) == 0); /* all handed out */
+    CHECK(axc_mb_next_bucket(mb, -1, &first, &count, &k) == 0); /* all handed out */
     axc_mb_destroy(mb);
     axc_mb_destroy(NULL);
 }
@@ -79,8 +79,11 @@ static void test_many_params(void)
     axc_bucket_key k;
     for (uintptr_t i = 1; i < 1000; i++)
         axc_mb_arrive(mb, i * 48);
+    /* a timed wait for a bucket not ready: "not yet" (the caller looks for an interrupt) */
+    CHECK(axc_mb_next_bucket(mb, 5, &first, &count, &k) == -1);
+    CHECK(axc_mb_next_bucket(mb, 0, &first, &count, &k) == -1);
     axc_mb_arrive(mb, 1000 * 48);
-    CHECK(axc_mb_next_bucket(mb, &first, &count, &k) == 1 && first == 0 && count == 1000);
+    CHECK(axc_mb_next_bucket(mb, -1, &first, &count, &k) == 1 && first == 0 && count == 1000);
     axc_mb_destroy(mb);
 }
 
@@ -95,7 +98,7 @@ static void *reducer(void *arg)
     struct waiter *w = arg;
     int count;
     axc_bucket_key k;
-    while (w->calls < 4 && (w->got[w->calls] = axc_mb_next_bucket(w->mb, &w->first[w->calls],
+    while (w->calls < 4 && (w->got[w->calls] = axc_mb_next_bucket(w->mb, -1, &w->first[w->calls],
                                                                    &count, &k)))
         w->calls++;
     return NULL;
@@ -158,7 +161,7 @@ static void test_failure_stops(void)
     axc_mb_arrive(mb, 1);
     int first, count;
     axc_bucket_key k;
-    CHECK(axc_mb_next_bucket(mb, &first, &count, &k) == 0);
+    CHECK(axc_mb_next_bucket(mb, -1, &first, &count, &k) == 0);
     axc_mb_destroy(mb);
 }
 

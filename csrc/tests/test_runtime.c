@@ -237,6 +237,19 @@ static void unstarted_main(int rank, int world, const int dims[4], double timeou
                           "residual allocator: out of memory") != NULL, "%s", msg);
     CHECK_MSG(waited < timeout / 2, "waited %.1f s of the %.0f s timeout", waited, timeout);
     axc_buckets_reset(axc_runtime_buckets(rt));
+    if (rank == 0) { /* a later sum: the aborted job's error, not a second abort around it */
+        g_residual_fails = 0;
+        id = take_data_bucket(rt, 16, &values);
+        CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
+        st = axc_runtime_start_due_sums(rt);
+        if (st == AXC_OK) /* (started: it fails in its wait) */
+            st = axc_sched_finish(axc_runtime_sched(rt));
+        msg = axc_last_error();
+        const char *once = strstr(msg, "could not start a gradient sum");
+        CHECK_MSG(st == AXC_ERR_PEER && once && !strstr(once + 1, "could not start"),
+                  "a later sum: %d: %s", (int)st, msg);
+        axc_buckets_reset(axc_runtime_buckets(rt));
+    }
     (void)axc_runtime_close(rt);
     axc_runtime_destroy(rt);
     rank_end(rank);
@@ -273,6 +286,7 @@ static void one_rank(void)
         axc_comm_config cfg;
         atomic_store(&g_kv->ready, 0);
         CHECK_OK(fork_ranks_config(&cfg, 0, 1, one, round ? "runtime1b" : "runtime1a", 10.0));
+        cfg.channels = round == 0 ? 2 : 1;
         if (round == 0) { /* while it waits: a second open and a close are refused */
             g_reopen = rt;
             g_reopen_cfg = &cfg;
@@ -287,6 +301,19 @@ static void one_rank(void)
         }
         CHECK(axc_runtime_open(rt, &cfg) == AXC_ERR_STATE &&
               strstr(axc_last_error(), "already initialised"));
+        if (round == 0) { /* this thread on channel 1, which the next communicator lacks */
+            CHECK_OK(axc_comm_set_thread_channel(axc_runtime_comm(rt), 1));
+        } else { /* a sum refused as a usage error (every rank alike) aborts nothing */
+            id = take_data_bucket(rt, 4, &values);
+            CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
+            axc_buckets_close_all(axc_runtime_buckets(rt));
+            axc_status us = axc_runtime_start_due_sums(rt);
+            CHECK_MSG(us == AXC_ERR_STATE && strstr(axc_last_error(), "uses channel 1") &&
+                      !strstr(axc_last_error(), "could not start"),
+                      "a sum on a channel too many: %d: %s", (int)us, axc_last_error());
+            axc_buckets_reset(axc_runtime_buckets(rt));
+            CHECK_OK(axc_comm_set_thread_channel(axc_runtime_comm(rt), 0));
+        }
         CHECK_OK(axc_runtime_close(rt));
         CHECK(!axc_runtime_is_open(rt) && !axc_runtime_sched(rt));
     }

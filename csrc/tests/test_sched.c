@@ -531,7 +531,7 @@ static void test_deferred(const rank_ctx *c)
     CHECK_OK(axc_sched_defer(s, w));
     axc_coll ar = {.kind = AXC_COLL_ALL_REDUCE, .send = out, .recv = out, .count = M,
                    .dtype = AXC_DT_F32, .op = AXC_RED_SUM, .device = -1};
-    CHECK_OK(axc_sched_start_after_deferred(s, AXC_GROUP_DATA, &ar));
+    CHECK_OK(axc_sched_start_after_deferred(s, AXC_GROUP_DATA, &ar, NULL));
     axc_sched_stats st;
     axc_sched_stats_get(s, &st);
     CHECK_MSG(st.deferred == 2 && st.pending == 2, "before finish: deferred %llu pending %lld",
@@ -606,9 +606,10 @@ static void test_tasks(const rank_ctx *c)
      * failing task is reported, and the collective starts anyway (peers would wait for it) */
     axc_coll ar = {.kind = AXC_COLL_ALL_REDUCE, .send = buf, .recv = buf, .count = M,
                    .dtype = AXC_DT_F32, .op = AXC_RED_SUM, .device = -1};
-    axc_status rs = axc_sched_start_after_deferred(s, AXC_GROUP_DEPTH, &ar);
-    CHECK_MSG(rs == AXC_ERR_INVALID && strstr(axc_last_error(), "task 1") != NULL,
-              "a failing task: status %d (%s)", (int)rs, axc_last_error());
+    int started = 0;
+    axc_status rs = axc_sched_start_after_deferred(s, AXC_GROUP_DEPTH, &ar, &started);
+    CHECK_MSG(rs == AXC_ERR_INVALID && strstr(axc_last_error(), "task 1") != NULL && started,
+              "a failing task: status %d (%s), started %d", (int)rs, axc_last_error(), started);
     axc_sched_stats_get(s, &st);
     CHECK_MSG(st.pending == 1, "the all-reduce did not start after the failed task (%lld "
               "pending)", (long long)st.pending);

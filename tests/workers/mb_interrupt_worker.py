@@ -2,8 +2,12 @@
 micro-batch threads wait in all-reduces that rank 1 never joins (2 ranks, 2 micro-batches):
 rank 0's call ends with the KeyboardInterrupt once its threads have left fn, and rank 1, waiting
 in a barrier, fails naming the interrupt (both at once, not at the collective timeout: before
-the abort, rank 1 failed with a timeout error and rank 0's call ended only then)."""
+the abort, rank 1 failed with a timeout error and rank 0's call ended only then).
+With "model" as argument the call sums a model's gradients: the main thread waits in the
+reducer for a bucket the hung micro-batches never fill (it looks for the interrupt while it
+waits; before, it saw it only once the threads timed out)."""
 import signal
+import sys
 import threading
 import time
 
@@ -40,8 +44,9 @@ def main():
             return x
 
         threading.Thread(target=_interrupt_when, args=(entered,), daemon=True).start()
+        model = torch.nn.Linear(2, 2) if "model" in sys.argv[1:] else None
         try:
-            axonn_c.run_concurrent(fn, torch.ones(4, 2))
+            axonn_c.run_concurrent(fn, torch.ones(4, 2), model=model)
         except KeyboardInterrupt:
             pass
         else:

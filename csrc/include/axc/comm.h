@@ -120,10 +120,12 @@ typedef struct axc_comm_config {
 axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg);
 void axc_comm_destroy(axc_comm *comm);
 /* Aborts the job's collectives for a rank that cannot go on with them (an interrupted call, a
- * collective it failed to enter), so that nobody waits out the timeout: every wait of this
- * rank's pending and later collectives fails promptly, and on shm every peer's too, with
- * `msg` (the backends' abort). For good: the job must init() again. Returns `status` with
- * `msg` as the error. */
+ * collective it failed to enter): every wait of this rank's pending and later collectives fails
+ * promptly with `msg` (the backends' abort); on shm every peer's too, at once; on nccl the peers
+ * fail when their own watchdog gives up on the collective this rank left (at their timeout).
+ * For good: the job must init() again. Later collectives fail with AXC_ERR_PEER (TIMEOUT when
+ * `status` is), whatever `status`; a second abort changes nothing. Returns `status` with `msg`
+ * as the error. May block (ncclCommAbort): call it without the caller's lock (the GIL). */
 axc_status axc_comm_abort(axc_comm *comm, axc_status status, const char *msg);
 
 const axc_grid *axc_comm_grid(const axc_comm *comm);

@@ -101,8 +101,9 @@ void axc_mb_thread_done(axc_mb *mb, int failed);
 /* The reducer's next bucket, in order, once it is ready: every micro-batch added to each of its
  * parameters, or every thread ended without error (what arrived is summed). 1: its parameters
  * are positions [*first, *first + *count) of the order, all of key *key; 0: none left, or a
- * micro-batch failed (nothing more is summed). Blocks until then. */
-int axc_mb_next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key);
+ * micro-batch failed (nothing more is summed). Waits until then, or at most wait_ms milliseconds
+ * (-1: not yet; so a caller can look for an interrupt between waits); wait_ms < 0: no limit. */
+int axc_mb_next_bucket(axc_mb *mb, int wait_ms, int *first, int *count, axc_bucket_key *key);
 
 /* Weight `w`'s depth shard gathered for all micro-batches: `numel` elements (the shard times the
  * depth group size) in *data, kept allocated by *owner (a new reference for the caller). `use`

@@ -133,8 +133,11 @@ axc_status axc_sched_step_abort(axc_sched *s);
 /* Takes ownership of a started collective; axc_sched_finish waits for it. */
 axc_status axc_sched_defer(axc_sched *s, axc_work *w);
 /* Runs the queued tasks, then starts `c` on `group` after every collective deferred so far (in
- * their order) and defers it. A task's failure is returned, but `c` is started all the same. */
-axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c);
+ * their order) and defers it. A task's failure is returned, but `c` is started all the same.
+ * *started (when not NULL): whether `c` was started (an error then is a task's, or deferring's:
+ * out of memory, `c` waited for at once), so its peers are not left waiting in it. */
+axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, const axc_coll *c,
+                                         int *started);
 /* Runs the deferred tasks, then waits for every deferred collective (in order); returns the
  * first failure. */
 axc_status axc_sched_finish(axc_sched *s);

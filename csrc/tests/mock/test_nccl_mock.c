@@ -345,11 +345,18 @@ int main(void)
      * message, and the communicator still closes */
     comm = NULL;
     CHECK_OK(axc_comm_create(&comm, &cfg));
-    CHECK(axc_comm_abort(comm, AXC_ERR_PEER, "rank 0 stops here") == AXC_ERR_PEER);
+    /* (the cause's kind, out of memory, goes to the caller; later starts fail with a
+     * communication error, as on shm, not a MemoryError) */
+    CHECK(axc_comm_abort(comm, AXC_ERR_NOMEM, "rank 0 stops here") == AXC_ERR_NOMEM);
     axc_work *wa = NULL;
     axc_status as = axc_comm_start(comm, AXC_GROUP_WORLD, &c, &wa);
     printf("start after axc_comm_abort: %s: %s\n", axc_status_name(as), axc_last_error());
     CHECK(as == AXC_ERR_PEER && wa == NULL && strstr(axc_last_error(), "rank 0 stops here"));
+    /* a second abort changes nothing: the first message stays */
+    CHECK(axc_comm_abort(comm, AXC_ERR_PEER, "again") == AXC_ERR_PEER);
+    as = axc_comm_start(comm, AXC_GROUP_WORLD, &c, &wa);
+    CHECK(as == AXC_ERR_PEER && strstr(axc_last_error(), "rank 0 stops here") &&
+          !strstr(axc_last_error(), "again"));
     axc_comm_destroy(comm);
     /* the watchdog aborted every communicator at once (the mock's aborts wait for each other) */
     CHECK(g_abort_failures == 0);
