@@ -314,8 +314,9 @@ def check_checkpoint(g):
     def backward(*args, **kwargs):
         out = real_backward(*args, **kwargs)
         param = args[6] if len(args) > 6 else kwargs.get("param")
-        if param is not None:  # a chunk call's deferred gradient: its part is done
-            completed.append(not axonn_c.grads.chunk_open(param))
+        hold = args[5] if len(args) > 5 else kwargs.get("hold", 0)
+        if param is not None and hold & axonn_c.linear.HOLD_CHUNK:  # a chunk call's deferred
+            completed.append(not axonn_c.grads.chunk_open(param))  # gradient: its part is done
         return out
 
     for early_stop in (True, False, True):
