@@ -41,6 +41,17 @@ static PyMethodDef *all_tables[] = {axc_py_comm_methods, axc_py_model_methods,
                                     axc_py_microbatch_methods, axc_py_layer_residuals_methods,
                                     axc_py_sync_methods};
 
+PyObject *axc_py_optional_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *v = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    (void)PyObject_GetOptionalAttr(obj, name, &v);
+#else
+    (void)_PyObject_LookupAttr(obj, name, &v);
+#endif
+    return v;
+}
+
 int axc_py_add_type(PyObject *module, PyTypeObject *type, const char *name)
 {
     if (PyType_Ready(type) < 0)

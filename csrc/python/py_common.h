@@ -112,6 +112,10 @@ extern PyMethodDef axc_py_grad_pass_methods[];
 
 /* Types registered on the module (each file adds its own). */
 int axc_py_add_type(PyObject *module, PyTypeObject *type, const char *name); /* module.c */
+/* module.c: getattr(obj, name, None) without raising and catching AttributeError (which costs
+ * more than a hook's whole decision): a new reference, NULL with nothing set when absent, NULL
+ * with an exception set on an error */
+PyObject *axc_py_optional_attr(PyObject *obj, PyObject *name);
 int axc_py_comm_add_types(PyObject *module);
 int axc_py_linear_add_types(PyObject *module); /* py_linear_call.c */
 int axc_py_grads_add_types(PyObject *module);  /* py_grads.c: its interned names */

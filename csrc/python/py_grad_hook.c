@@ -29,19 +29,6 @@ typedef struct {
     PyObject *accumulates; /* accumulates(param) -> bool: the pass accumulates into .grad */
 } GradHook;
 
-/* getattr(obj, name, None) without raising and catching AttributeError (which costs more than
- * the whole decision): a new reference, NULL with nothing set when absent, NULL with an
- * exception set on an error. */
-static PyObject *optional_attr(PyObject *obj, PyObject *name)
-{
-    PyObject *v = NULL;
-#if PY_VERSION_HEX >= 0x030D0000
-    (void)PyObject_GetOptionalAttr(obj, name, &v);
-#else
-    (void)_PyObject_LookupAttr(obj, name, &v);
-#endif
-    return v;
-}
 
 /* groups (a tuple of group names) -> kinds; 0 when one is not a group name (the Python code
  * then decides). */
@@ -105,7 +92,7 @@ static int hook_settings(PyObject *p, int *own, axc_groups *groups)
 {
     *own = -1;
     groups->n = 0;
-    PyObject *on = optional_attr(p, s_overlap_attr);
+    PyObject *on = axc_py_optional_attr(p, s_overlap_attr);
     if (on) {
         int v = on == Py_None ? -1 : PyObject_IsTrue(on);
         Py_DECREF(on);
@@ -115,7 +102,7 @@ static int hook_settings(PyObject *p, int *own, axc_groups *groups)
     } else if (PyErr_Occurred()) {
         return -1;
     }
-    PyObject *names = optional_attr(p, s_groups_attr);
+    PyObject *names = axc_py_optional_attr(p, s_groups_attr);
     if (!names)
         return PyErr_Occurred() ? -1 : 0;
     int known = parse_groups(names, groups);

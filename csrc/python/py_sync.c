@@ -45,12 +45,7 @@ static int intern(void)
  * the rest of a parameter's decision); NULL with one for any other error */
 static PyObject *attr_or_null(PyObject *o, PyObject *name)
 {
-    PyObject *v = NULL;
-#if PY_VERSION_HEX >= 0x030D0000
-    (void)PyObject_GetOptionalAttr(o, name, &v);
-#else
-    (void)_PyObject_LookupAttr(o, name, &v);
-#endif
+    PyObject *v = axc_py_optional_attr(o, name);
     if (v == Py_None)
         Py_CLEAR(v);
     return v;
