@@ -49,7 +49,7 @@ extern PyMethodDef axc_py_sync_methods[]; /* py_sync.c: sync_gradients' sums */
 
 /* shared by the gradient bindings (py_grads.c, py_records.c) */
 typedef axc_status (*bucket_fn)(axc_buckets *, int);
-PyObject *axc_py_bucket_op(PyObject *bucket, bucket_fn fn); /* fn on a bucket, then due sums */
+int axc_py_bucket_apply(int bucket, bucket_fn fn); /* fn on a bucket, then due sums; -1: raised */
 PyObject *axc_py_grad_buckets_finish(void);                 /* _C.grad_buckets_finish() */
 /* py_grads.c: the bucket key of gradients like `like` summed over `groups` (names) */
 int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key);

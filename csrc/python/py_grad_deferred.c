@@ -102,11 +102,7 @@ static int chunk_prepare(PyObject *param, Py_ssize_t n, int overlap, axc_py_defe
         }
     }
     if (rc == 0 && bucket >= 0) {
-        PyObject *b = PyLong_FromLong(bucket);
-        PyObject *r = b ? axc_py_bucket_op(b, axc_buckets_hold) : NULL;
-        Py_XDECREF(b);
-        Py_XDECREF(r);
-        rc = r ? 0 : -1;
+        rc = axc_py_bucket_apply(bucket, axc_buckets_hold);
     }
     return rc == 0 ? axc_py_grad_queue_finish() : -1;
 }

@@ -226,18 +226,23 @@ static PyObject *py_take(PyObject *self, PyObject *args)
     return piece ? Py_BuildValue("(Ni)", piece, id) : NULL;
 }
 
-PyObject *axc_py_bucket_op(PyObject *arg, bucket_fn fn)
+int axc_py_bucket_apply(int id, bucket_fn fn)
 {
-    int id = (int)PyLong_AsLong(arg);
-    if (PyErr_Occurred())
-        return NULL;
     axc_buckets *b = buckets();
     if (!b)
-        return NULL;
+        return -1;
     axc_status st = fn(b, id);
-    if (st != AXC_OK)
-        return axc_py_raise(st);
-    if (start_due() < 0)
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return start_due();
+}
+
+static PyObject *bucket_op(PyObject *arg, bucket_fn fn)
+{
+    int id = (int)PyLong_AsLong(arg);
+    if (PyErr_Occurred() || axc_py_bucket_apply(id, fn) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -246,20 +251,20 @@ PyObject *axc_py_bucket_op(PyObject *arg, bucket_fn fn)
 static PyObject *py_written(PyObject *self, PyObject *arg)
 {
     (void)self;
-    return axc_py_bucket_op(arg, axc_buckets_written);
+    return bucket_op(arg, axc_buckets_written);
 }
 
 /* grad_bucket_hold(bucket) / grad_bucket_unhold(bucket): a chunk record accumulating into it */
 static PyObject *py_hold(PyObject *self, PyObject *arg)
 {
     (void)self;
-    return axc_py_bucket_op(arg, axc_buckets_hold);
+    return bucket_op(arg, axc_buckets_hold);
 }
 
 static PyObject *py_unhold(PyObject *self, PyObject *arg)
 {
     (void)self;
-    return axc_py_bucket_op(arg, axc_buckets_unhold);
+    return bucket_op(arg, axc_buckets_unhold);
 }
 
 static PyObject *py_finish(PyObject *self, PyObject *noargs)

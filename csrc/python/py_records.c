@@ -196,11 +196,7 @@ int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
     }
     if (bucket < 0)
         return 0;
-    PyObject *b = PyLong_FromLong(bucket);
-    PyObject *r = b ? axc_py_bucket_op(b, axc_buckets_written) : NULL;
-    Py_XDECREF(b);
-    Py_XDECREF(r);
-    return r ? 0 : -1;
+    return axc_py_bucket_apply(bucket, axc_buckets_written);
 }
 
 int axc_py_grad_take(PyObject *p, PyObject *prev, PyObject *scratch)
@@ -238,11 +234,7 @@ int axc_py_grad_chunk_done(PyObject *p)
     int64_t bucket = -1;
     if (!axc_records_chunk_done(recs(), key_of(p), &bucket) || bucket < 0)
         return 0;
-    PyObject *b = PyLong_FromLongLong(bucket);
-    PyObject *r = b ? axc_py_bucket_op(b, axc_buckets_unhold) : NULL;
-    Py_XDECREF(b);
-    Py_XDECREF(r);
-    return r ? 0 : -1;
+    return axc_py_bucket_apply((int)bucket, axc_buckets_unhold);
 }
 
 static PyObject *py_chunks_open(PyObject *self, PyObject *noargs)

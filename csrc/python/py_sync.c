@@ -212,16 +212,13 @@ static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
     Py_XDECREF(src);
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb); /* (written also after a failed copy: its error kept) */
-    PyObject *id = PyLong_FromLong(bucket);
-    PyObject *written = id ? axc_py_bucket_op(id, axc_buckets_written) : NULL;
-    Py_XDECREF(id);
-    Py_XDECREF(written);
+    int written = axc_py_bucket_apply(bucket, axc_buckets_written);
     if (!ok) { /* (the copy's error wins over the write's) */
         PyErr_Clear();
         PyErr_Restore(et, ev, tb);
         return -1;
     }
-    return written ? 0 : -1;
+    return written;
 }
 
 /* Multiplies the used part of each bucket by `scale`, once per bucket (elementwise as each
