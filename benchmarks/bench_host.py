@@ -9,7 +9,11 @@ kept), with overlap off and on. The breakdown of axonn_c's time per call:
 - `c_us`: inside the C extension's calls (every axonn_c._C function the call makes, timed);
 - `gemm_us`: what the GEMMs cost (the step timed again with AXONN_C_BENCH_SKIP=compute, which
   makes every GEMM return at once: the difference);
-- `python_us`: the rest (autograd's Function and hooks, the Python glue).
+- `python_us`: the rest (autograd's Function and hooks, the Python glue);
+- `comm_us` (2 ranks): what the collectives cost (the step timed again with
+  AXONN_C_BENCH_SKIP=comm, which makes every collective but a barrier return at once, the ranks
+  switching together at a barrier: the difference). With overlap on it is the data-parallel sum
+  of the gradients; `extra_us - comm_us` is the host cost without it.
 At 2 ranks the grid is data-parallel (G_data=2): with overlap on, backward also sums the
 gradients; nn.Linear does no communication (its row is the floor, not a DDP equivalent).
 """
@@ -110,13 +114,21 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
     for _ in range(3):  # warm-up: allocations, the learned order, BLAS threads
         per_call(ours, x, g, 50)
         per_call(ref, x, g, 50)
-    t_ours, t_ref, t_nogemm = [], [], []
+    t_ours, t_ref, t_nogemm, t_nocomm = [], [], [], []
+    peers = axonn_c.grid().world_size > 1
     for _ in range(rounds):
         t_ours.append(per_call(ours, x, g, iters))
         t_ref.append(per_call(ref, x, g, iters))
         os.environ["AXONN_C_BENCH_SKIP"] = "compute"
         t_nogemm.append(per_call(ours, x, g, iters))
         os.environ["AXONN_C_BENCH_SKIP"] = "none"
+        if peers:
+            # every rank skips together: a rank still summing would wait for one that skips
+            axonn_c.comm.barrier()
+            os.environ["AXONN_C_BENCH_SKIP"] = "comm"
+            t_nocomm.append(per_call(ours, x, g, iters))
+            axonn_c.comm.barrier()
+            os.environ["AXONN_C_BENCH_SKIP"] = "none"
     timer = CTimer()
     timer.install()
     memo = getattr(ours, "_plain_memo", None)  # the layer's C handle, when its calls take the plain path
@@ -139,7 +151,8 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
     return {"device": device, "overlap": overlap, "tokens": tokens, "in": fin, "out": fout,
             "axonn_us": best * us, "nn_linear_us": floor * us, "extra_us": (best - floor) * us,
             "c_us": c_time * us, "gemm_us": gemm * us,
-            "python_us": max(best - c_time, 0.0) * us}
+            "python_us": max(best - c_time, 0.0) * us,
+            "comm_us": max(best - min(t_nocomm), 0.0) * us if t_nocomm else 0.0}
 
 
 def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
@@ -190,11 +203,11 @@ def main() -> None:
     print(f"world {world}, {args.device}, {args.tokens} tokens, {args.fin} -> {args.fout}: "
           "microseconds per forward + backward")
     print(f"{'overlap':>8} {'nn.Linear':>10} {'axonn_c':>9} {'extra':>8} {'python':>8} "
-          f"{'C':>8} {'GEMM':>8}")
+          f"{'C':>8} {'GEMM':>8} {'comm':>8}")
     for r in rows:
         r["world"] = world
         print(f"{str(r['overlap']):>8} {r['nn_linear_us']:10.1f} {r['axonn_us']:9.1f} "
-              f"{r['extra_us']:8.1f} {r['python_us']:8.1f} {r['c_us']:8.1f} {r['gemm_us']:8.1f}")
+              f"{r['extra_us']:8.1f} {r['python_us']:8.1f} {r['c_us']:8.1f} {r['gemm_us']:8.1f} {r['comm_us']:8.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
