@@ -15,11 +15,14 @@ kept), with overlap off and on. The breakdown of axonn_c's time per call:
   switching together at a barrier: the difference). With overlap on it is the data-parallel sum
   of the gradients; `extra_us - comm_us` is the host cost without it.
 At 2 ranks the grid is data-parallel (G_data=2): with overlap on, backward also sums the
-gradients; nn.Linear does no communication (its row is the floor, not a DDP equivalent).
+gradients; nn.Linear does no communication (its row is the floor), so the `DDP` column is
+torch's DistributedDataParallel(nn.Linear) on gloo, which sums the gradients every step: the
+baseline for the overlap-on row.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -114,11 +117,16 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
     for _ in range(3):  # warm-up: allocations, the learned order, BLAS threads
         per_call(ours, x, g, 50)
         per_call(ref, x, g, 50)
-    t_ours, t_ref, t_nogemm, t_nocomm = [], [], [], []
+    t_ours, t_ref, t_nogemm, t_nocomm, t_ddp = [], [], [], [], []
     peers = axonn_c.grid().world_size > 1
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(ref)) if peers else None
+    if ddp is not None:
+        per_call(ddp, x, g, 50)
     for _ in range(rounds):
         t_ours.append(per_call(ours, x, g, iters))
         t_ref.append(per_call(ref, x, g, iters))
+        if ddp is not None:
+            t_ddp.append(per_call(ddp, x, g, iters))
         os.environ["AXONN_C_BENCH_SKIP"] = "compute"
         t_nogemm.append(per_call(ours, x, g, iters))
         os.environ["AXONN_C_BENCH_SKIP"] = "none"
@@ -152,7 +160,8 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
             "axonn_us": best * us, "nn_linear_us": floor * us, "extra_us": (best - floor) * us,
             "c_us": c_time * us, "gemm_us": gemm * us,
             "python_us": max(best - c_time, 0.0) * us,
-            "comm_us": max(best - min(t_nocomm), 0.0) * us if t_nocomm else 0.0}
+            "comm_us": max(best - min(t_nocomm), 0.0) * us if t_nocomm else 0.0,
+            "ddp_us": min(t_ddp) * us if t_ddp else None}
 
 
 def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
@@ -163,11 +172,15 @@ def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
 
 def run_here(args) -> list:
     rows = []
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # (the DDP baseline; axonn_c uses its store)
+        torch.distributed.init_process_group("gloo")
     for overlap in (False, True):
         axonn_c.init(G_data=int(os.environ.get("WORLD_SIZE", "1")), overlap=overlap)
         rows.append(measure(args.tokens, args.fin, args.fout, args.device, overlap, args.rounds,
                             args.iters))
         axonn_c.finalize()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return rows
 
 
@@ -203,11 +216,12 @@ def main() -> None:
     print(f"world {world}, {args.device}, {args.tokens} tokens, {args.fin} -> {args.fout}: "
           "microseconds per forward + backward")
     print(f"{'overlap':>8} {'nn.Linear':>10} {'axonn_c':>9} {'extra':>8} {'python':>8} "
-          f"{'C':>8} {'GEMM':>8} {'comm':>8}")
+          f"{'C':>8} {'GEMM':>8} {'comm':>8}" + (f" {'DDP':>8}" if world > 1 else ""))
     for r in rows:
         r["world"] = world
         print(f"{str(r['overlap']):>8} {r['nn_linear_us']:10.1f} {r['axonn_us']:9.1f} "
-              f"{r['extra_us']:8.1f} {r['python_us']:8.1f} {r['c_us']:8.1f} {r['gemm_us']:8.1f} {r['comm_us']:8.1f}")
+              f"{r['extra_us']:8.1f} {r['python_us']:8.1f} {r['c_us']:8.1f} {r['gemm_us']:8.1f} {r['comm_us']:8.1f}"
+              + (f" {r['ddp_us']:8.1f}" if r["ddp_us"] is not None else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
