@@ -65,6 +65,27 @@ def test_single_rank_collectives_record_nothing():
         axonn_c.finalize()
 
 
+def test_spans_survive_init_and_finalize():
+    """The timeline is the runtime's, made with the module: recording started before init()
+    goes on through init() (the layer's GEMMs land in it) and its spans outlive finalize()."""
+    import torch
+    timeline.start()
+    timeline.record_compute("before_init", 1, 2)
+    axonn_c.init()
+    try:
+        layer = axonn_c.Linear(8, 8)
+        layer(torch.ones(2, 8)).sum().backward()
+    finally:
+        axonn_c.finalize()
+    timeline.record_compute("after_finalize", 3, 4)
+    names = [s[1] for s in timeline.spans()]
+    assert names[0] == "before_init" and names[-1] == "after_finalize", names
+    assert "gemm" in names and "gemm:dw" in names, names  # recorded through the communicator
+    axonn_c.init()
+    axonn_c.finalize()
+    assert [s[1] for s in timeline.spans()] == names
+
+
 def test_export_naming_and_format(tmp_path):
     timeline.start()
     t0 = timeline.now_ns()

@@ -33,6 +33,7 @@ struct axc_comm {
     axc_codec layer_codec[AXC_GROUP_COUNT];
     int layer_block[AXC_GROUP_COUNT];
     int layer_ef[AXC_GROUP_COUNT];
+    axc_timeline *timeline; /* cfg.timeline (not owned; NULL: not recorded) */
 };
 
 /* the channel this thread's collectives use (axc_comm_set_thread_channel) */
@@ -190,6 +191,7 @@ axc_status axc_comm_create(axc_comm **out, const axc_comm_config *cfg)
     comm->grid = cfg->grid;
     comm->rank = cfg->rank;
     comm->timeout_s = cfg->timeout_s;
+    comm->timeline = cfg->timeline;
     comm->channels = cfg->channels > 0 ? cfg->channels : 1;
     axc_status st = AXC_OK;
     if (comm->channels > AXC_MAX_CHANNELS) {
@@ -354,6 +356,7 @@ void axc_comm_apply_codec(const axc_comm *comm, axc_codec codec, int block, axc_
     c->block = block;
 }
 const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
+axc_timeline *axc_comm_timeline(const axc_comm *comm) { return comm ? comm->timeline : NULL; }
 int axc_comm_host_collectives(const axc_comm *comm) { return comm->shm != NULL; }
 int axc_comm_channels(const axc_comm *comm) { return comm->channels; }
 int axc_comm_thread_channel(void) { return tl_channel; }
@@ -507,6 +510,7 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
     }
     w->coll = *c;
     w->group = g->info;
+    w->timeline = comm->timeline;
     w->backend = be;
     w->backend_group = bg;
     if (skip) {
@@ -539,12 +543,12 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
 void axc_work_complete(axc_work *w, axc_status status, const char *message)
 {
     /* before the state store: a waiter may free `w` as soon as it sees DONE */
-    if (w->t_exec_begin > 0 && w->group.size > 1 && axc_timeline_enabled()) {
+    if (w->t_exec_begin > 0 && w->group.size > 1 && axc_timeline_enabled(w->timeline)) {
         uint64_t sent, recv;
         axc_coll_volume(&w->coll, w->group.size, w->group.rank, &sent, &recv);
-        axc_timeline_record_on(AXC_SPAN_COMM, axc_coll_name(w->coll.kind), (int)w->group.kind,
-                               w->group.channel,
-                            w->t_exec_begin, axc_timeline_now(), sent);
+        axc_timeline_record_on(w->timeline, AXC_SPAN_COMM, axc_coll_name(w->coll.kind),
+                               (int)w->group.kind, w->group.channel, w->t_exec_begin,
+                               axc_timeline_now(), sent);
     }
     w->status = status;
     if (status != AXC_OK)
@@ -586,10 +590,11 @@ axc_status axc_work_wait(axc_work *w)
      * works are excluded: their wait only orders a stream) */
     int64_t t0 = (w->coll.device < 0 && w->group.size > 1 &&
                   atomic_load_explicit(&w->state, memory_order_acquire) == AXC_WORK_PENDING)
-                     ? axc_timeline_begin()
+                     ? axc_timeline_begin(w->timeline)
                      : 0;
     axc_status st = w->backend->wait(w->backend, w);
-    axc_timeline_end(AXC_SPAN_WAIT, axc_coll_name(w->coll.kind), (int)w->group.kind, t0, 0);
+    axc_timeline_end(w->timeline, AXC_SPAN_WAIT, axc_coll_name(w->coll.kind), (int)w->group.kind,
+                     t0, 0);
     if (st == AXC_ERR_TIMEOUT && atomic_load(&w->state) == AXC_WORK_PENDING)
         return st; /* still owned by the backend: not marked waited, must not be freed */
     w->waited = 1;

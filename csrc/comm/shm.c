@@ -730,7 +730,7 @@ static void execute(shm_lane *l, axc_work *w)
     }
     st = wait_after(b, w);
     int64_t t0 = axc_now_ns();
-    w->t_exec_begin = axc_timeline_enabled() ? axc_timeline_now() : 0;
+    w->t_exec_begin = axc_timeline_begin(w->timeline); /* (the communicator's; 0: off) */
     if (st == AXC_OK)
         st = w->coll.device >= 0 ? run_cuda(l, g, w)
                                  : run_host(b, g, &w->coll, w->coll.send, w->coll.recv);

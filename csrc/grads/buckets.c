@@ -159,8 +159,8 @@ static void retire(axc_buckets *b, int i, enum why_retired why)
         b->due[b->ndue++] = i; /* (due has room for every bucket: sized with v) */
 }
 
-axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, int *bucket_out,
-                            size_t *offset, void **owner)
+axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, void *arg,
+                            int *bucket_out, size_t *offset, void **owner)
 {
     AXC_TRY(check_key(key));
     int open = -1;
@@ -189,7 +189,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
         size_t per = b->bucket_bytes / axc_dtype_size(key->dtype);
         size_t elems = n > per ? n : per;
         bucket k = {.key = *key, .cap = elems, .state = BUCKET_OPEN};
-        AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, &k.data, &k.owner));
+        AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, arg, &k.data, &k.owner));
         open = b->n++;
         b->v[open] = k;
         b->stats.made++;

@@ -275,9 +275,10 @@ static axc_status gemm_beta(ctx *c, const char *span, int ta, int tb, int64_t M,
     g.alpha = 1.0f;
     g.beta = beta;
     g.bias = bias;
-    int64_t t0 = axc_timeline_begin(); /* 0 when the timeline is off */
+    axc_timeline *tl = axc_comm_timeline(c->comm); /* (the runtime's; NULL: none) */
+    int64_t t0 = axc_timeline_begin(tl); /* 0 when the timeline is off */
     axc_status st = axc_gemm(&g);
-    axc_timeline_end(AXC_SPAN_COMPUTE, span, -1, t0, 0);
+    axc_timeline_end(tl, AXC_SPAN_COMPUTE, span, -1, t0, 0);
     return st;
 }
 

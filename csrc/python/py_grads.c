@@ -13,17 +13,17 @@
 #include "axc/torch_shim.h"
 #include "py_common.h"
 
-/* the tensor a new bucket is made like (set for the duration of one take) */
-static PyObject *g_like = NULL;
 static PyObject *s_new_empty, *s_data_ptr, *s_get_device, *s_dtype;
 
-static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
-                             void **owner)
+/* `like`: the tensor the take that needs the bucket passed (axc_py_bucket_take) */
+static axc_status alloc_like(void *ctx, const axc_bucket_key *key, size_t elems, void *like,
+                             void **data, void **owner)
 {
     (void)ctx;
     (void)key;
     PyObject *shape = Py_BuildValue("(n)", (Py_ssize_t)elems);
-    PyObject *flat = shape ? PyObject_CallMethodOneArg(g_like, s_new_empty, shape) : NULL;
+    PyObject *flat = shape ? PyObject_CallMethodOneArg((PyObject *)like, s_new_empty, shape)
+                           : NULL;
     Py_XDECREF(shape);
     PyObject *ptr = flat ? PyObject_CallMethodNoArgs(flat, s_data_ptr) : NULL;
     void *p = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
@@ -179,9 +179,7 @@ PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n
         return NULL;
     (void)axc_buckets_set_bytes(b, bytes);
     void *owner;
-    g_like = like;
-    axc_status st = axc_buckets_take(b, key, n, bucket, offset, &owner);
-    g_like = NULL;
+    axc_status st = axc_buckets_take(b, key, n, like, bucket, offset, &owner);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     /* (the engine's reference may go while start_due releases the GIL: hold one here) */

@@ -1,32 +1,12 @@
-/* Bindings of the timeline (axc/timeline.h): enable/clear, the recorded spans, the summary, and a
- * compute-span recorder for Python callers. */
+/* Bindings of the runtime's timeline (axc/timeline.h, axc_runtime_timeline): enable/clear, the
+ * recorded spans, the summary, and a compute-span recorder for Python callers. */
 #include "py_common.h"
-
-#include <string.h>
 
 #include "axc/grid.h"
 #include "axc/timeline.h"
 
-/* Span names must outlive the buffer: names from Python are interned here for the process's
- * lifetime (a small bounded table; beyond it spans are named "python"). */
-#define MAX_PY_NAMES 256
-static char *py_names[MAX_PY_NAMES];
-static int n_py_names;
-
-static const char *intern_name(const char *s)
-{
-    for (int i = 0; i < n_py_names; i++)
-        if (strcmp(py_names[i], s) == 0)
-            return py_names[i];
-    if (n_py_names == MAX_PY_NAMES)
-        return "python";
-    char *c = PyMem_RawMalloc(strlen(s) + 1);
-    if (!c)
-        return "python";
-    strcpy(c, s);
-    py_names[n_py_names++] = c;
-    return c;
-}
+/* the runtime's timeline (made with the module, kept across init/finalize) */
+static axc_timeline *timeline(void) { return axc_runtime_timeline(axc_py_runtime()); }
 
 static PyObject *py_timeline_enable(PyObject *self, PyObject *arg)
 {
@@ -34,7 +14,7 @@ static PyObject *py_timeline_enable(PyObject *self, PyObject *arg)
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
-    axc_status st = axc_timeline_enable_checked(on);
+    axc_status st = axc_timeline_enable_checked(timeline(), on);
     if (st != AXC_OK)
         return axc_py_raise(st);
     Py_RETURN_NONE;
@@ -44,14 +24,14 @@ static PyObject *py_timeline_enabled(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return PyBool_FromLong(axc_timeline_enabled());
+    return PyBool_FromLong(axc_timeline_enabled(timeline()));
 }
 
 static PyObject *py_timeline_clear(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_timeline_clear();
+    axc_timeline_clear(timeline());
     Py_RETURN_NONE;
 }
 
@@ -59,7 +39,7 @@ static PyObject *py_timeline_free(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    axc_timeline_free();
+    axc_timeline_free(timeline());
     Py_RETURN_NONE;
 }
 
@@ -74,7 +54,7 @@ static PyObject *py_timeline_set_capacity(PyObject *self, PyObject *arg)
                      AXC_TIMELINE_MAX_CAPACITY, n);
         return NULL;
     }
-    axc_status st = axc_timeline_set_capacity((size_t)n);
+    axc_status st = axc_timeline_set_capacity(timeline(), (size_t)n);
     if (st != AXC_OK)
         return axc_py_raise(st);
     Py_RETURN_NONE;
@@ -98,13 +78,14 @@ static PyObject *py_timeline_spans(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    size_t n = axc_timeline_count();
+    axc_timeline *tl = timeline();
+    size_t n = axc_timeline_count(tl);
     PyObject *list = PyList_New(0);
     if (!list)
         return NULL;
     for (size_t i = 0; i < n; i++) {
         axc_span s;
-        if (axc_timeline_get(i, &s) != AXC_OK)
+        if (axc_timeline_get(tl, i, &s) != AXC_OK)
             continue; /* being written or cleared concurrently */
         PyObject *g = group_name_or_none(s.kind != AXC_SPAN_COMPUTE ? s.group : -1);
         if (!g)
@@ -130,8 +111,9 @@ static PyObject *py_timeline_summary(PyObject *self, PyObject *noargs)
     (void)noargs;
     axc_timeline_stats st;
     axc_status s;
+    axc_timeline *tl = timeline();
     Py_BEGIN_ALLOW_THREADS
-    s = axc_timeline_summary(&st);
+    s = axc_timeline_summary(tl, &st);
     Py_END_ALLOW_THREADS
     if (s != AXC_OK)
         return axc_py_raise(s);
@@ -179,7 +161,14 @@ static PyObject *py_timeline_record_compute(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "timeline_record_compute: t1 < t0");
         return NULL;
     }
-    axc_timeline_record(AXC_SPAN_COMPUTE, intern_name(name), -1, t0, t1, (uint64_t)bytes);
+    axc_timeline *tl = timeline();
+    if (!axc_timeline_enabled(tl))
+        Py_RETURN_NONE;
+    /* (names from Python are copied into the timeline, which keeps AXC_TIMELINE_MAX_NAMES:
+     * beyond them spans are named "python") */
+    const char *kept = axc_timeline_intern(tl, name);
+    axc_timeline_record(tl, AXC_SPAN_COMPUTE, kept ? kept : "python", -1, t0, t1,
+                        (uint64_t)bytes);
     Py_RETURN_NONE;
 }
 

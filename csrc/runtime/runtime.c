@@ -1,5 +1,5 @@
-/* The runtime (axc/runtime.h): one session's communicator, scheduler, gradient buckets,
- * keep-alives and gradient records, and the start of due bucket sums. */
+/* The runtime (axc/runtime.h): one session's communicator, scheduler, timeline, gradient
+ * buckets, keep-alives and gradient records, and the start of due bucket sums. */
 #include "axc/runtime.h"
 
 #include <stdio.h>
@@ -17,6 +17,7 @@ struct axc_runtime {
     axc_mb *mb; /* the running run_concurrent call, or NULL */
     axc_mb_memory *mbmem; /* what the calls learned (NULL without the ops) */
     axc_layer_residuals *layer_residuals; /* the linear layers' depth dW residuals */
+    axc_timeline *timeline; /* the trace: kept across inits, each comm opened with it */
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
@@ -50,7 +51,9 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
     rt->hooks = ops->hooks;
     rt->grad_sync = 1;
     rt->grad_bucket_bytes = 4u << 20;
-    axc_status st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
+    axc_status st = axc_timeline_create(&rt->timeline);
+    if (st == AXC_OK)
+        st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
     if (st == AXC_OK)
         st = axc_keeps_create(&rt->keeps, ops->release_kept, ops->kept_ctx);
     if (st == AXC_OK)
@@ -83,6 +86,7 @@ void axc_runtime_destroy(axc_runtime *rt)
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
     axc_buckets_destroy(rt->buckets);
+    axc_timeline_destroy(rt->timeline); /* (after close: no communicator records into it) */
     free(rt);
 }
 
@@ -96,8 +100,10 @@ axc_status axc_runtime_open(axc_runtime *rt, const axc_comm_config *cfg)
                                        "at a time");
     rt->opening = 1;
     axc_comm *comm = NULL;
+    axc_comm_config c = *cfg;
+    c.timeline = rt->timeline; /* (the collectives and the layers over them record into it) */
     void *b = blocking_begin(rt);
-    axc_status st = axc_comm_create(&comm, cfg); /* waits for every rank */
+    axc_status st = axc_comm_create(&comm, &c); /* waits for every rank */
     blocking_end(rt, b);
     axc_sched *sched = NULL;
     if (st == AXC_OK)
@@ -150,6 +156,7 @@ axc_comm *axc_runtime_comm(const axc_runtime *rt) { return rt ? rt->comm : NULL;
 axc_sched *axc_runtime_sched(const axc_runtime *rt) { return rt ? rt->sched : NULL; }
 axc_buckets *axc_runtime_buckets(const axc_runtime *rt) { return rt ? rt->buckets : NULL; }
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt) { return rt ? rt->keeps : NULL; }
+axc_timeline *axc_runtime_timeline(const axc_runtime *rt) { return rt ? rt->timeline : NULL; }
 
 axc_grad_records *axc_runtime_records(const axc_runtime *rt) { return rt ? rt->records : NULL; }
 

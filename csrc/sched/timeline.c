@@ -4,7 +4,8 @@
  * then its `gen` word is published (release) with the generation that was current when the
  * recorder started. A slot is visible only when its gen equals the current generation, so
  * axc_timeline_clear() (which bumps the generation) hides every older span without touching the
- * buffer, and a reader never sees a half-written span. */
+ * buffer, and a reader never sees a half-written span. All of it lives in one axc_timeline
+ * (the runtime's, axc_runtime_timeline); a NULL timeline records nothing. */
 #include "axc/timeline.h"
 
 #include <pthread.h>
@@ -20,111 +21,180 @@ typedef struct tl_slot {
     _Atomic uint32_t gen;
 } tl_slot;
 
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* allocation and free only */
-static _Atomic int g_enabled;
-static tl_slot *_Atomic g_buf;
-static size_t g_cap = AXC_TIMELINE_DEFAULT_CAPACITY; /* capacity of g_buf (written under g_mu) */
-static _Atomic size_t g_cap_pub; /* g_cap as published with g_buf */
-static _Atomic size_t g_next;
-static _Atomic uint64_t g_dropped;
-static _Atomic uint32_t g_gen = 1;
+struct axc_timeline {
+    pthread_mutex_t mu; /* allocation, free and the name table only */
+    _Atomic int enabled;
+    tl_slot *_Atomic buf;
+    size_t cap;              /* capacity of buf (written under mu) */
+    _Atomic size_t cap_pub;  /* cap as published with buf */
+    _Atomic size_t next;
+    _Atomic uint64_t dropped;
+    _Atomic uint32_t gen;
+    char *names[AXC_TIMELINE_MAX_NAMES]; /* axc_timeline_intern's copies (under mu) */
+    int n_names;
+};
 
-axc_status axc_timeline_set_capacity(size_t spans)
+axc_status axc_timeline_create(axc_timeline **out)
 {
+    if (!out)
+        return axc_fail(AXC_ERR_INVALID, "axc_timeline_create: NULL argument");
+    *out = NULL;
+    axc_timeline *tl = calloc(1, sizeof *tl);
+    if (!tl)
+        return axc_fail(AXC_ERR_NOMEM, "axc_timeline_create: out of memory");
+    if (pthread_mutex_init(&tl->mu, NULL) != 0) {
+        free(tl);
+        return axc_fail(AXC_ERR_NOMEM, "axc_timeline_create: cannot make its mutex");
+    }
+    tl->cap = AXC_TIMELINE_DEFAULT_CAPACITY;
+    atomic_init(&tl->gen, 1);
+    *out = tl;
+    return AXC_OK;
+}
+
+void axc_timeline_destroy(axc_timeline *tl)
+{
+    if (!tl)
+        return;
+    axc_timeline_free(tl);
+    for (int i = 0; i < tl->n_names; i++)
+        free(tl->names[i]);
+    pthread_mutex_destroy(&tl->mu);
+    free(tl);
+}
+
+axc_status axc_timeline_set_capacity(axc_timeline *tl, size_t spans)
+{
+    if (!tl)
+        return axc_fail(AXC_ERR_INVALID, "axc_timeline_set_capacity: no timeline");
     if (spans == 0 || spans > AXC_TIMELINE_MAX_CAPACITY)
         return axc_fail(AXC_ERR_INVALID, "timeline capacity must be in [1, %zu] spans, got %zu",
                         AXC_TIMELINE_MAX_CAPACITY, spans);
-    pthread_mutex_lock(&g_mu);
-    int has = atomic_load(&g_buf) != NULL;
+    pthread_mutex_lock(&tl->mu);
+    int has = atomic_load(&tl->buf) != NULL;
     if (!has)
-        g_cap = spans;
-    pthread_mutex_unlock(&g_mu);
+        tl->cap = spans;
+    pthread_mutex_unlock(&tl->mu);
     if (has)
         return axc_fail(AXC_ERR_STATE,
                         "the timeline buffer already exists; set its capacity before enabling");
     return AXC_OK;
 }
 
-size_t axc_timeline_capacity(void)
+size_t axc_timeline_capacity(axc_timeline *tl)
 {
-    pthread_mutex_lock(&g_mu);
-    size_t c = g_cap;
-    pthread_mutex_unlock(&g_mu);
+    if (!tl)
+        return 0;
+    pthread_mutex_lock(&tl->mu);
+    size_t c = tl->cap;
+    pthread_mutex_unlock(&tl->mu);
     return c;
 }
 
-axc_status axc_timeline_enable_checked(int on)
+axc_status axc_timeline_enable_checked(axc_timeline *tl, int on)
 {
+    if (!tl)
+        return on ? axc_fail(AXC_ERR_INVALID, "axc_timeline_enable: no timeline") : AXC_OK;
     if (!on) {
-        atomic_store_explicit(&g_enabled, 0, memory_order_release);
+        atomic_store_explicit(&tl->enabled, 0, memory_order_release);
         return AXC_OK;
     }
     axc_status st = AXC_OK;
-    pthread_mutex_lock(&g_mu);
-    if (!atomic_load(&g_buf)) {
-        tl_slot *buf = calloc(g_cap, sizeof *buf);
+    pthread_mutex_lock(&tl->mu);
+    if (!atomic_load(&tl->buf)) {
+        tl_slot *buf = calloc(tl->cap, sizeof *buf);
         if (!buf) {
-            st = axc_fail(AXC_ERR_NOMEM, "cannot allocate the timeline buffer (%zu spans)", g_cap);
+            st = axc_fail(AXC_ERR_NOMEM, "cannot allocate the timeline buffer (%zu spans)",
+                          tl->cap);
         } else {
-            atomic_store(&g_next, 0);
-            atomic_store(&g_dropped, 0);
-            atomic_store(&g_cap_pub, g_cap);
-            atomic_store_explicit(&g_buf, buf, memory_order_release);
+            atomic_store(&tl->next, 0);
+            atomic_store(&tl->dropped, 0);
+            atomic_store(&tl->cap_pub, tl->cap);
+            atomic_store_explicit(&tl->buf, buf, memory_order_release);
         }
     }
     if (st == AXC_OK)
-        atomic_store_explicit(&g_enabled, 1, memory_order_release);
-    pthread_mutex_unlock(&g_mu);
+        atomic_store_explicit(&tl->enabled, 1, memory_order_release);
+    pthread_mutex_unlock(&tl->mu);
     return st;
 }
 
-void axc_timeline_enable(int on) { (void)axc_timeline_enable_checked(on); }
+void axc_timeline_enable(axc_timeline *tl, int on) { (void)axc_timeline_enable_checked(tl, on); }
 
-int axc_timeline_enabled(void) { return atomic_load_explicit(&g_enabled, memory_order_relaxed); }
-
-void axc_timeline_clear(void)
+int axc_timeline_enabled(const axc_timeline *tl)
 {
-    uint32_t g = atomic_load(&g_gen) + 1;
-    if (g == 0)
-        g = 1;
-    atomic_store(&g_gen, g);
-    atomic_store(&g_next, 0);
-    atomic_store(&g_dropped, 0);
+    return tl && atomic_load_explicit(&tl->enabled, memory_order_relaxed);
 }
 
-void axc_timeline_free(void)
+void axc_timeline_clear(axc_timeline *tl)
 {
-    pthread_mutex_lock(&g_mu);
-    atomic_store(&g_enabled, 0);
-    tl_slot *buf = atomic_exchange(&g_buf, NULL);
-    atomic_store(&g_cap_pub, 0);
-    atomic_store(&g_next, 0);
-    atomic_store(&g_dropped, 0);
-    pthread_mutex_unlock(&g_mu);
+    if (!tl)
+        return;
+    uint32_t g = atomic_load(&tl->gen) + 1;
+    if (g == 0)
+        g = 1;
+    atomic_store(&tl->gen, g);
+    atomic_store(&tl->next, 0);
+    atomic_store(&tl->dropped, 0);
+}
+
+void axc_timeline_free(axc_timeline *tl)
+{
+    if (!tl)
+        return;
+    pthread_mutex_lock(&tl->mu);
+    atomic_store(&tl->enabled, 0);
+    tl_slot *buf = atomic_exchange(&tl->buf, NULL);
+    atomic_store(&tl->cap_pub, 0);
+    atomic_store(&tl->next, 0);
+    atomic_store(&tl->dropped, 0);
+    pthread_mutex_unlock(&tl->mu);
     free(buf);
+}
+
+const char *axc_timeline_intern(axc_timeline *tl, const char *name)
+{
+    if (!tl || !name)
+        return NULL;
+    const char *r = NULL;
+    pthread_mutex_lock(&tl->mu);
+    for (int i = 0; i < tl->n_names && !r; i++)
+        if (strcmp(tl->names[i], name) == 0)
+            r = tl->names[i];
+    if (!r && tl->n_names < AXC_TIMELINE_MAX_NAMES) {
+        size_t len = strlen(name) + 1;
+        char *c = malloc(len);
+        if (c) {
+            memcpy(c, name, len);
+            r = tl->names[tl->n_names++] = c;
+        }
+    }
+    pthread_mutex_unlock(&tl->mu);
+    return r;
 }
 
 int64_t axc_timeline_now(void) { return axc_now_ns(); }
 
-void axc_timeline_record(int kind, const char *name, int group, int64_t t_begin, int64_t t_end,
-                         uint64_t bytes)
+void axc_timeline_record(axc_timeline *tl, int kind, const char *name, int group, int64_t t_begin,
+                         int64_t t_end, uint64_t bytes)
 {
-    axc_timeline_record_on(kind, name, group, axc_comm_thread_channel(), t_begin, t_end, bytes);
+    axc_timeline_record_on(tl, kind, name, group, axc_comm_thread_channel(), t_begin, t_end,
+                           bytes);
 }
 
-void axc_timeline_record_on(int kind, const char *name, int group, int channel, int64_t t_begin,
-                            int64_t t_end, uint64_t bytes)
+void axc_timeline_record_on(axc_timeline *tl, int kind, const char *name, int group, int channel,
+                            int64_t t_begin, int64_t t_end, uint64_t bytes)
 {
-    if (!atomic_load_explicit(&g_enabled, memory_order_relaxed))
+    if (!tl || !atomic_load_explicit(&tl->enabled, memory_order_relaxed))
         return;
-    tl_slot *buf = atomic_load_explicit(&g_buf, memory_order_acquire);
+    tl_slot *buf = atomic_load_explicit(&tl->buf, memory_order_acquire);
     if (!buf)
         return;
-    uint32_t gen = atomic_load_explicit(&g_gen, memory_order_acquire);
-    size_t cap = atomic_load_explicit(&g_cap_pub, memory_order_relaxed);
-    size_t i = atomic_fetch_add_explicit(&g_next, 1, memory_order_relaxed);
+    uint32_t gen = atomic_load_explicit(&tl->gen, memory_order_acquire);
+    size_t cap = atomic_load_explicit(&tl->cap_pub, memory_order_relaxed);
+    size_t i = atomic_fetch_add_explicit(&tl->next, 1, memory_order_relaxed);
     if (i >= cap) {
-        atomic_fetch_add_explicit(&g_dropped, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tl->dropped, 1, memory_order_relaxed);
         return;
     }
     tl_slot *s = &buf[i];
@@ -138,21 +208,23 @@ void axc_timeline_record_on(int kind, const char *name, int group, int channel, 
     atomic_store_explicit(&s->gen, gen, memory_order_release);
 }
 
-size_t axc_timeline_count(void)
+size_t axc_timeline_count(axc_timeline *tl)
 {
-    size_t n = atomic_load(&g_next), cap = atomic_load(&g_cap_pub);
+    if (!tl)
+        return 0;
+    size_t n = atomic_load(&tl->next), cap = atomic_load(&tl->cap_pub);
     return n < cap ? n : cap;
 }
 
-uint64_t axc_timeline_dropped(void) { return atomic_load(&g_dropped); }
+uint64_t axc_timeline_dropped(axc_timeline *tl) { return tl ? atomic_load(&tl->dropped) : 0; }
 
-axc_status axc_timeline_get(size_t i, axc_span *out)
+axc_status axc_timeline_get(axc_timeline *tl, size_t i, axc_span *out)
 {
-    tl_slot *buf = atomic_load_explicit(&g_buf, memory_order_acquire);
-    if (!buf || i >= axc_timeline_count())
+    tl_slot *buf = tl ? atomic_load_explicit(&tl->buf, memory_order_acquire) : NULL;
+    if (!buf || i >= axc_timeline_count(tl))
         return axc_fail(AXC_ERR_INVALID, "timeline span %zu out of range (%zu recorded)", i,
-                        axc_timeline_count());
-    if (atomic_load_explicit(&buf[i].gen, memory_order_acquire) != atomic_load(&g_gen))
+                        axc_timeline_count(tl));
+    if (atomic_load_explicit(&buf[i].gen, memory_order_acquire) != atomic_load(&tl->gen))
         return axc_fail(AXC_ERR_STATE, "timeline span %zu is still being written", i);
     *out = buf[i].span;
     return AXC_OK;
@@ -303,25 +375,25 @@ axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_
     return AXC_OK;
 }
 
-axc_status axc_timeline_summary(axc_timeline_stats *out)
+axc_status axc_timeline_summary(axc_timeline *tl, axc_timeline_stats *out)
 {
     if (!out)
         return axc_fail(AXC_ERR_INVALID, "axc_timeline_summary: NULL argument");
-    size_t n = axc_timeline_count();
+    size_t n = axc_timeline_count(tl);
     axc_span *v = NULL;
     size_t m = 0;
     if (n) {
         v = malloc(n * sizeof *v);
         if (!v)
             return axc_fail(AXC_ERR_NOMEM, "out of memory copying %zu timeline spans", n);
-        tl_slot *buf = atomic_load_explicit(&g_buf, memory_order_acquire);
-        uint32_t gen = atomic_load(&g_gen);
+        tl_slot *buf = atomic_load_explicit(&tl->buf, memory_order_acquire);
+        uint32_t gen = atomic_load(&tl->gen);
         for (size_t i = 0; buf && i < n; i++)
             if (atomic_load_explicit(&buf[i].gen, memory_order_acquire) == gen)
                 v[m++] = buf[i].span;
     }
     axc_status st = axc_timeline_summarize(v, m, out);
     free(v);
-    out->dropped = axc_timeline_dropped();
+    out->dropped = axc_timeline_dropped(tl);
     return st;
 }

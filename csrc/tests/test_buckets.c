@@ -9,10 +9,11 @@
 typedef struct alloc_log {
     int allocs, releases, fail_next;
     size_t last_elems;
+    void *last_arg; /* the take's argument the last alloc got */
 } alloc_log;
 
-static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
-                             void **owner)
+static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void *arg,
+                             void **data, void **owner)
 {
     alloc_log *log = ctx;
     if (log->fail_next) {
@@ -21,6 +22,7 @@ static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems,
     }
     log->allocs++;
     log->last_elems = elems;
+    log->last_arg = arg;
     *data = calloc(elems, axc_dtype_size(key->dtype));
     *owner = *data;
     return *data ? AXC_OK : AXC_ERR_NOMEM;
@@ -74,13 +76,17 @@ int main(void)
     size_t off;
     void *owner, *owner2;
 
-    /* a) pieces share the open bucket of their key; a full bucket's sum is due once written */
-    CHECK_OK(axc_buckets_take(b, &data, 10, &id, &off, &owner));
+    /* a) pieces share the open bucket of their key; a full bucket's sum is due once written;
+     * the take that makes a bucket hands its argument to alloc */
+    int like1, like2;
+    CHECK_OK(axc_buckets_take(b, &data, 10, &like1, &id, &off, &owner));
     CHECK(id == 0 && off == 0 && log.allocs == 1 && log.last_elems == 16);
+    CHECK(log.last_arg == &like1);
     CHECK_OK(axc_buckets_written(b, id));
     CHECK(drain(b, sums, 16) == 0); /* not full: nothing due */
-    CHECK_OK(axc_buckets_take(b, &data, 6, &id2, &off, &owner2));
+    CHECK_OK(axc_buckets_take(b, &data, 6, &like2, &id2, &off, &owner2));
     CHECK(id2 == 0 && off == 10 && owner2 == owner);
+    CHECK(log.allocs == 1 && log.last_arg == &like1); /* (no new bucket: no alloc) */
     CHECK(drain(b, sums, 16) == 0); /* full, but the piece is not written yet */
     CHECK_OK(axc_buckets_written(b, id2));
     CHECK(drain(b, sums, 16) == 1 && sums[0].count == 16 && sums[0].data == owner &&
@@ -89,9 +95,9 @@ int main(void)
 
     /* b) another key gets its own bucket; a piece that does not fit retires the open one (its
      * sums in the key's group order) and a piece larger than a bucket gets one of its size */
-    CHECK_OK(axc_buckets_take(b, &two, 4, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 4, NULL, &id, &off, &owner));
     CHECK(id == 1 && off == 0);
-    CHECK_OK(axc_buckets_take(b, &two, 40, &id2, &off, &owner2));
+    CHECK_OK(axc_buckets_take(b, &two, 40, NULL, &id2, &off, &owner2));
     CHECK(id2 == 2 && off == 0 && log.last_elems == 40 && owner2 != owner);
     CHECK(drain(b, sums, 16) == 2 && sums[0].group == AXC_GROUP_DEPTH &&
           sums[1].group == AXC_GROUP_DATA && sums[0].count == 4 && sums[1].data == owner);
@@ -99,11 +105,11 @@ int main(void)
     CHECK(drain(b, sums, 16) == 2 && sums[0].count == 40);
 
     /* c) a held bucket parks when it retires and starts its sums at the last unhold */
-    CHECK_OK(axc_buckets_take(b, &data, 8, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 8, NULL, &id, &off, &owner));
     CHECK(id == 3);
     CHECK_OK(axc_buckets_hold(b, id));
     CHECK_OK(axc_buckets_hold(b, id));
-    CHECK_OK(axc_buckets_take(b, &data, 12, &id2, &off, &owner2)); /* no room: 3 parks */
+    CHECK_OK(axc_buckets_take(b, &data, 12, NULL, &id2, &off, &owner2)); /* no room: 3 parks */
     CHECK(id2 == 4 && drain(b, sums, 16) == 0 && axc_buckets_open(b) == 2);
     CHECK_OK(axc_buckets_unhold(b, id));
     CHECK(drain(b, sums, 16) == 0);
@@ -113,7 +119,7 @@ int main(void)
     CHECK(strstr(axc_last_error(), "no hold") != NULL);
     /* a held bucket that fills retires at its last unhold */
     CHECK_OK(axc_buckets_hold(b, id2));
-    CHECK_OK(axc_buckets_take(b, &data, 4, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 4, NULL, &id, &off, &owner));
     CHECK(id == id2 && off == 12);
     CHECK_OK(axc_buckets_written(b, id)); /* full, held: parks */
     CHECK(drain(b, sums, 16) == 0);
@@ -124,10 +130,10 @@ int main(void)
     /* d) the end of a pass: parked buckets first, then open ones in the order they were made */
     axc_bucket_key half = key_of(AXC_DT_BF16, 1, AXC_GROUP_WORLD, 0);
     int a, p, c;
-    CHECK_OK(axc_buckets_take(b, &half, 3, &a, &off, &owner)); /* open, bf16 */
-    CHECK_OK(axc_buckets_take(b, &data, 5, &p, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &half, 3, NULL, &a, &off, &owner)); /* open, bf16 */
+    CHECK_OK(axc_buckets_take(b, &data, 5, NULL, &p, &off, &owner));
     CHECK_OK(axc_buckets_hold(b, p));
-    CHECK_OK(axc_buckets_take(b, &data, 16, &c, &off, &owner)); /* p parks; c open */
+    CHECK_OK(axc_buckets_take(b, &data, 16, NULL, &c, &off, &owner)); /* p parks; c open */
     CHECK(drain(b, sums, 16) == 0 && axc_buckets_open(b) == 3);
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 3 && sums[0].count == 5 && sums[1].count == 3 &&
@@ -145,7 +151,7 @@ int main(void)
     CHECK(made == log.allocs && log.releases == 0);
     axc_buckets_reset(b);
     CHECK(log.releases == made && axc_buckets_count(b) == 0);
-    CHECK_OK(axc_buckets_take(b, &data, 1, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 1, NULL, &id, &off, &owner));
     CHECK(id == 0 && off == 0);
     /* an abandoned pass: reset drops what is due without handing it out */
     axc_buckets_close_all(b);
@@ -154,14 +160,14 @@ int main(void)
 
     /* f) bad input and a failing allocator */
     axc_bucket_key bad = key_of(AXC_DT_F32, 0, 0, 0);
-    CHECK(axc_buckets_take(b, &bad, 1, &id, &off, &owner) == AXC_ERR_INVALID);
+    CHECK(axc_buckets_take(b, &bad, 1, NULL, &id, &off, &owner) == AXC_ERR_INVALID);
     CHECK(strstr(axc_last_error(), "expected 1 to 4") != NULL);
     bad = key_of(AXC_DT_F32, 1, (axc_group_kind)99, 0);
-    CHECK(axc_buckets_take(b, &bad, 1, &id, &off, &owner) == AXC_ERR_INVALID);
+    CHECK(axc_buckets_take(b, &bad, 1, NULL, &id, &off, &owner) == AXC_ERR_INVALID);
     CHECK(axc_buckets_written(b, 7) == AXC_ERR_INVALID);
     CHECK(strstr(axc_last_error(), "no gradient bucket 7") != NULL);
     log.fail_next = 1;
-    CHECK(axc_buckets_take(b, &data, 1, &id, &off, &owner) == AXC_ERR_NOMEM);
+    CHECK(axc_buckets_take(b, &data, 1, NULL, &id, &off, &owner) == AXC_ERR_NOMEM);
     CHECK(axc_buckets_count(b) == 0); /* nothing half-made */
     CHECK(axc_buckets_set_bytes(b, 0) == AXC_ERR_INVALID);
     /* g) compression: float32 sums over a compressed group carry the codec and, with error
@@ -175,8 +181,8 @@ int main(void)
     axc_buckets_new_step(b); /* (the passes above counted) */
     for (int pass = 0; pass < 3; pass++) {
         size_t n = pass < 2 ? 6 : 5;
-        CHECK_OK(axc_buckets_take(b, &two, n, &id, &off, &owner));    /* depth, data */
-        CHECK_OK(axc_buckets_take(b, &half, n, &id2, &off, &owner2)); /* bf16 over world */
+        CHECK_OK(axc_buckets_take(b, &two, n, NULL, &id, &off, &owner));    /* depth, data */
+        CHECK_OK(axc_buckets_take(b, &half, n, NULL, &id2, &off, &owner2)); /* bf16 over world */
         axc_buckets_close_all(b);
         CHECK(drain(b, sums, 16) == 3);
         CHECK(sums[0].group == AXC_GROUP_DEPTH && sums[0].codec == AXC_CODEC_NONE &&
@@ -201,11 +207,11 @@ int main(void)
     axc_buckets_residual(b, 1, &key, &res_owner, &res_elems);
     CHECK(res_owner == NULL && res_elems == 0 && key == -1);
     /* two passes in one step (two synchronous sums): bucket 0 of each has its own residual */
-    CHECK_OK(axc_buckets_take(b, &two, 5, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 5, NULL, &id, &off, &owner));
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual == last_residual);
     axc_buckets_reset(b);
-    CHECK_OK(axc_buckets_take(b, &two, 5, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 5, NULL, &id, &off, &owner));
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual && sums[1].residual != last_residual);
     axc_buckets_reset(b);
@@ -214,7 +220,7 @@ int main(void)
     float *mine = calloc(5, sizeof(float));
     log.allocs++; /* (released by the engine from now on) */
     CHECK_OK(axc_buckets_set_residual(b, 1, mine, mine, -1, 5));
-    CHECK_OK(axc_buckets_take(b, &two, 5, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 5, NULL, &id, &off, &owner));
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual == mine); /* adopted */
     axc_buckets_reset(b);

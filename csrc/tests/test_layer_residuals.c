@@ -47,10 +47,10 @@ static void release(void *ctx, void *owner)
     free(owner);
 }
 
-static axc_status alloc_bucket(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
-                               void **owner)
+static axc_status alloc_bucket(void *ctx, const axc_bucket_key *key, size_t elems, void *arg,
+                               void **data, void **owner)
 {
-    (void)ctx, (void)key, (void)elems, (void)data, (void)owner;
+    (void)ctx, (void)key, (void)elems, (void)arg, (void)data, (void)owner;
     return axc_fail(AXC_ERR_INVALID, "test: no buckets here");
 }
 

@@ -172,9 +172,10 @@ static void fake_release(void *ctx, void *owner)
     (void)owner;
 }
 
-static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
-                             void **owner)
+static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void *arg,
+                             void **data, void **owner)
 {
+    (void)arg;
     (void)ctx;
     (void)key;
     (void)elems;

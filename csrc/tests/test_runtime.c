@@ -30,9 +30,10 @@ static const axc_comm_config *g_reopen_cfg;
 static axc_status g_reopen_st = AXC_OK, g_reclose_st = AXC_OK;
 static char g_reopen_msg[256], g_reclose_msg[256];
 
-static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
-                             void **owner)
+static axc_status fake_alloc(void *ctx, const axc_bucket_key *key, size_t elems, void *arg,
+                             void **data, void **owner)
 {
+    (void)arg;
     (void)ctx;
     g_counts.allocs++;
     *data = calloc(elems, axc_dtype_size(key->dtype));
@@ -124,11 +125,20 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
     rank_begin(rank);
     memset(&g_counts, 0, sizeof g_counts);
     axc_runtime_ops ops = ops_of();
-    axc_runtime *rt = NULL;
+    axc_runtime *rt = NULL, *other = NULL;
     CHECK_OK(axc_runtime_create(&rt, &ops));
+    CHECK_OK(axc_runtime_create(&other, &ops));
+    /* the trace: each runtime's own, recording before init (spans recorded then are kept) */
+    axc_timeline *tl = axc_runtime_timeline(rt), *tl_other = axc_runtime_timeline(other);
+    CHECK(tl && tl_other && tl != tl_other);
+    CHECK_OK(axc_timeline_enable_checked(tl, 1));
+    CHECK_OK(axc_timeline_enable_checked(tl_other, 1));
+    axc_timeline_record(tl, AXC_SPAN_COMPUTE, "before_init", -1, 1, 2, 0);
     axc_comm_config cfg;
     CHECK_OK(fork_ranks_config(&cfg, rank, world, dims, "runtime2", timeout));
+    cfg.timeline = tl_other; /* (the runtime opens its communicator with its own instead) */
     CHECK_OK(axc_runtime_open(rt, &cfg));
+    CHECK(axc_comm_timeline(axc_runtime_comm(rt)) == tl);
     CHECK_MSG(g_counts.begins >= 1 && g_counts.begins == g_counts.ends, "%d begins, %d ends",
               g_counts.begins, g_counts.ends);
     CHECK(axc_runtime_is_open(rt) && axc_runtime_comm(rt) && axc_runtime_sched(rt));
@@ -141,7 +151,7 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
         int id;
         size_t off;
         void *owner;
-        CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 16, &id, &off, &owner));
+        CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 16, NULL, &id, &off, &owner));
         data[k] = (float *)owner + off;
         /* a bucket still taking gradients: every gradient needs the gradient code */
         axc_groups none = {.n = 0};
@@ -166,6 +176,21 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
     CHECK(g_counts.begins == before + 2);
     axc_buckets_reset(axc_runtime_buckets(rt));
     CHECK_OK(axc_runtime_close(rt));
+    /* the two sums' collectives were recorded into this runtime's timeline, none into the
+     * other's; the spans outlive the communicator */
+    int comm_spans = 0, before_init = 0;
+    for (size_t i = 0; i < axc_timeline_count(tl); i++) {
+        axc_span s;
+        CHECK_OK(axc_timeline_get(tl, i, &s));
+        comm_spans += s.kind == AXC_SPAN_COMM && s.group == AXC_GROUP_DATA &&
+                      strcmp(s.name, "all_reduce") == 0 && s.bytes > 0;
+        before_init += s.kind == AXC_SPAN_COMPUTE && strcmp(s.name, "before_init") == 0;
+    }
+    CHECK_MSG(comm_spans == 2 && before_init == 1, "%d comm spans, %d before init (of %zu)",
+              comm_spans, before_init, axc_timeline_count(tl));
+    CHECK_MSG(axc_timeline_count(tl_other) == 0, "the other runtime's timeline has %zu spans",
+              axc_timeline_count(tl_other));
+    axc_runtime_destroy(other);
     axc_runtime_destroy(rt);
     CHECK_MSG(g_counts.allocs == g_counts.releases, "%d buffers made, %d released",
               g_counts.allocs, g_counts.releases);
@@ -181,7 +206,7 @@ static int take_data_bucket(axc_runtime *rt, size_t elems, float **values)
     int id = -1;
     size_t off = 0;
     void *owner = NULL;
-    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, elems, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, elems, NULL, &id, &off, &owner));
     *values = owner ? (float *)owner + off : NULL;
     return id;
 }

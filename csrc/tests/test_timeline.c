@@ -1,6 +1,8 @@
 /* Timeline: interval arithmetic of the summary on hand-made spans, the per-group split, concurrent
- * recording from several threads, and drop counting when the buffer is full. */
+ * recording from several threads, clear (the generation), capacity, drop counting when the
+ * buffer is full, a NULL timeline, and two timeline objects kept apart. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "axc/comm.h"
@@ -80,49 +82,148 @@ static void test_per_group(void)
 
 static void test_record_get_clear(void)
 {
-    axc_timeline_free();
-    CHECK(!axc_timeline_enabled());
-    axc_timeline_record(AXC_SPAN_COMPUTE, "off", -1, 1, 2, 0); /* disabled: ignored */
-    CHECK(axc_timeline_count() == 0);
-    CHECK_OK(axc_timeline_enable_checked(1));
-    CHECK(axc_timeline_enabled());
-    int64_t t0 = axc_timeline_begin();
+    axc_timeline *tl;
+    CHECK_OK(axc_timeline_create(&tl));
+    CHECK(!axc_timeline_enabled(tl));
+    CHECK(axc_timeline_capacity(tl) == AXC_TIMELINE_DEFAULT_CAPACITY);
+    axc_timeline_record(tl, AXC_SPAN_COMPUTE, "off", -1, 1, 2, 0); /* disabled: ignored */
+    CHECK(axc_timeline_count(tl) == 0);
+    CHECK_OK(axc_timeline_enable_checked(tl, 1));
+    CHECK(axc_timeline_enabled(tl));
+    int64_t t0 = axc_timeline_begin(tl);
     CHECK(t0 > 0);
-    axc_timeline_end(AXC_SPAN_COMPUTE, "gemm", 5 /* ignored for compute */, t0, 42);
+    axc_timeline_end(tl, AXC_SPAN_COMPUTE, "gemm", 5 /* ignored for compute */, t0, 42);
     int x = 0;
-    AXC_TIMED(AXC_SPAN_COMM, "all_gather", AXC_GROUP_DEPTH, 7, x = 1);
+    AXC_TIMED(tl, AXC_SPAN_COMM, "all_gather", AXC_GROUP_DEPTH, 7, x = 1);
     CHECK(x == 1);
-    CHECK(axc_timeline_count() == 2);
+    CHECK(axc_timeline_count(tl) == 2);
     axc_span s;
-    CHECK_OK(axc_timeline_get(0, &s));
+    CHECK_OK(axc_timeline_get(tl, 0, &s));
     CHECK(s.kind == AXC_SPAN_COMPUTE && s.group == -1 && strcmp(s.name, "gemm") == 0 &&
           s.bytes == 42 && s.t_end >= s.t_begin && s.t_begin == t0);
-    CHECK_OK(axc_timeline_get(1, &s));
+    CHECK_OK(axc_timeline_get(tl, 1, &s));
     CHECK(s.kind == AXC_SPAN_COMM && s.group == AXC_GROUP_DEPTH && s.bytes == 7);
-    CHECK(axc_timeline_get(2, &s) == AXC_ERR_INVALID);
+    CHECK(axc_timeline_get(tl, 2, &s) == AXC_ERR_INVALID);
     axc_timeline_stats st;
-    CHECK_OK(axc_timeline_summary(&st));
+    CHECK_OK(axc_timeline_summary(tl, &st));
     CHECK(st.spans == 2 && st.group[AXC_GROUP_DEPTH].spans == 1);
-    axc_timeline_clear();
-    CHECK(axc_timeline_count() == 0 && axc_timeline_dropped() == 0);
-    CHECK_OK(axc_timeline_summary(&st));
+    axc_timeline_clear(tl);
+    CHECK(axc_timeline_count(tl) == 0 && axc_timeline_dropped(tl) == 0);
+    CHECK_OK(axc_timeline_summary(tl, &st));
     CHECK(st.spans == 0);
-    axc_timeline_enable(0);
-    axc_timeline_record(AXC_SPAN_COMPUTE, "off", -1, 1, 2, 0);
-    CHECK(axc_timeline_count() == 0);
-    CHECK(axc_timeline_set_capacity(16) == AXC_ERR_STATE); /* buffer exists */
-    axc_timeline_free();
+    axc_timeline_enable(tl, 0);
+    axc_timeline_record(tl, AXC_SPAN_COMPUTE, "off", -1, 1, 2, 0);
+    CHECK(axc_timeline_count(tl) == 0);
+    CHECK(axc_timeline_set_capacity(tl, 16) == AXC_ERR_STATE); /* buffer exists */
+    axc_timeline_free(tl); /* (the buffer: a later enable makes a new one of the new capacity) */
+    CHECK_OK(axc_timeline_set_capacity(tl, 16));
+    CHECK_OK(axc_timeline_enable_checked(tl, 1));
+    axc_timeline_record(tl, AXC_SPAN_COMPUTE, "again", -1, 1, 2, 0);
+    CHECK(axc_timeline_count(tl) == 1);
+    axc_timeline_destroy(tl);
+}
+
+/* A NULL timeline records nothing and reads as empty; enabling it is refused. */
+static void test_null_timeline(void)
+{
+    CHECK(!axc_timeline_enabled(NULL) && axc_timeline_begin(NULL) == 0);
+    axc_timeline_record(NULL, AXC_SPAN_COMPUTE, "c", -1, 1, 2, 0);
+    axc_timeline_record_on(NULL, AXC_SPAN_COMM, "c", AXC_GROUP_ROW, 1, 1, 2, 0);
+    int x = 0;
+    AXC_TIMED(NULL, AXC_SPAN_COMPUTE, "c", -1, 0, x = 1);
+    CHECK(x == 1);
+    axc_timeline_end(NULL, AXC_SPAN_COMPUTE, "c", -1, 5, 0);
+    CHECK(axc_timeline_count(NULL) == 0 && axc_timeline_dropped(NULL) == 0);
+    axc_span s;
+    CHECK(axc_timeline_get(NULL, 0, &s) == AXC_ERR_INVALID);
+    axc_timeline_stats st;
+    CHECK_OK(axc_timeline_summary(NULL, &st));
+    CHECK(st.spans == 0);
+    CHECK(axc_timeline_enable_checked(NULL, 1) == AXC_ERR_INVALID);
+    CHECK_OK(axc_timeline_enable_checked(NULL, 0));
+    CHECK(axc_timeline_set_capacity(NULL, 8) == AXC_ERR_INVALID);
+    CHECK(axc_timeline_intern(NULL, "x") == NULL);
+    axc_timeline_clear(NULL);
+    axc_timeline_free(NULL);
+    axc_timeline_destroy(NULL);
+}
+
+/* Two timelines do not see each other's spans, switches, clears, capacities or names. */
+static void test_two_timelines_apart(void)
+{
+    axc_timeline *a, *b;
+    CHECK_OK(axc_timeline_create(&a));
+    CHECK_OK(axc_timeline_create(&b));
+    CHECK_OK(axc_timeline_set_capacity(a, 4));
+    CHECK(axc_timeline_capacity(b) == AXC_TIMELINE_DEFAULT_CAPACITY);
+    CHECK_OK(axc_timeline_enable_checked(a, 1));
+    CHECK(axc_timeline_enabled(a) && !axc_timeline_enabled(b));
+    axc_timeline_record(a, AXC_SPAN_COMPUTE, "a", -1, 1, 2, 0);
+    axc_timeline_record(b, AXC_SPAN_COMPUTE, "b", -1, 1, 2, 0); /* b is off */
+    CHECK(axc_timeline_count(a) == 1 && axc_timeline_count(b) == 0);
+    CHECK_OK(axc_timeline_enable_checked(b, 1));
+    for (int i = 0; i < 3; i++)
+        axc_timeline_record(b, AXC_SPAN_COMM, "b", AXC_GROUP_ROW, 10 * i, 10 * i + 5, 1);
+    CHECK(axc_timeline_count(a) == 1 && axc_timeline_count(b) == 3);
+    axc_timeline_clear(a); /* b keeps its spans */
+    CHECK(axc_timeline_count(a) == 0 && axc_timeline_count(b) == 3);
+    for (int i = 0; i < 6; i++) /* a is full at 4: its drops are its own */
+        axc_timeline_record(a, AXC_SPAN_COMPUTE, "a", -1, i, i + 1, 0);
+    CHECK(axc_timeline_dropped(a) == 2 && axc_timeline_dropped(b) == 0);
+    axc_timeline_enable(a, 0);
+    CHECK(axc_timeline_enabled(b));
+    axc_span s;
+    CHECK_OK(axc_timeline_get(b, 2, &s));
+    CHECK(strcmp(s.name, "b") == 0 && s.group == AXC_GROUP_ROW && s.t_begin == 20);
+    axc_timeline_stats st;
+    CHECK_OK(axc_timeline_summary(b, &st));
+    CHECK(st.spans == 3 && st.comm_spans == 3 && st.compute_spans == 0 && st.dropped == 0);
+    /* interned names: one copy per timeline and string, owned by that timeline */
+    char name[16];
+    snprintf(name, sizeof name, "loss");
+    const char *na = axc_timeline_intern(a, name), *nb = axc_timeline_intern(b, name);
+    CHECK(na && nb && na != nb && na != name && strcmp(na, "loss") == 0);
+    CHECK(axc_timeline_intern(a, "loss") == na);
+    axc_timeline_destroy(a);
+    CHECK(axc_timeline_count(b) == 3); /* (a's end frees nothing of b's) */
+    axc_timeline_destroy(b);
+}
+
+/* The name table is bounded: beyond AXC_TIMELINE_MAX_NAMES new names get NULL, known ones
+ * their copy. */
+static void test_intern_bound(void)
+{
+    axc_timeline *tl;
+    CHECK_OK(axc_timeline_create(&tl));
+    char name[32];
+    const char *first = NULL;
+    for (int i = 0; i < AXC_TIMELINE_MAX_NAMES; i++) {
+        snprintf(name, sizeof name, "n%d", i);
+        const char *c = axc_timeline_intern(tl, name);
+        CHECK(c && strcmp(c, name) == 0);
+        if (i == 0)
+            first = c;
+    }
+    CHECK(axc_timeline_intern(tl, "one too many") == NULL);
+    CHECK(axc_timeline_intern(tl, "n0") == first);
+    axc_timeline_destroy(tl);
 }
 
 #define NTHREADS 4
 #define PER_THREAD 5000
 
+typedef struct recorder_arg {
+    axc_timeline *tl;
+    int id;
+} recorder_arg;
+
 static void *recorder(void *arg)
 {
-    int id = (int)(intptr_t)arg;
+    axc_timeline *tl = ((recorder_arg *)arg)->tl;
+    int id = ((recorder_arg *)arg)->id;
     for (int i = 0; i < PER_THREAD; i++) {
         int64_t t = (int64_t)id * 1000000 + i * 10;
-        axc_timeline_record(id % 2 ? AXC_SPAN_COMM : AXC_SPAN_COMPUTE, "t", id, t + 1, t + 6,
+        axc_timeline_record(tl, id % 2 ? AXC_SPAN_COMM : AXC_SPAN_COMPUTE, "t", id, t + 1, t + 6,
                             (uint64_t)id);
     }
     return NULL;
@@ -130,21 +231,26 @@ static void *recorder(void *arg)
 
 static void test_concurrency(void)
 {
-    CHECK_OK(axc_timeline_set_capacity(NTHREADS * PER_THREAD));
-    CHECK(axc_timeline_capacity() == NTHREADS * PER_THREAD);
-    CHECK_OK(axc_timeline_enable_checked(1));
+    axc_timeline *tl;
+    CHECK_OK(axc_timeline_create(&tl));
+    CHECK_OK(axc_timeline_set_capacity(tl, NTHREADS * PER_THREAD));
+    CHECK(axc_timeline_capacity(tl) == NTHREADS * PER_THREAD);
+    CHECK_OK(axc_timeline_enable_checked(tl, 1));
     pthread_t th[NTHREADS];
-    for (int i = 0; i < NTHREADS; i++)
-        pthread_create(&th[i], NULL, recorder, (void *)(intptr_t)i);
+    recorder_arg args[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        args[i] = (recorder_arg){tl, i};
+        pthread_create(&th[i], NULL, recorder, &args[i]);
+    }
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(th[i], NULL);
-    CHECK(axc_timeline_count() == NTHREADS * PER_THREAD);
-    CHECK(axc_timeline_dropped() == 0);
+    CHECK(axc_timeline_count(tl) == NTHREADS * PER_THREAD);
+    CHECK(axc_timeline_dropped(tl) == 0);
     size_t per[NTHREADS] = {0};
     int ok = 1;
-    for (size_t i = 0; i < axc_timeline_count(); i++) {
+    for (size_t i = 0; i < axc_timeline_count(tl); i++) {
         axc_span s;
-        if (axc_timeline_get(i, &s) != AXC_OK) {
+        if (axc_timeline_get(tl, i, &s) != AXC_OK) {
             ok = 0;
             continue;
         }
@@ -159,31 +265,35 @@ static void test_concurrency(void)
     for (int i = 0; i < NTHREADS; i++)
         CHECK(per[i] == PER_THREAD);
     axc_timeline_stats st;
-    CHECK_OK(axc_timeline_summary(&st));
+    CHECK_OK(axc_timeline_summary(tl, &st));
     CHECK(st.compute_ns == 2 * PER_THREAD * 5 && st.comm_ns == 2 * PER_THREAD * 5);
     CHECK(st.exposed_comm_ns == st.comm_ns); /* threads' time ranges are disjoint */
     CHECK(st.group[1].spans == PER_THREAD && st.group[3].spans == PER_THREAD);
-    axc_timeline_free();
+    axc_timeline_destroy(tl);
 }
 
 static void test_overflow(void)
 {
-    CHECK_OK(axc_timeline_set_capacity(8));
-    CHECK_OK(axc_timeline_enable_checked(1));
+    axc_timeline *tl;
+    CHECK_OK(axc_timeline_create(&tl));
+    CHECK_OK(axc_timeline_set_capacity(tl, 8));
+    CHECK_OK(axc_timeline_enable_checked(tl, 1));
     for (int i = 0; i < 20; i++)
-        axc_timeline_record(AXC_SPAN_COMPUTE, "c", -1, i * 10, i * 10 + 5, 0);
-    CHECK(axc_timeline_count() == 8);
-    CHECK(axc_timeline_dropped() == 12);
+        axc_timeline_record(tl, AXC_SPAN_COMPUTE, "c", -1, i * 10, i * 10 + 5, 0);
+    CHECK(axc_timeline_count(tl) == 8);
+    CHECK(axc_timeline_dropped(tl) == 12);
     axc_timeline_stats st;
-    CHECK_OK(axc_timeline_summary(&st));
+    CHECK_OK(axc_timeline_summary(tl, &st));
     CHECK(st.spans == 8 && st.dropped == 12 && st.compute_ns == 40);
-    axc_timeline_clear();
-    CHECK(axc_timeline_count() == 0 && axc_timeline_dropped() == 0);
-    axc_timeline_record(AXC_SPAN_COMPUTE, "c", -1, 0, 1, 0);
-    CHECK(axc_timeline_count() == 1);
-    axc_timeline_free();
-    CHECK_OK(axc_timeline_set_capacity(AXC_TIMELINE_DEFAULT_CAPACITY));
-    CHECK(axc_timeline_set_capacity(0) == AXC_ERR_INVALID);
+    axc_timeline_clear(tl);
+    CHECK(axc_timeline_count(tl) == 0 && axc_timeline_dropped(tl) == 0);
+    axc_timeline_record(tl, AXC_SPAN_COMPUTE, "c", -1, 0, 1, 0);
+    CHECK(axc_timeline_count(tl) == 1);
+    axc_timeline_free(tl);
+    CHECK_OK(axc_timeline_set_capacity(tl, AXC_TIMELINE_DEFAULT_CAPACITY));
+    CHECK(axc_timeline_set_capacity(tl, 0) == AXC_ERR_INVALID);
+    CHECK(axc_timeline_set_capacity(tl, AXC_TIMELINE_MAX_CAPACITY + 1) == AXC_ERR_INVALID);
+    axc_timeline_destroy(tl);
 }
 
 /* With wait spans, exposed communication is the communication they overlap (minus GEMMs). */
@@ -224,6 +334,9 @@ int main(void)
     test_union_intersection();
     test_per_group();
     test_record_get_clear();
+    test_null_timeline();
+    test_two_timelines_apart();
+    test_intern_bound();
     test_concurrency();
     test_overflow();
     return ctest_summary("test_timeline");

@@ -37,9 +37,10 @@ int axc_bucket_key_same(const axc_bucket_key *a, const axc_bucket_key *b);
 
 typedef struct axc_bucket_ops {
     /* A flat buffer of `elems` elements for `key`: its address and a handle that keeps it
-     * allocated until release(owner). */
-    axc_status (*alloc)(void *ctx, const axc_bucket_key *key, size_t elems, void **data,
-                        void **owner);
+     * allocated until release(owner). `arg` is the argument of the axc_buckets_take that needs
+     * the buffer (axonn_c: the tensor the bucket is made like). */
+    axc_status (*alloc)(void *ctx, const axc_bucket_key *key, size_t elems, void *arg,
+                        void **data, void **owner);
     void (*release)(void *ctx, void *owner);
     /* An error-feedback residual: `elems` float32 zeros on `device`, made like the bucket whose
      * buffer `bucket_owner` holds. Released with release(). */
@@ -104,10 +105,11 @@ void axc_buckets_new_step(axc_buckets *b);
 void axc_buckets_clear_residuals(axc_buckets *b);
 
 /* `n` elements in the open bucket of `key` (a new one, of max(n, bucket_bytes / element size)
- * elements, when it has no room: the full one retires). Out: the bucket's number in this pass,
- * the piece's offset in elements, and the buffer's owner handle. */
-axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, int *bucket,
-                            size_t *offset, void **owner);
+ * elements, when it has no room: the full one retires; `arg` goes to ops.alloc for it). Out:
+ * the bucket's number in this pass, the piece's offset in elements, and the buffer's owner
+ * handle. */
+axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, void *arg,
+                            int *bucket, size_t *offset, void **owner);
 /* The bucket's pieces are all written: if it is full it retires. */
 axc_status axc_buckets_written(axc_buckets *b, int bucket);
 /* One more record accumulates into the bucket over several calls (a chunk record): it does not

@@ -9,6 +9,7 @@
 #include "axc/compress.h"
 #include "axc/grid.h"
 #include "axc/status.h"
+#include "axc/timeline.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -114,6 +115,10 @@ typedef struct axc_comm_config {
     double timeout_s;    /* bound on every wait for a peer */
     int channels;        /* independent sets of groups (>= 1; 0 means 1), see below */
     axc_bootstrap bootstrap;
+    /* where the communicator's collectives record their COMM and WAIT spans, and the layers
+     * over it their GEMMs (axc_comm_timeline); NULL: nothing is recorded. Not owned: it must
+     * outlive the communicator (the runtime passes its own) */
+    axc_timeline *timeline;
 } axc_comm_config;
 
 /* Collective over the whole world: every rank calls it with the same config. */
@@ -148,6 +153,8 @@ void axc_comm_apply_layer_codec(const axc_comm *comm, axc_group_kind kind, axc_c
 void axc_comm_apply_codec(const axc_comm *comm, axc_codec codec, int block, axc_coll *c);
 /* Names of the backends in use ("shm", "nccl", "shm+nccl"). */
 const char *axc_comm_backends(const axc_comm *comm);
+/* The timeline it was opened with (axc_comm_config.timeline; NULL: none). */
+axc_timeline *axc_comm_timeline(const axc_comm *comm);
 /* 1 when collectives on host (CPU) memory work: a shm backend is there (not when the job is
  * NCCL only: backend="nccl", or ranks on several nodes). */
 int axc_comm_host_collectives(const axc_comm *comm);
@@ -258,6 +265,7 @@ struct axc_work {
     axc_work *next;          /* backend queue link */
     axc_work **after;        /* run only after these finished (owned; see axc_comm_start_after) */
     size_t n_after;
+    axc_timeline *timeline;  /* the communicator's (axc_comm_timeline): where it is recorded */
     int64_t t_exec_begin;    /* timeline: when the backend began executing it (0: not timed) */
 };
 

@@ -3,6 +3,10 @@
  * - The communicator of the current init() and the scheduler over it (none between finalize()
  *   and the next init: axc_runtime_open / axc_runtime_close, which tear down in order: the
  *   scheduler drains before the communicator goes).
+ * - The trace (axc/timeline.h): one timeline made with the runtime and kept across inits (spans
+ *   recorded before init or in an earlier init stay until cleared). Each communicator is opened
+ *   with it (axc_comm_config.timeline), so its collectives, and the layers over it
+ *   (axc_comm_timeline), record into it; nothing else holds it.
  * - The gradient bucket engine, the keep-alive queues, the records of pending gradients with
  *   the summed-over marks (axc/records.h) and the linear layers' depth dW error-feedback
  *   residuals (axc/layer_residuals.h: cleared at open and close), made with the runtime and
@@ -12,7 +16,7 @@
  *   scheduler, on every rank alike.
  *
  * The Python module holds exactly one (csrc/python/module.c); the bindings reach the
- * communicator, scheduler, buckets and keep-alives through it. Not thread-safe by itself: the
+ * communicator, scheduler, timeline, buckets and keep-alives through it. Not thread-safe by itself: the
  * embedding program serialises calls (CPython: the interpreter lock), and the runtime lets go of
  * that lock around the calls that can block (hooks.blocking_begin / blocking_end). */
 #ifndef AXC_RUNTIME_H
@@ -26,6 +30,7 @@
 #include "axc/records.h"
 #include "axc/sched.h"
 #include "axc/status.h"
+#include "axc/timeline.h"
 
 typedef struct axc_runtime_hooks {
     /* around a call that may wait (a collective's start waits for the scheduler's lock, whose
@@ -54,7 +59,8 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops);
 /* Closes what is open and releases everything. NULL is a no-op. */
 void axc_runtime_destroy(axc_runtime *rt);
 
-/* init(): the communicator (collective: every rank calls it) and its scheduler. Fails with
+/* init(): the communicator (collective: every rank calls it; opened with cfg, its timeline
+ * replaced by the runtime's) and its scheduler. Fails with
  * AXC_ERR_STATE when one is open already, or while another open waits for the ranks (it lets go
  * of the caller's lock: a second thread, or a re-entry through the hooks, gets in; the Python
  * init() makes a second caller wait for the first's outcome before it gets here). */
@@ -68,6 +74,7 @@ axc_comm *axc_runtime_comm(const axc_runtime *rt);   /* NULL when not open */
 axc_sched *axc_runtime_sched(const axc_runtime *rt); /* NULL when not open */
 axc_buckets *axc_runtime_buckets(const axc_runtime *rt);
 axc_keeps *axc_runtime_keeps(const axc_runtime *rt);
+axc_timeline *axc_runtime_timeline(const axc_runtime *rt); /* the runtime's, for its life */
 axc_grad_records *axc_runtime_records(const axc_runtime *rt);
 axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt);
 

@@ -2,15 +2,24 @@
  * fixed-capacity buffer (thread-safe, lock-free, a few atomics per span), and the summary that
  * turns them into compute time, communication time and exposed (not hidden) communication time.
  *
- * Recording is off by default; when off, a record costs one relaxed atomic load. Call sites:
+ * One axc_timeline object holds a buffer and its state. The runtime (axc/runtime.h) owns the
+ * process's: made with the runtime and kept across init/finalize (axc_runtime_timeline). The
+ * recorders reach it through what they already hold: the communicator is opened with it
+ * (axc_comm_config.timeline; each work carries it, so the backends record through the work),
+ * and the linear layer takes it from its communicator (axc_comm_timeline). Code that uses a
+ * communicator without a runtime (the C tests) passes NULL or a timeline of its own.
  *
- *     int64_t t0 = axc_timeline_begin();          // 0 when the timeline is off
+ * Recording is off by default; when off, a record costs a NULL test and one relaxed atomic load
+ * (a NULL timeline records nothing). Call sites:
+ *
+ *     int64_t t0 = axc_timeline_begin(tl);        // 0 when the timeline is off or NULL
  *     st = axc_gemm(...);
- *     axc_timeline_end(AXC_SPAN_COMPUTE, "fwd_gemm", -1, t0, 0);
+ *     axc_timeline_end(tl, AXC_SPAN_COMPUTE, "fwd_gemm", -1, t0, 0);
  *
- * or AXC_TIMED(AXC_SPAN_COMPUTE, "fwd_gemm", -1, 0, st = axc_gemm(...));
- * Names must be static strings (the buffer keeps the pointer). Times are axc_now_ns() (monotonic
- * ns). Host timestamps of CUDA work measure the launch, not the kernel. */
+ * or AXC_TIMED(tl, AXC_SPAN_COMPUTE, "fwd_gemm", -1, 0, st = axc_gemm(...));
+ * Names must outlive the timeline: static strings, or axc_timeline_intern's copies (the buffer
+ * keeps the pointer). Times are axc_now_ns() (monotonic ns). Host timestamps of CUDA work
+ * measure the launch, not the kernel. */
 #ifndef AXC_TIMELINE_H
 #define AXC_TIMELINE_H
 
@@ -66,59 +75,79 @@ typedef struct axc_timeline_stats {
     axc_timeline_group_stats group[AXC_GROUP_COUNT];
 } axc_timeline_stats;
 
+/* The most names axc_timeline_intern keeps per timeline. */
+#define AXC_TIMELINE_MAX_NAMES 256
+
+typedef struct axc_timeline axc_timeline;
+
+/* An empty timeline, recording off, capacity AXC_TIMELINE_DEFAULT_CAPACITY. */
+axc_status axc_timeline_create(axc_timeline **out);
+/* Frees the buffer and the interned names; only when no thread can be recording (no open
+ * communicator uses it). NULL is a no-op. */
+void axc_timeline_destroy(axc_timeline *tl);
+
+/* Every function below takes the timeline; with NULL the recorders do nothing, the queries see an
+ * empty timeline, and enabling fails (AXC_ERR_INVALID). */
+
 /* Turns recording on or off. The first enable allocates the buffer (on failure recording stays
  * off and axc_timeline_enable_checked reports it). */
-void axc_timeline_enable(int on);
-axc_status axc_timeline_enable_checked(int on);
-int axc_timeline_enabled(void);
+void axc_timeline_enable(axc_timeline *tl, int on);
+axc_status axc_timeline_enable_checked(axc_timeline *tl, int on);
+int axc_timeline_enabled(const axc_timeline *tl);
 /* Capacity for the next allocation; fails with AXC_ERR_STATE once the buffer exists. */
-axc_status axc_timeline_set_capacity(size_t spans);
-size_t axc_timeline_capacity(void);
+axc_status axc_timeline_set_capacity(axc_timeline *tl, size_t spans);
+size_t axc_timeline_capacity(axc_timeline *tl);
 /* Forgets every span and the drop count (call while nothing records concurrently for exactness). */
-void axc_timeline_clear(void);
-/* Disables and frees the buffer; only when no thread can be recording (e.g. at finalize). */
-void axc_timeline_free(void);
+void axc_timeline_clear(axc_timeline *tl);
+/* Disables and frees the buffer (the next enable makes a new one); only when no thread can be
+ * recording. */
+void axc_timeline_free(axc_timeline *tl);
+/* A copy of `name` that lives as long as the timeline (the same pointer for the same string),
+ * for span names that are not static; NULL when AXC_TIMELINE_MAX_NAMES are kept already or
+ * memory runs out. Takes the timeline's lock: not for the hot path. */
+const char *axc_timeline_intern(axc_timeline *tl, const char *name);
 
 int64_t axc_timeline_now(void);
-/* Thread-safe; drops (and counts) the span when the buffer is full; no-op when disabled. The
- * span's channel is the calling thread's. */
-void axc_timeline_record(int kind, const char *name, int group, int64_t t_begin, int64_t t_end,
-                         uint64_t bytes);
+/* Thread-safe; drops (and counts) the span when the buffer is full; no-op when disabled or NULL.
+ * The span's channel is the calling thread's. */
+void axc_timeline_record(axc_timeline *tl, int kind, const char *name, int group, int64_t t_begin,
+                         int64_t t_end, uint64_t bytes);
 /* The same with an explicit channel (a progress thread recording a collective's span). */
-void axc_timeline_record_on(int kind, const char *name, int group, int channel, int64_t t_begin,
-                            int64_t t_end, uint64_t bytes);
+void axc_timeline_record_on(axc_timeline *tl, int kind, const char *name, int group, int channel,
+                            int64_t t_begin, int64_t t_end, uint64_t bytes);
 
-size_t axc_timeline_count(void);
-axc_status axc_timeline_get(size_t i, axc_span *out);
-uint64_t axc_timeline_dropped(void);
+size_t axc_timeline_count(axc_timeline *tl);
+axc_status axc_timeline_get(axc_timeline *tl, size_t i, axc_span *out);
+uint64_t axc_timeline_dropped(axc_timeline *tl);
 
 /* Summary of the recorded spans. */
-axc_status axc_timeline_summary(axc_timeline_stats *out);
+axc_status axc_timeline_summary(axc_timeline *tl, axc_timeline_stats *out);
 /* The same arithmetic over any array of spans (dropped is left 0). O(n log n). */
 axc_status axc_timeline_summarize(const axc_span *spans, size_t n, axc_timeline_stats *out);
 
 /* ---- call-site helpers ---- */
 
-/* 0 when the timeline is off, else the current time: pass it to axc_timeline_end. */
-static inline int64_t axc_timeline_begin(void)
+/* 0 when the timeline is off or NULL, else the current time: pass it to axc_timeline_end. */
+static inline int64_t axc_timeline_begin(const axc_timeline *tl)
 {
-    return axc_timeline_enabled() ? axc_timeline_now() : 0;
+    return tl && axc_timeline_enabled(tl) ? axc_timeline_now() : 0;
 }
 
-static inline void axc_timeline_end(int kind, const char *name, int group, int64_t t0,
-                                    uint64_t bytes)
+static inline void axc_timeline_end(axc_timeline *tl, int kind, const char *name, int group,
+                                    int64_t t0, uint64_t bytes)
 {
     if (t0 > 0)
-        axc_timeline_record(kind, name, group, t0, axc_timeline_now(), bytes);
+        axc_timeline_record(tl, kind, name, group, t0, axc_timeline_now(), bytes);
 }
 
-/* Runs the statement `expr` and records it as one span when the timeline is on. A `return`
+/* Runs the statement `expr` and records it as one span on `tl` when it is on. A `return`
  * inside expr (e.g. AXC_TRY) skips the record. */
-#define AXC_TIMED(kind, name, group, bytes, expr)                      \
-    do {                                                               \
-        int64_t axc_timed_t0_ = axc_timeline_begin();                  \
-        expr;                                                          \
-        axc_timeline_end((kind), (name), (group), axc_timed_t0_, (bytes)); \
+#define AXC_TIMED(tl, kind, name, group, bytes, expr)                            \
+    do {                                                                         \
+        axc_timeline *axc_timed_tl_ = (tl);                                      \
+        int64_t axc_timed_t0_ = axc_timeline_begin(axc_timed_tl_);               \
+        expr;                                                                    \
+        axc_timeline_end(axc_timed_tl_, (kind), (name), (group), axc_timed_t0_, (bytes)); \
     } while (0)
 
 #ifdef __cplusplus
