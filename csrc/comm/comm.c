@@ -9,6 +9,7 @@
 
 #include "axc/bench_skip.h"
 #include "axc/futex.h"
+#include "axc/thread_channel.h"
 #include "axc/timeline.h"
 
 typedef struct group_slot {
@@ -36,8 +37,6 @@ struct axc_comm {
     axc_timeline *timeline; /* cfg.timeline (not owned; NULL: not recorded) */
 };
 
-/* the channel this thread's collectives use (axc_comm_set_thread_channel) */
-static _Thread_local int tl_channel;
 
 /* ---------------------------------------------------------------- dtypes and ops */
 
@@ -359,7 +358,7 @@ const char *axc_comm_backends(const axc_comm *comm) { return comm->backends; }
 axc_timeline *axc_comm_timeline(const axc_comm *comm) { return comm ? comm->timeline : NULL; }
 int axc_comm_host_collectives(const axc_comm *comm) { return comm->shm != NULL; }
 int axc_comm_channels(const axc_comm *comm) { return comm->channels; }
-int axc_comm_thread_channel(void) { return tl_channel; }
+int axc_comm_thread_channel(void) { return axc_thread_channel(); }
 
 axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel)
 {
@@ -369,7 +368,7 @@ axc_status axc_comm_set_thread_channel(const axc_comm *comm, int channel)
                         "channel %d does not exist: this communicator has %d channel%s "
                         "(0..%d; init(concurrent_microbatches=...) sets how many)",
                         channel, n, n == 1 ? "" : "s", n - 1);
-    tl_channel = channel;
+    axc_thread_channel_set(channel);
     return AXC_OK;
 }
 
@@ -458,11 +457,12 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
         return axc_fail(AXC_ERR_STATE, "axonn_c is not initialised: call axonn_c.init() first");
     if (kind < 0 || kind >= AXC_GROUP_COUNT)
         return axc_fail(AXC_ERR_INVALID, "unknown group %d", (int)kind);
-    if (tl_channel >= comm->channels) /* set for an earlier communicator with more channels */
+    int channel = axc_thread_channel();
+    if (channel >= comm->channels) /* set for an earlier communicator with more channels */
         return axc_fail(AXC_ERR_STATE,
                         "this thread uses channel %d, but the communicator has %d channel%s",
-                        tl_channel, comm->channels, comm->channels == 1 ? "" : "s");
-    group_slot *g = &comm->groups[tl_channel * AXC_GROUP_COUNT + kind];
+                        channel, comm->channels, comm->channels == 1 ? "" : "s");
+    group_slot *g = &comm->groups[channel * AXC_GROUP_COUNT + kind];
     AXC_TRY(validate(comm, g, c));
 
     axc_backend *be;
@@ -476,7 +476,7 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
             return axc_fail(AXC_ERR_INVALID,
                             "%s over NCCL from channel %d: only channel 0 has NCCL "
                             "communicators (concurrent micro-batches take host tensors)",
-                            axc_coll_name(c->kind), tl_channel);
+                            axc_coll_name(c->kind), axc_thread_channel());
     } else if (comm->shm) {
         be = comm->shm;
         bg = g->shm_group;

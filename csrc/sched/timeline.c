@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "axc/comm.h"
 #include "axc/futex.h"
+#include "axc/thread_channel.h"
 
 typedef struct tl_slot {
     axc_span span;
@@ -178,7 +178,7 @@ int64_t axc_timeline_now(void) { return axc_now_ns(); }
 void axc_timeline_record(axc_timeline *tl, int kind, const char *name, int group, int64_t t_begin,
                          int64_t t_end, uint64_t bytes)
 {
-    axc_timeline_record_on(tl, kind, name, group, axc_comm_thread_channel(), t_begin, t_end,
+    axc_timeline_record_on(tl, kind, name, group, axc_thread_channel(), t_begin, t_end,
                            bytes);
 }
 
