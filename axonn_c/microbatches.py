@@ -290,12 +290,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         # reduce-scatters and unused prefetches waited for, the gather order learned
         _C.microbatch_close(ok)
         if ok:
-            with torch.no_grad():
-                for w, shard in _C.microbatch_scatters():
-                    if w.grad is None:
-                        w.grad = shard.view_as(w)
-                    else:
-                        w.grad.add_(shard.view_as(w))
+            with torch.no_grad():  # each shard into its weight's .grad (set, or added), in C
+                _C.microbatch_apply_scatters()
     finally:
         try:
             _C.microbatch_end()

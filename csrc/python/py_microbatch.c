@@ -435,24 +435,37 @@ static PyObject *py_scatter(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* microbatch_scatters() -> [(w, reduced shard)] of the call's reduce-scatters that completed
- * (after microbatch_close) */
-static PyObject *py_scatters(PyObject *self, PyObject *noargs)
+/* microbatch_apply_scatters(): after microbatch_close(True): each completed shared dW
+ * reduce-scatter's shard into its weight's .grad (w.grad = shard.view_as(w), or added to the
+ * .grad there), in issue order (the caller turns grad mode off) */
+static PyObject *py_apply_scatters(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
+    static PyObject *s_grad;
+    if (!s_grad && !(s_grad = PyUnicode_InternFromString("grad")))
+        return NULL;
     axc_mb *mb = call();
-    PyObject *l = PyList_New(0);
-    for (int i = 0; l && mb && i < axc_mb_scatters(mb); i++) {
+    for (int i = 0; mb && i < axc_mb_scatters(mb); i++) {
         void *w, *out;
         if (!axc_mb_scatter_result(mb, i, &w, &out))
             continue;
-        PyObject *t = Py_BuildValue("(OO)", (PyObject *)w, (PyObject *)out);
-        if (!t || PyList_Append(l, t) < 0)
-            Py_CLEAR(l);
-        Py_XDECREF(t);
+        PyObject *v = PyObject_CallMethod((PyObject *)out, "view_as", "O", (PyObject *)w);
+        PyObject *g = v ? PyObject_GetAttr((PyObject *)w, s_grad) : NULL;
+        int rc = -1;
+        if (g == Py_None) {
+            rc = PyObject_SetAttr((PyObject *)w, s_grad, v);
+        } else if (g) {
+            PyObject *r = PyObject_CallMethod(g, "add_", "O", v);
+            rc = r ? 0 : -1;
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(g);
+        Py_XDECREF(v);
+        if (rc < 0)
+            return NULL;
     }
-    return l;
+    Py_RETURN_NONE;
 }
 
 /* microbatch_stats() -> the last call's {"gathers", "prefetched", "reduce_scatters",
@@ -489,7 +502,8 @@ PyMethodDef axc_py_microbatch_methods[] = {
      "microbatch_gather(layer, phase, w, keep, numel) -> Tensor"},
     {"microbatch_close", py_close, METH_O, "microbatch_close(ok)"},
     {"microbatch_scatter", py_scatter, METH_VARARGS, "microbatch_scatter(layer, w, block)"},
-    {"microbatch_scatters", py_scatters, METH_NOARGS, "microbatch_scatters() -> list"},
+    {"microbatch_apply_scatters", py_apply_scatters, METH_NOARGS,
+     "microbatch_apply_scatters(): the shared dW reduce-scatters' shards into .grad"},
     {"microbatch_stats", py_stats, METH_NOARGS, "microbatch_stats() -> dict"},
     {"microbatch_learned", py_learned, METH_NOARGS, "microbatch_learned() -> list"},
     {"microbatch_begin", py_begin, METH_VARARGS,
