@@ -32,8 +32,6 @@ class _Caches:
     def __init__(self):
         # (cfg, dtype, epoch) -> the C handle the custom ops' ints stand for (torch.compile)
         self.op_calls: dict = {}
-        # the scheduler reads a layer's last-seen shard when it prefetches: kept alive per id
-        self.keep: dict = {}
         self.layer_id_lock = threading.Lock()  # one scheduler id per layer, across threads
 
 
@@ -80,9 +78,10 @@ def _placement() -> tuple:
 
 
 def _forget(layer_id: int, ep: int) -> None:
-    _cache.keep.pop(layer_id, None)
     if ep == session.epoch and _C is not None:
-        _C.sched_forget(layer_id)  # (and its depth dW residual: a reused id starts at zeros)
+        # (and the last shard C kept for the prefetch, and its depth dW residual: a reused id
+        # starts at zeros)
+        _C.sched_forget(layer_id)
 
 
 def _keeps_residual_traced(cfg: tuple, dtype: torch.dtype, device: int, setting: tuple) -> bool:
@@ -98,18 +97,10 @@ def _keeps_residual_traced(cfg: tuple, dtype: torch.dtype, device: int, setting:
 _keeps_residual_traced._dynamo_marked_constant = True
 
 
-def _keep_shard(call, w: Tensor) -> None:
-    """A scheduled call records w as its layer's shard (forward and backward), which the
-    scheduler's prefetch reads later: kept alive until the next call replaces it."""
-    if call.scheduled and call.layer >= 0:
-        _cache.keep[call.layer] = w
-
-
 def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int = 0):
     """x: [rows, features] -> (y, saved) through the layer's C handle `call`; saved is what
     backward needs besides x (easy layout; None in the expert layout). The handle checks the
     shard against the grid and allocates the outputs."""
-    _keep_shard(call, w)
     wf = _shared_gather(w, call, "fwd")  # kept alive until the C call returns
     y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), wf, bool(hold & HOLD_FWD))
     if hold & HOLD_FWD:  # y may still be written by its all-reduce (axonn_c.Sequential)
@@ -126,7 +117,6 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
     param.grad at the end of backward (csrc/python/py_grad_deferred.c); dw is None.
     need_dx=False (the input needs no gradient, e.g. a first layer on raw data): no dX GEMM and
     no dX collectives, dx is None."""
-    _keep_shard(call, w)
     wf = _shared_gather(w, call, "bwd")  # kept alive until the C call returns
     # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
     dwf = _shared_scatter_block(w, call) if param is None else None

@@ -30,8 +30,10 @@ Gradient sums: with `model=` the calling thread is a reducer on channel 0 while 
 micro-batches run. A post-accumulate hook counts, per parameter, the micro-batches whose
 gradient has arrived; C buckets the parameters in a fixed order (reverse registration, about
 the order backward finishes them) and hands the reducer each bucket as soon as all n
-micro-batches have added to it, which it sums over its groups (sync_gradients' groups). The
-fixed order keeps the ranks' collectives matched whatever order the threads finish in.
+micro-batches have added to it, which it sums over its groups (sync_gradients' groups): the
+order, the buckets, the loop over them, the sums and the summed-over marks are C's
+(_C.microbatch_begin, _C.microbatch_reduce_all). The fixed order keeps the ranks' collectives
+matched whatever order the threads finish in.
 sync_gradients() then skips what is summed and only scales. Without `model=` everything is
 summed by sync_gradients.
 """
@@ -46,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _C, grads
-from .parallel import _model_expert_mode, _nontrivial, _replicated_groups
+from .parallel import _model_expert_mode, _replicated_groups
 from .state import first_hook, grid, is_initialized, microbatch_active, refuse_cuda, session
 
 
@@ -86,10 +88,8 @@ def last_scatters() -> dict:
 
 class _Call:
     """The running run_concurrent call (session.concurrent_call): what axonn_c.Linear's calls on
-    the micro-batch threads share."""
-
-    def __init__(self, reducer: Optional["_Reducer"]):
-        self.reducer = reducer
+    the micro-batch threads share. Each micro-batch's uses of a layer are counted in C (per
+    micro-batch channel, layer and phase: csrc/grads/microbatch.c, axc_mb_next_use)."""
 
     def scatter_block(self, w: Tensor, numel: int) -> Optional[Tensor]:
         """A buffer for w's unreduced dW block ([numel]) when its depth reduce-scatter is shared
@@ -105,44 +105,35 @@ class _Call:
         them and starts one depth reduce-scatter (csrc/grads/microbatch.c); the shard is added
         to .grad when the call ends. Only for weights the reducer does not sum: it counts
         autograd's accumulations, which these gradients bypass."""
-        uses = session.thread.uses
-        k = uses[(layer, "rs")] = uses.get((layer, "rs"), 0) + 1
-        _C.microbatch_scatter(layer, k, w, block)
+        _C.microbatch_scatter(layer, w, block)
 
     def gather(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
         """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches
         (one gather per (layer, phase, use); csrc/grads/microbatch.c)."""
-        uses = session.thread.uses
-        k = uses[(layer, phase)] = uses.get((layer, phase), 0) + 1
         # a per-call cast (autocast) can never match on the next call: not kept alive
-        return _C.microbatch_gather(layer, phase == "bwd", k, w, w.is_leaf, numel)
+        return _C.microbatch_gather(layer, phase == "bwd", w, w.is_leaf, numel)
 
 
-class _Reducer:
-    """Sums the model's gradients over their groups (runs on the calling thread, channel 0).
-    C (csrc/grads/microbatch.c) buckets the parameters in a fixed order, counts the
-    micro-batches' arrivals and hands out each bucket once all n have added to it."""
-
-    def __init__(self, model: nn.Module):
+def _reducer_order(model: Optional[nn.Module], n: int) -> tuple:
+    """Opens the call (n micro-batches) in C, whose reducer sums `model`'s gradients over their
+    groups (sync_gradients' groups) while the micro-batches run (None: no reducer). C picks the
+    parameters and their fixed order (reverse registration, about the order backward finishes
+    them) and buckets them; this registers the hook that counts the micro-batches' arrivals and
+    returns the order for _C.microbatch_reduce_all."""
+    params, replicated = (), ()
+    if model is not None:
+        params = list(model.parameters())
         replicated = _replicated_groups(_model_expert_mode(model, None))
-        self.params: List[tuple] = []  # (parameter, groups) in the reducer's order
-        for p in reversed([p for p in model.parameters() if p.requires_grad]):
-            groups = _nontrivial(getattr(p, "_axonn_grad_groups", replicated))
-            if groups:
-                grads.check_unsynced(p)
-                if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
-                    p.register_post_accumulate_grad_hook(_C.microbatch_arrive)
-                self.params.append((p, groups))
-
-    def run(self) -> None:
-        while (bucket := _C.microbatch_next_bucket()) is not None:
-            first, count = bucket
-            have = [(p, g) for p, g in self.params[first:first + count] if p.grad is not None]
-            if have:
-                groups = have[0][1]
-                grads.reduce_now([p.grad for p, _ in have], groups, None)
-                for p, _ in have:
-                    grads.mark_summed(p, groups)
+    order = _C.microbatch_begin(n, params, replicated, session.bucket_bytes,
+                                SCATTER_BLOCKS_IN_FLIGHT)
+    try:
+        for p in order:
+            if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
+                p.register_post_accumulate_grad_hook(_C.microbatch_arrive)
+    except BaseException:
+        _C.microbatch_end()
+        raise
+    return order
 
 
 def _abort_interrupted() -> None:
@@ -219,7 +210,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             raise ValueError(f"run_concurrent splits inputs into {n} micro-batches along dim "
                              f"{dim}, but got an input of shape {list(t.shape)}")
     grads.finish()  # nothing deferred may still be in flight on channel 0
-    reducer = _Reducer(model) if model is not None and _C.grad_sync_enabled() else None
+    reducing = model is not None and _C.grad_sync_enabled()
     pieces = [t.tensor_split(n, dim) if isinstance(t, Tensor) else None for t in inputs]
     args = [[p[i] if p is not None else v for p, v in zip(pieces, inputs)] for i in range(n)]
     results: List[Any] = [None] * n
@@ -229,7 +220,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     casts = caller_autocasts()
 
     def body(i: int) -> None:
-        session.thread.microbatch, session.thread.uses = i, {}
+        session.thread.microbatch = i
         _C.microbatch_thread(True)  # (the gradient hooks, in C, read it)
         try:
             _C.set_thread_channel(i + 1)  # 0: the caller's; n + 1, n + 2: shared gathers, RS
@@ -250,8 +241,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    _C.microbatch_begin(n, reducer.params if reducer is not None else (), session.bucket_bytes,
-                        SCATTER_BLOCKS_IN_FLIGHT)
+    order = _reducer_order(model if reducing else None, n)  # (the call is open)
     started, start_error = [0], []
     ended = [threading.Event() for _ in range(n + 1)]  # the starter's, each micro-batch's
 
@@ -268,7 +258,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             ended[0].set()
 
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
-        session.concurrent_call = _Call(reducer)
+        session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set
         abort, starter = True, True
@@ -283,8 +273,10 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             _join(ended[:1])
             if start_error:
                 raise start_error[0]
-            if reducer is not None:
-                reducer.run()  # (its waits in C look for an interrupt every 50 ms)
+            if order:  # sums each bucket as it comes due (in C; its waits look for an
+                # interrupt every 50 ms)
+                with torch.no_grad():
+                    _C.microbatch_reduce_all(order, grads.SYNC_BUCKET_BYTES)
             abort = False
         except KeyboardInterrupt:
             raise
@@ -298,12 +290,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         # reduce-scatters and unused prefetches waited for, the gather order learned
         _C.microbatch_close(ok)
         if ok:
-            with torch.no_grad():
-                for w, shard in _C.microbatch_scatters():
-                    if w.grad is None:
-                        w.grad = shard.view_as(w)
-                    else:
-                        w.grad.add_(shard.view_as(w))
+            with torch.no_grad():  # each shard into its weight's .grad (set, or added), in C
+                _C.microbatch_apply_scatters()
     finally:
         try:
             _C.microbatch_end()

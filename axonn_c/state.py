@@ -32,7 +32,6 @@ class ThreadState(threading.local):
     AttributeError internally, which cost microseconds in every forward and gradient hook."""
 
     microbatch = None  # run_concurrent: this thread's micro-batch index
-    uses = None  # run_concurrent: the layers this micro-batch used
     hold_target = None  # axonn_c.Sequential: the child call that holds its chunk's results
     hold_depth = 0  # axonn_c.Sequential: nesting of chunk-holding calls
     pass_ = None  # axonn_c.Sequential: the chunk-pipelined pass running on this thread
@@ -75,7 +74,7 @@ class Session:
     # the asynchronous checkpoint save in flight (axonn_c/checkpoint.py SaveHandle), or None:
     # the next save or load joins it
     checkpoint_pending: object = None
-    # per thread: `microbatch` (index) and `uses` on a run_concurrent thread; `hold_target`,
+    # per thread: `microbatch` (index) on a run_concurrent thread; `hold_target`,
     # `hold_depth` and `pass_` while axonn_c.Sequential pipelines chunks (chunking.py); `auto`
     # inside auto_parallelize()
     thread: ThreadState = field(default_factory=ThreadState)

@@ -154,7 +154,7 @@ def test_scatter_block_must_match_the_weight(world_of_one):
     def fn(a):
         with pytest.raises(ValueError, match=r"the dW block of layer 3 is .* on device -1, "
                                              r"expected the weight's .* on device -1"):
-            axonn_c._C.microbatch_scatter(3, 1, w, torch.zeros(8, dtype=torch.float64))
+            axonn_c._C.microbatch_scatter(3, w, torch.zeros(8, dtype=torch.float64))
         return True
 
     assert axonn_c.run_concurrent(fn, torch.ones(2)) == [True, True]

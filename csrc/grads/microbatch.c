@@ -79,8 +79,20 @@ typedef struct scatter {
     char msg[256]; /* why, when status is not AXC_OK */
 } scatter;
 
+/* one micro-batch's uses of one (layer, phase) so far */
+typedef struct use_count {
+    int layer, phase, count;
+} use_count;
+
+/* one micro-batch's use counts (touched by its own thread only) */
+typedef struct mb_uses {
+    use_count *u;
+    int nu, capu;
+} mb_uses;
+
 struct axc_mb {
     int n;
+    mb_uses *uses; /* [n] */
     axc_comm *comm;
     axc_mb_memory *mem;
     axc_mb_ops ops;
@@ -155,6 +167,11 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *com
     axc_mb *mb = calloc(1, sizeof *mb);
     if (!mb)
         return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: out of memory");
+    mb->uses = calloc((size_t)n, sizeof *mb->uses);
+    if (!mb->uses) {
+        free(mb);
+        return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: out of memory");
+    }
     mb->n = n;
     mb->bucket_bytes = bucket_bytes;
     mb->comm = comm;
@@ -182,6 +199,7 @@ axc_status axc_mb_create(axc_mb **out, int n, size_t bucket_bytes, axc_comm *com
             pthread_cond_destroy(&mb->cv);
         if (init > 0)
             pthread_mutex_destroy(&mb->mu);
+        free(mb->uses);
         free(mb);
         return axc_fail(AXC_ERR_NOMEM, "axc_mb_create: a pthread lock could not be made");
     }
@@ -214,6 +232,9 @@ void axc_mb_destroy(axc_mb *mb)
     pthread_mutex_destroy(&mb->gmu);
     pthread_cond_destroy(&mb->cv);
     pthread_mutex_destroy(&mb->mu);
+    for (int i = 0; i < mb->n; i++)
+        free(mb->uses[i].u);
+    free(mb->uses);
     free(mb->p);
     free(mb->b);
     free(mb->slot);
@@ -223,6 +244,7 @@ void axc_mb_destroy(axc_mb *mb)
 int axc_mb_n(const axc_mb *mb) { return mb->n; }
 int axc_mb_params(const axc_mb *mb) { return mb->np; }
 int axc_mb_buckets(const axc_mb *mb) { return mb->nb; }
+uintptr_t axc_mb_param(const axc_mb *mb, int i) { return i >= 0 && i < mb->np ? mb->p[i].id : 0; }
 
 static int grow(void **v, int *cap, int need, size_t size)
 {
@@ -328,6 +350,28 @@ int axc_mb_next_bucket(axc_mb *mb, int wait_ms, int *first, int *count, axc_buck
     }
     pthread_mutex_unlock(&mb->mu);
     return got;
+}
+
+/* ---- each micro-batch's uses of a layer ---- */
+
+axc_status axc_mb_next_use(axc_mb *mb, int layer, int phase, int *use)
+{
+    int ch = axc_comm_thread_channel();
+    if (ch < 1 || ch > mb->n)
+        return axc_fail(AXC_ERR_STATE, "concurrent micro-batches: layer %d's shared depth "
+                                       "traffic asked for on channel %d, expected a micro-batch "
+                                       "thread's (1 to %d)", layer, ch, mb->n);
+    mb_uses *t = &mb->uses[ch - 1];
+    int i = 0; /* (a few keys per layer: a scan costs less than the collective it names) */
+    while (i < t->nu && (t->u[i].layer != layer || t->u[i].phase != phase))
+        i++;
+    if (i == t->nu) {
+        if (grow((void **)&t->u, &t->capu, t->nu + 1, sizeof *t->u))
+            return axc_fail(AXC_ERR_NOMEM, "concurrent micro-batches: out of memory");
+        t->u[t->nu++] = (use_count){.layer = layer, .phase = phase};
+    }
+    *use = ++t->u[i].count;
+    return AXC_OK;
 }
 
 /* ---- the learned order, kept across calls ---- */

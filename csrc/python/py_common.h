@@ -82,6 +82,14 @@ PyObject *axc_py_grad_records_finish(void); /* _C.grad_records_finish() */
 /* _C.grad_records_drop(), releasing the depth residuals' uses up to generation `gen` (taken
  * before the deferred work was waited for, axc/layer_residuals.h) */
 PyObject *axc_py_grad_records_drop(uint64_t gen);
+/* py_grad_hook.c: raises (RuntimeError, -1) when p.grad was already summed over ranks
+ * (run_concurrent takes unsummed gradients only) */
+int axc_py_grad_check_unsynced(PyObject *p);
+/* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
+ * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the
+ * caller) and copied back, as _C.grad_reduce_now (run_concurrent's reducer); -1 with an
+ * exception */
+int axc_py_grad_reduce(PyObject *const *tensors, size_t n, const axc_groups *g, size_t bytes);
 /* py_grad_hook.c: numel elements of the open bucket over `groups` for gradients like p's (the
  * runtime's bucket size) and the bucket's number */
 PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_groups *groups,

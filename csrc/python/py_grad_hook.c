@@ -300,7 +300,7 @@ static int add_after(PyObject *p, PyObject *g, axc_groups groups)
 
 /* A .grad already summed over ranks (an overlapped backward, or run_concurrent's reducer) cannot
  * take unsummed micro-batch gradients: sync_gradients() must run first. */
-static int check_unsynced(PyObject *p)
+int axc_py_grad_check_unsynced(PyObject *p)
 {
     axc_groups summed;
     int rc = axc_py_grad_summed(p, &summed);
@@ -367,7 +367,7 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
             f.abandoned_checked = 1;
             break;
         case AXC_GRAD_CHECK_UNSYNCED:
-            rc = check_unsynced(p);
+            rc = axc_py_grad_check_unsynced(p);
             done = 1;
             break;
         case AXC_GRAD_ADD_AFTER:
@@ -562,7 +562,7 @@ static PyObject *py_bucket_bytes(PyObject *self, PyObject *args)
 static PyObject *py_check_unsynced(PyObject *self, PyObject *p)
 {
     (void)self;
-    if (check_unsynced(p) < 0)
+    if (axc_py_grad_check_unsynced(p) < 0)
         return NULL;
     Py_RETURN_NONE;
 }

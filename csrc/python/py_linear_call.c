@@ -250,6 +250,13 @@ static int layer_io(const LinearCall *self, const axc_comm *comm, PyObject *w, i
         io->prefetch_ok = 1;
         if ((io->w_version = version_of(w)) == -1 && PyErr_Occurred())
             return -1;
+        /* the scheduler's prefetch reads this shard later: kept alive until the layer's next
+         * call replaces it (or the layer is forgotten) */
+        axc_status st = axc_runtime_keep_shard(axc_py_runtime(), self->layer, Py_NewRef(w));
+        if (st != AXC_OK) {
+            axc_py_raise(st);
+            return -1;
+        }
     }
     return 0;
 }

@@ -1,9 +1,14 @@
 /* Bindings of the running run_concurrent call (axc/microbatch.h), held by the runtime:
- * microbatch_begin / _end, the reducer's arrivals, thread ends and bucket order. */
+ * microbatch_begin / _end, the reducer's order, arrivals, thread ends and its loop over the
+ * buckets (microbatch_reduce_all), the shared depth gathers and dW reduce-scatters. */
+#include <string.h>
+
 #include "py_common.h"
 
 #include "axc/microbatch.h"
+#include "axc/sched.h"
 #include "axc/status.h"
+#include "axc/sync.h"
 
 static axc_mb *call(void) { return axc_runtime_mb(axc_py_runtime()); }
 
@@ -69,56 +74,133 @@ void axc_py_microbatch_ops(axc_mb_ops *ops)
                         .release = release, .pin = pin};
 }
 
-/* microbatch_begin(n, params, bucket_bytes, scatter_bound): a run_concurrent call of n
- * micro-batches whose reducer sums `params` (a sequence of (parameter, groups) in the reducer's
- * order; empty: no reducer) in buckets of up to bucket_bytes, holding at most scatter_bound
- * summed dW blocks */
+/* Parameter p's part in the reducer (run_concurrent's `model=`): the groups it is summed over
+ * (its `_axonn_grad_groups`, else `replicated`; a tuple or list of names, in order), less those
+ * of one rank, into key->groups (ngroups 0: not summed; its dtype and device are set only when
+ * summed). -1 with an exception. */
+static int reducer_key(PyObject *p, PyObject *replicated, unsigned several, axc_bucket_key *key)
+{
+    static PyObject *s_groups_attr;
+    if (!s_groups_attr && !(s_groups_attr = PyUnicode_InternFromString("_axonn_grad_groups")))
+        return -1;
+    PyObject *own = axc_py_optional_attr(p, s_groups_attr);
+    if (!own && PyErr_Occurred())
+        return -1;
+    PyObject *names = own ? own : Py_NewRef(replicated);
+    PyObject *seq = PySequence_Fast(names, "a parameter's groups must be a tuple of group names");
+    Py_DECREF(names);
+    if (!seq)
+        return -1;
+    int rc = 0;
+    key->ngroups = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        const char *name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+        axc_group_kind k;
+        if (!name || axc_group_from_name(name, &k) != AXC_OK) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "run_concurrent: %R is not a group name (expected one "
+                                           "of col, row, depth, data, intra, world)", item);
+            rc = -1;
+        } else if (several >> k & 1u) { /* (a group of one rank has nothing to sum) */
+            if (key->ngroups == AXC_BUCKET_MAX_GROUPS) {
+                PyErr_Format(PyExc_ValueError, "run_concurrent: a parameter is summed over %R, "
+                             "expected at most %d groups", seq, AXC_BUCKET_MAX_GROUPS);
+                rc = -1;
+            } else {
+                key->groups[key->ngroups++] = k;
+            }
+        }
+    }
+    Py_DECREF(seq);
+    if (rc == 0 && key->ngroups)
+        rc = axc_py_bucket_kind(p, key);
+    return rc;
+}
+
+/* The reducer's order of `params`: the ones that require grad, in reverse (about the order
+ * backward finishes them), each summed over its groups of several ranks (reducer_key); none may
+ * hold a .grad summed already. Added to the call; the list of them in *out (a new reference).
+ * -1 with an exception. */
+static int reducer_order(axc_mb *mb, PyObject *params, PyObject *replicated, PyObject **out)
+{
+    static PyObject *s_requires_grad, *s_nbytes;
+    if ((!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad"))) ||
+        (!s_nbytes && !(s_nbytes = PyUnicode_InternFromString("nbytes"))))
+        return -1;
+    *out = PyList_New(0);
+    PyObject *seq = *out ? PySequence_Fast(params, "microbatch_begin: params must be a "
+                                                   "sequence") : NULL;
+    if (!seq) {
+        Py_CLEAR(*out);
+        return -1;
+    }
+    axc_comm *comm = axc_py_comm();
+    unsigned several = comm ? axc_sync_several(axc_comm_grid(comm)) : 0;
+    int rc = 0;
+    for (Py_ssize_t i = PySequence_Fast_GET_SIZE(seq) - 1; rc == 0 && i >= 0; i--) {
+        PyObject *p = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *rg = PyObject_GetAttr(p, s_requires_grad);
+        int trains = rg ? PyObject_IsTrue(rg) : -1;
+        Py_XDECREF(rg);
+        axc_bucket_key key;
+        if (trains < 0 || (trains && reducer_key(p, replicated, several, &key) < 0)) {
+            rc = -1;
+            break;
+        }
+        if (!trains || !key.ngroups)
+            continue;
+        if (axc_py_grad_check_unsynced(p) < 0) {
+            rc = -1;
+            break;
+        }
+        PyObject *nb = PyObject_GetAttr(p, s_nbytes);
+        Py_ssize_t nbytes = nb ? PyLong_AsSsize_t(nb) : -1;
+        Py_XDECREF(nb);
+        axc_status st = nbytes < 0 ? AXC_OK : axc_mb_add_param(mb, id_of(p), &key, (size_t)nbytes);
+        if (nbytes < 0 || st != AXC_OK || PyList_Append(*out, p) < 0) {
+            if (st != AXC_OK)
+                axc_py_raise(st);
+            rc = -1;
+        }
+    }
+    Py_DECREF(seq);
+    if (rc < 0)
+        Py_CLEAR(*out);
+    return rc;
+}
+
+/* microbatch_begin(n, params, replicated, bucket_bytes, scatter_bound) -> the parameters the
+ * reducer sums, in its order (a tuple for microbatch_reduce_all; empty: nothing to sum): a
+ * run_concurrent call of n micro-batches whose reducer sums those of `params` (a model's
+ * parameters, in registration order; empty: no reducer) that reducer_order picks, in buckets of
+ * up to bucket_bytes, holding at most scatter_bound summed dW blocks */
 static PyObject *py_begin(PyObject *self, PyObject *args)
 {
     (void)self;
     int n, bound;
-    PyObject *params;
+    PyObject *params, *replicated, *order = NULL;
     Py_ssize_t bytes;
-    if (!PyArg_ParseTuple(args, "iOni", &n, &params, &bytes, &bound))
+    if (!PyArg_ParseTuple(args, "iOOni", &n, &params, &replicated, &bytes, &bound))
         return NULL;
     if (bytes <= 0) {
         PyErr_Format(PyExc_ValueError, "microbatch_begin: bucket_bytes=%zd, expected > 0", bytes);
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(params, "microbatch_begin: params must be a sequence");
-    if (!seq)
-        return NULL;
     axc_mb *mb;
     axc_status st = axc_runtime_mb_begin(axc_py_runtime(), n, (size_t)bytes, &mb);
-    if (st != AXC_OK) {
-        Py_DECREF(seq);
+    if (st != AXC_OK)
         return axc_py_raise(st);
-    }
     axc_mb_set_scatter_bound(mb, bound);
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        PyObject *pg = PySequence_Fast_GET_ITEM(seq, i), *p, *groups;
-        if (!PyArg_ParseTuple(pg, "OO", &p, &groups))
-            goto fail;
-        axc_bucket_key key;
-        if (axc_py_bucket_key(p, groups, &key) < 0)
-            goto fail;
-        PyObject *nb = PyObject_GetAttrString(p, "nbytes");
-        Py_ssize_t nbytes = nb ? PyLong_AsSsize_t(nb) : -1;
-        Py_XDECREF(nb);
-        if (nbytes < 0)
-            goto fail;
-        st = axc_mb_add_param(mb, id_of(p), &key, (size_t)nbytes);
-        if (st != AXC_OK) {
-            axc_py_raise(st);
-            goto fail;
-        }
+    if (reducer_order(mb, params, replicated, &order) < 0) {
+        axc_runtime_mb_end(axc_py_runtime());
+        return NULL;
     }
-    Py_DECREF(seq);
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(seq);
-    axc_runtime_mb_end(axc_py_runtime());
-    return NULL;
+    PyObject *t = PyList_AsTuple(order);
+    Py_DECREF(order);
+    if (!t)
+        axc_runtime_mb_end(axc_py_runtime());
+    return t;
 }
 
 /* microbatch_end(): the call is over (its threads joined); no-op when none runs */
@@ -170,46 +252,117 @@ static PyObject *py_thread_done(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* microbatch_next_bucket() -> (first, count) of the reducer's order, once that bucket is ready;
- * None: nothing more to sum (waits without the GIL, in slices: an interrupt (Ctrl-C) between
- * them raises here, and run_concurrent aborts the job's collectives) */
 /* how long the reducer waits for a bucket between looks for an interrupt */
 #define NEXT_BUCKET_SLICE_MS 50
 
-static PyObject *py_next_bucket(PyObject *self, PyObject *noargs)
+/* The reducer's next bucket (axc_mb_next_bucket): 1 with it, 0 when nothing more is to be
+ * summed, -1 with an exception. Waits without the GIL, in slices: an interrupt (Ctrl-C) between
+ * them raises here, and run_concurrent aborts the job's collectives. */
+static int next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key)
 {
-    (void)self;
-    (void)noargs;
-    axc_mb *mb = call(); /* (ended only by the reducer's own thread, after this returns) */
-    if (!mb) {
-        PyErr_SetString(PyExc_RuntimeError, "microbatch_next_bucket: no run_concurrent call");
-        return NULL;
-    }
-    int first = 0, count = 0, got;
-    axc_bucket_key key;
     for (;;) {
-        Py_BEGIN_ALLOW_THREADS got = axc_mb_next_bucket(mb, NEXT_BUCKET_SLICE_MS, &first, &count,
-                                                        &key);
+        int got;
+        Py_BEGIN_ALLOW_THREADS got = axc_mb_next_bucket(mb, NEXT_BUCKET_SLICE_MS, first, count,
+                                                        key);
         Py_END_ALLOW_THREADS
         if (got >= 0)
-            break;
+            return got;
         if (PyErr_CheckSignals() < 0)
-            return NULL;
+            return -1;
     }
-    if (!got)
-        Py_RETURN_NONE;
-    return Py_BuildValue("(ii)", first, count);
 }
 
-/* microbatch_gather(layer, phase, use, w, keep, numel) -> w's depth shard gathered ([numel]),
- * shared by the micro-batches (axc_mb_gather) */
+/* Sums one bucket: the parameters order[first .. first + count) that have a .grad, in place
+ * over the key's groups (py_sync.c's sum), then marks each .grad summed over them. -1 with an
+ * exception (nothing of the bucket marked). */
+static int reduce_bucket(axc_mb *mb, PyObject *order, int first, int count,
+                         const axc_bucket_key *key, size_t bytes, PyObject **have,
+                         PyObject **grads)
+{
+    static PyObject *s_grad;
+    if (!s_grad && !(s_grad = PyUnicode_InternFromString("grad")))
+        return -1;
+    size_t k = 0;
+    int rc = 0;
+    for (int i = first; rc == 0 && i < first + count; i++) {
+        PyObject *p = PyTuple_GET_ITEM(order, i);
+        if (id_of(p) != axc_mb_param(mb, i)) {
+            PyErr_Format(PyExc_ValueError, "microbatch_reduce_all: parameter %d is not the one "
+                                           "microbatch_begin put there", i);
+            rc = -1;
+            break;
+        }
+        PyObject *g = PyObject_GetAttr(p, s_grad);
+        if (!g) {
+            rc = -1;
+        } else if (g == Py_None) { /* (no micro-batch gave it a gradient) */
+            Py_DECREF(g);
+        } else {
+            have[k] = p;
+            grads[k++] = g;
+        }
+    }
+    axc_groups groups = {.n = key->ngroups};
+    memcpy(groups.g, key->groups, (size_t)key->ngroups * sizeof key->groups[0]);
+    if (rc == 0 && k)
+        rc = axc_py_grad_reduce(grads, k, &groups, bytes);
+    for (size_t j = 0; rc == 0 && j < k; j++) /* (only after the sum succeeded) */
+        rc = axc_py_grad_mark(have[j], &groups);
+    for (size_t j = 0; j < k; j++)
+        Py_DECREF(grads[j]);
+    return rc;
+}
+
+/* microbatch_reduce_all(order, bucket_bytes): the reducer (on the calling thread, channel 0):
+ * takes each bucket of `order` (what microbatch_begin returned) once all n micro-batches have
+ * added to it, in the fixed order, and sums it (reduce_bucket, packed into buckets of up to
+ * bucket_bytes); returns when nothing more is to be summed (every bucket summed, or a
+ * micro-batch failed) */
+static PyObject *py_reduce_all(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *order;
+    Py_ssize_t bytes;
+    if (!PyArg_ParseTuple(args, "O!n", &PyTuple_Type, &order, &bytes))
+        return NULL;
+    axc_mb *mb = call(); /* (ended only by this thread, after this returns) */
+    if (!mb || bytes <= 0 || PyTuple_GET_SIZE(order) != axc_mb_params(mb)) {
+        PyErr_Format(PyExc_ValueError, "microbatch_reduce_all: %s", !mb ?
+                     "no run_concurrent call" : bytes <= 0 ? "bucket_bytes must be > 0" :
+                     "the order is not the one microbatch_begin returned");
+        return NULL;
+    }
+    Py_ssize_t np = PyTuple_GET_SIZE(order);
+    PyObject **have = PyMem_Calloc(np ? (size_t)np : 1, sizeof *have);
+    PyObject **grads = PyMem_Calloc(np ? (size_t)np : 1, sizeof *grads);
+    int rc = have && grads ? 1 : -1;
+    if (rc < 0)
+        PyErr_NoMemory();
+    while (rc > 0) {
+        int first, count;
+        axc_bucket_key key;
+        rc = next_bucket(mb, &first, &count, &key);
+        if (rc > 0 && reduce_bucket(mb, order, first, count, &key, (size_t)bytes, have,
+                                    grads) < 0)
+            rc = -1;
+    }
+    PyMem_Free(have);
+    PyMem_Free(grads);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* microbatch_gather(layer, phase, w, keep, numel) -> w's depth shard gathered ([numel]),
+ * shared by the micro-batches (axc_mb_gather; the calling micro-batch's use of (layer, phase)
+ * counted in C, axc_mb_next_use) */
 static PyObject *py_gather(PyObject *self, PyObject *args)
 {
     (void)self;
     int layer, phase, use, keep;
     PyObject *w;
     Py_ssize_t numel;
-    if (!PyArg_ParseTuple(args, "iiiOpn", &layer, &phase, &use, &w, &keep, &numel))
+    if (!PyArg_ParseTuple(args, "ipOpn", &layer, &phase, &w, &keep, &numel))
         return NULL;
     axc_mb *mb = call();
     if (!mb || numel < 0) {
@@ -218,7 +371,9 @@ static PyObject *py_gather(PyObject *self, PyObject *args)
         return NULL;
     }
     void *data, *owner;
-    axc_status st = axc_mb_gather(mb, layer, phase, use, w, keep, (size_t)numel, &data, &owner);
+    axc_status st = axc_mb_next_use(mb, layer, phase ? AXC_PHASE_BWD : AXC_PHASE_FWD, &use);
+    if (st == AXC_OK)
+        st = axc_mb_gather(mb, layer, phase, use, w, keep, (size_t)numel, &data, &owner);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     return (PyObject *)owner; /* (a new reference) */
@@ -239,14 +394,15 @@ static PyObject *py_close(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* microbatch_scatter(layer, use, w, block): a micro-batch's unreduced dW block of w, reduce-
- * scattered once all n handed theirs in (axc_mb_scatter) */
+/* microbatch_scatter(layer, w, block): a micro-batch's unreduced dW block of w, reduce-
+ * scattered once all n handed theirs in (axc_mb_scatter; the calling micro-batch's use of the
+ * layer counted in C, axc_mb_next_use) */
 static PyObject *py_scatter(PyObject *self, PyObject *args)
 {
     (void)self;
     int layer, use;
     PyObject *w, *block;
-    if (!PyArg_ParseTuple(args, "iiOO", &layer, &use, &w, &block))
+    if (!PyArg_ParseTuple(args, "iOO", &layer, &w, &block))
         return NULL;
     axc_mb *mb = call();
     void *data;
@@ -271,30 +427,45 @@ static PyObject *py_scatter(PyObject *self, PyObject *args)
                      axc_dtype_name(dt), dev, axc_dtype_name(wdt), wdev);
         return NULL;
     }
-    axc_status st = axc_mb_scatter(mb, layer, use, w, block, data, elems);
+    axc_status st = axc_mb_next_use(mb, layer, AXC_MB_PHASE_SCATTER, &use);
+    if (st == AXC_OK)
+        st = axc_mb_scatter(mb, layer, use, w, block, data, elems);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
-/* microbatch_scatters() -> [(w, reduced shard)] of the call's reduce-scatters that completed
- * (after microbatch_close) */
-static PyObject *py_scatters(PyObject *self, PyObject *noargs)
+/* microbatch_apply_scatters(): after microbatch_close(True): each completed shared dW
+ * reduce-scatter's shard into its weight's .grad (w.grad = shard.view_as(w), or added to the
+ * .grad there), in issue order (the caller turns grad mode off) */
+static PyObject *py_apply_scatters(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
+    static PyObject *s_grad;
+    if (!s_grad && !(s_grad = PyUnicode_InternFromString("grad")))
+        return NULL;
     axc_mb *mb = call();
-    PyObject *l = PyList_New(0);
-    for (int i = 0; l && mb && i < axc_mb_scatters(mb); i++) {
+    for (int i = 0; mb && i < axc_mb_scatters(mb); i++) {
         void *w, *out;
         if (!axc_mb_scatter_result(mb, i, &w, &out))
             continue;
-        PyObject *t = Py_BuildValue("(OO)", (PyObject *)w, (PyObject *)out);
-        if (!t || PyList_Append(l, t) < 0)
-            Py_CLEAR(l);
-        Py_XDECREF(t);
+        PyObject *v = PyObject_CallMethod((PyObject *)out, "view_as", "O", (PyObject *)w);
+        PyObject *g = v ? PyObject_GetAttr((PyObject *)w, s_grad) : NULL;
+        int rc = -1;
+        if (g == Py_None) {
+            rc = PyObject_SetAttr((PyObject *)w, s_grad, v);
+        } else if (g) {
+            PyObject *r = PyObject_CallMethod(g, "add_", "O", v);
+            rc = r ? 0 : -1;
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(g);
+        Py_XDECREF(v);
+        if (rc < 0)
+            return NULL;
     }
-    return l;
+    Py_RETURN_NONE;
 }
 
 /* microbatch_stats() -> the last call's {"gathers", "prefetched", "reduce_scatters",
@@ -328,20 +499,22 @@ static PyObject *py_learned(PyObject *self, PyObject *noargs)
 
 PyMethodDef axc_py_microbatch_methods[] = {
     {"microbatch_gather", py_gather, METH_VARARGS,
-     "microbatch_gather(layer, phase, use, w, keep, numel) -> Tensor"},
+     "microbatch_gather(layer, phase, w, keep, numel) -> Tensor"},
     {"microbatch_close", py_close, METH_O, "microbatch_close(ok)"},
-    {"microbatch_scatter", py_scatter, METH_VARARGS, "microbatch_scatter(layer, use, w, block)"},
-    {"microbatch_scatters", py_scatters, METH_NOARGS, "microbatch_scatters() -> list"},
+    {"microbatch_scatter", py_scatter, METH_VARARGS, "microbatch_scatter(layer, w, block)"},
+    {"microbatch_apply_scatters", py_apply_scatters, METH_NOARGS,
+     "microbatch_apply_scatters(): the shared dW reduce-scatters' shards into .grad"},
     {"microbatch_stats", py_stats, METH_NOARGS, "microbatch_stats() -> dict"},
     {"microbatch_learned", py_learned, METH_NOARGS, "microbatch_learned() -> list"},
     {"microbatch_begin", py_begin, METH_VARARGS,
-     "microbatch_begin(n, params, bucket_bytes): a run_concurrent call starts"},
+     "microbatch_begin(n, params, replicated, bucket_bytes, scatter_bound) -> the reducer's "
+     "order: a run_concurrent call starts"},
     {"microbatch_end", py_end, METH_NOARGS, "microbatch_end(): the run_concurrent call ended"},
     {"microbatch_running", py_running, METH_NOARGS,
      "microbatch_running() -> bool: a run_concurrent call is open"},
     {"microbatch_arrive", py_arrive, METH_O, "microbatch_arrive(p): p's gradient arrived"},
     {"microbatch_reduces", py_reduces, METH_O, "microbatch_reduces(p) -> bool"},
     {"microbatch_thread_done", py_thread_done, METH_O, "microbatch_thread_done(failed)"},
-    {"microbatch_next_bucket", py_next_bucket, METH_NOARGS,
-     "microbatch_next_bucket() -> (first, count) or None"},
+    {"microbatch_reduce_all", py_reduce_all, METH_VARARGS,
+     "microbatch_reduce_all(order, bucket_bytes): the reducer: sums each bucket as it comes due"},
     {NULL, NULL, 0, NULL}};

@@ -51,9 +51,9 @@ static PyObject *py_sched_layer_new(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(id);
 }
 
-/* sched_forget(id): the layer is gone: its gathered weight and its depth dW residual (an id
- * reused by another layer starts from zeros); no-op when not initialised (a layer outliving
- * finalize) */
+/* sched_forget(id): the layer is gone: its gathered weight, the last shard it passed and its
+ * depth dW residual (an id reused by another layer starts from zeros); no-op when not
+ * initialised (a layer outliving finalize) */
 static PyObject *py_sched_forget(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -65,6 +65,7 @@ static PyObject *py_sched_forget(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS axc_sched_forget(s, id);
         Py_END_ALLOW_THREADS
         axc_layer_residuals_forget(axc_runtime_layer_residuals(axc_py_runtime()), id);
+        axc_runtime_forget_shard(axc_py_runtime(), id);
     }
     Py_RETURN_NONE;
 }

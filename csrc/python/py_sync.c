@@ -336,6 +336,11 @@ out:
     return rc;
 }
 
+int axc_py_grad_reduce(PyObject *const *tensors, size_t n, const axc_groups *g, size_t bytes)
+{
+    return intern() < 0 ? -1 : reduce(tensors, n, g, NULL, bytes);
+}
+
 /* None -> NULL, else the number itself (borrowed); -1 with an exception */
 static int parse_scale(PyObject **scale)
 {

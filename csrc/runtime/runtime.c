@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "axc/gemm.h"
 #include "axc/torch_shim.h"
@@ -18,6 +19,12 @@ struct axc_runtime {
     axc_mb_memory *mbmem; /* what the calls learned (NULL without the ops) */
     axc_layer_residuals *layer_residuals; /* the linear layers' depth dW residuals */
     axc_timeline *timeline; /* the trace: kept across inits, each comm opened with it */
+    /* the last shard each scheduled layer passed, by layer id (an owner each, or NULL): a
+     * prefetch reads it (axc/sched.h) */
+    void **shards;
+    int nshards;
+    void (*release_kept)(void *ctx, void *owner);
+    void *kept_ctx;
     axc_runtime_hooks hooks;
     int starting; /* axc_runtime_start_due_sums is running (the caller's lock may be let go) */
     int opening;  /* axc_runtime_open is waiting for the ranks (the caller's lock is let go) */
@@ -49,6 +56,8 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
     if (!rt)
         return axc_fail(AXC_ERR_NOMEM, "axc_runtime_create: out of memory");
     rt->hooks = ops->hooks;
+    rt->release_kept = ops->release_kept;
+    rt->kept_ctx = ops->kept_ctx;
     rt->grad_sync = 1;
     rt->grad_bucket_bytes = 4u << 20;
     axc_status st = axc_timeline_create(&rt->timeline);
@@ -83,6 +92,7 @@ void axc_runtime_destroy(axc_runtime *rt)
     axc_mb_memory_destroy(rt->mbmem);
     axc_records_destroy(rt->records);
     axc_layer_residuals_destroy(rt->layer_residuals);
+    free(rt->shards); /* (released by close) */
     axc_keeps_clear(rt->keeps);
     axc_keeps_destroy(rt->keeps);
     axc_buckets_destroy(rt->buckets);
@@ -148,7 +158,47 @@ axc_status axc_runtime_close(axc_runtime *rt)
     /* (the scheduler drained: nothing uses them any more) */
     axc_layer_residuals_clear(rt->layer_residuals);
     axc_layer_residuals_pass_done(rt->layer_residuals, AXC_LAYER_RESIDUALS_ALL);
+    for (int i = 0; i < rt->nshards; i++)
+        axc_runtime_forget_shard(rt, i);
     return st;
+}
+
+axc_status axc_runtime_keep_shard(axc_runtime *rt, int layer, void *owner)
+{
+    if (layer < 0) {
+        if (rt->release_kept)
+            rt->release_kept(rt->kept_ctx, owner);
+        return axc_fail(AXC_ERR_INVALID, "keep_shard: layer id %d, expected >= 0", layer);
+    }
+    if (layer >= rt->nshards) {
+        int n = rt->nshards ? rt->nshards : 16;
+        while (n <= layer)
+            n *= 2;
+        void **v = realloc(rt->shards, (size_t)n * sizeof *v);
+        if (!v) {
+            if (rt->release_kept)
+                rt->release_kept(rt->kept_ctx, owner);
+            return axc_fail(AXC_ERR_NOMEM, "keep_shard: out of memory");
+        }
+        memset(v + rt->nshards, 0, (size_t)(n - rt->nshards) * sizeof *v);
+        rt->shards = v;
+        rt->nshards = n;
+    }
+    void *old = rt->shards[layer];
+    rt->shards[layer] = owner;
+    if (old && rt->release_kept) /* (after the new one is in: a release may re-enter) */
+        rt->release_kept(rt->kept_ctx, old);
+    return AXC_OK;
+}
+
+void axc_runtime_forget_shard(axc_runtime *rt, int layer)
+{
+    if (!rt || layer < 0 || layer >= rt->nshards || !rt->shards[layer])
+        return;
+    void *old = rt->shards[layer];
+    rt->shards[layer] = NULL;
+    if (rt->release_kept)
+        rt->release_kept(rt->kept_ctx, old);
 }
 
 int axc_runtime_is_open(const axc_runtime *rt) { return rt && rt->comm != NULL; }

@@ -6,6 +6,7 @@
  * every asker, and every reference given back (counted; leaks: LeakSanitizer in every rank). */
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "axc/microbatch.h"
@@ -500,6 +501,43 @@ static void test_prefetch_other_tensor(axc_comm *comm, axc_mb_memory *mem, int r
     CHECK(g_w[0].refs == 0 && g_w[1].refs == 0 && g_w[3].refs == 0 && g_buffers_alive == 0);
 }
 
+static int next_use(axc_mb *mb, int layer, int phase)
+{
+    int use = -1;
+    CHECK_OK(axc_mb_next_use(mb, layer, phase, &use));
+    return use;
+}
+
+/* Each micro-batch counts its own uses of (layer, phase), named by its thread's channel, from 1
+ * at each call; a thread off the micro-batch channels is refused. */
+static void test_next_use(axc_comm *comm)
+{
+    axc_mb *mb;
+    for (int round = 0; round < 2; round++) { /* (a second call counts afresh) */
+        CHECK_OK(axc_mb_create(&mb, 2, 64, NULL, NULL));
+        int use;
+        axc_comm_set_thread_channel(comm, 0); /* the caller's */
+        CHECK(axc_mb_next_use(mb, 5, AXC_PHASE_FWD, &use) == AXC_ERR_STATE);
+        CHECK(strstr(axc_last_error(), "channel 0") != NULL);
+        axc_comm_set_thread_channel(comm, 3); /* the gathers' */
+        CHECK(axc_mb_next_use(mb, 5, AXC_PHASE_FWD, &use) == AXC_ERR_STATE);
+        axc_comm_set_thread_channel(comm, 1);
+        CHECK(next_use(mb, 5, AXC_PHASE_FWD) == 1);
+        CHECK(next_use(mb, 5, AXC_PHASE_FWD) == 2);
+        CHECK(next_use(mb, 5, AXC_PHASE_BWD) == 1);
+        CHECK(next_use(mb, 6, AXC_PHASE_FWD) == 1);
+        CHECK(next_use(mb, 5, AXC_MB_PHASE_SCATTER) == 1);
+        for (int l = 0; l < 40; l++) /* (past the first allocation) */
+            CHECK(next_use(mb, 100 + l, AXC_PHASE_BWD) == 1);
+        CHECK(next_use(mb, 5, AXC_PHASE_FWD) == 3);
+        axc_comm_set_thread_channel(comm, 2); /* the other micro-batch: its own counts */
+        CHECK(next_use(mb, 5, AXC_PHASE_FWD) == 1);
+        CHECK(next_use(mb, 5, AXC_MB_PHASE_SCATTER) == 1);
+        axc_comm_set_thread_channel(comm, 0);
+        axc_mb_destroy(mb);
+    }
+}
+
 static void gathers_main(int rank, int world, const int dims[4], double timeout)
 {
     rank_begin(rank);
@@ -513,6 +551,7 @@ static void gathers_main(int rank, int world, const int dims[4], double timeout)
         rank_end(rank);
         return;
     }
+    test_next_use(comm);
     for (int l = 0; l < 4; l++) {
         g_w[l].elems = SHARD;
         for (int i = 0; i < SHARD; i++)

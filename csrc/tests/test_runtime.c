@@ -342,6 +342,24 @@ static void one_rank(void)
         CHECK_OK(axc_runtime_close(rt));
         CHECK(!axc_runtime_is_open(rt) && !axc_runtime_sched(rt));
     }
+    /* the layers' last shards: a layer's next shard releases its previous one, forget
+     * releases it (once), a bad id releases what it was given, close releases the rest */
+    static int sa, sb, sc, sd;
+    int before = g_counts.kept_released;
+    CHECK_OK(axc_runtime_keep_shard(rt, 3, &sa));
+    CHECK(g_counts.kept_released == before);
+    CHECK_OK(axc_runtime_keep_shard(rt, 3, &sb));
+    CHECK(g_counts.kept_released == before + 1);
+    CHECK_OK(axc_runtime_keep_shard(rt, 40, &sc)); /* (past the first table) */
+    axc_runtime_forget_shard(rt, 3);
+    axc_runtime_forget_shard(rt, 3);
+    axc_runtime_forget_shard(rt, 1000);
+    CHECK(g_counts.kept_released == before + 2);
+    CHECK(axc_runtime_keep_shard(rt, -1, &sd) == AXC_ERR_INVALID);
+    CHECK(g_counts.kept_released == before + 3);
+    CHECK_OK(axc_runtime_close(rt));
+    CHECK(g_counts.kept_released == before + 4);
+    g_counts.kept_released = before;
     /* what is kept, and what the gradient records and marks hold, is released when the
      * runtime goes */
     static int obj, param, dw, stamp;

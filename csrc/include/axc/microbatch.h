@@ -89,6 +89,7 @@ int axc_mb_n(const axc_mb *mb);
  * `bytes` its size. It joins the last bucket when the key matches and the bytes fit. */
 axc_status axc_mb_add_param(axc_mb *mb, uintptr_t id, const axc_bucket_key *key, size_t bytes);
 int axc_mb_params(const axc_mb *mb);
+uintptr_t axc_mb_param(const axc_mb *mb, int i); /* the id of the order's i-th (0: none) */
 int axc_mb_has_param(const axc_mb *mb, uintptr_t id); /* whether the reducer sums it */
 int axc_mb_buckets(const axc_mb *mb);
 
@@ -104,6 +105,15 @@ void axc_mb_thread_done(axc_mb *mb, int failed);
  * micro-batch failed (nothing more is summed). Waits until then, or at most wait_ms milliseconds
  * (-1: not yet; so a caller can look for an interrupt between waits); wait_ms < 0: no limit. */
 int axc_mb_next_bucket(axc_mb *mb, int wait_ms, int *first, int *count, axc_bucket_key *key);
+
+/* Which use of (layer, phase) by the calling micro-batch this is, from 1 (its thread's channel,
+ * axc_comm_thread_channel, names it: micro-batch i runs on channel i + 1): counted per
+ * (micro-batch, layer, phase) from the call's start, for axc_mb_gather's and axc_mb_scatter's
+ * `use`. Phases: AXC_PHASE_FWD, AXC_PHASE_BWD (gathers), AXC_MB_PHASE_SCATTER (dW
+ * reduce-scatters). Each micro-batch's counts are its own thread's: no lock. Fails on a thread
+ * that is not on a micro-batch channel. */
+enum { AXC_MB_PHASE_SCATTER = 2 };
+axc_status axc_mb_next_use(axc_mb *mb, int layer, int phase, int *use);
 
 /* Weight `w`'s depth shard gathered for all micro-batches: `numel` elements (the shard times the
  * depth group size) in *data, kept allocated by *owner (a new reference for the caller). `use`

@@ -12,6 +12,7 @@
  *   residuals (axc/layer_residuals.h: cleared at open and close), made with the runtime and
  *   kept across inits (their buffers and owners come from the embedding program: torch
  *   tensors, Python references, through the ops it passes in).
+ * - The last weight shard each scheduled layer passed (the scheduler's prefetch reads it).
  * - The step that starts the bucket sums that came due, in the engine's order, through the
  *   scheduler, on every rank alike.
  *
@@ -77,6 +78,13 @@ axc_keeps *axc_runtime_keeps(const axc_runtime *rt);
 axc_timeline *axc_runtime_timeline(const axc_runtime *rt); /* the runtime's, for its life */
 axc_grad_records *axc_runtime_records(const axc_runtime *rt);
 axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt);
+
+/* The last shard a scheduled layer call passed (`owner`: a reference the runtime takes over,
+ * let go with ops.release_kept), which the scheduler's prefetch reads until the layer's next
+ * call or axc_sched_forget (axc/sched.h): it replaces (and releases) the layer's previous one.
+ * Forget releases it (the layer is gone); close releases them all (no scheduler reads them). */
+axc_status axc_runtime_keep_shard(axc_runtime *rt, int layer, void *owner);
+void axc_runtime_forget_shard(axc_runtime *rt, int layer);
 
 /* Starts every gradient sum the bucket engine has due, in its order, each after everything the
  * scheduler deferred so far, on torch's current stream of the sum's CUDA device. A call made
