@@ -345,6 +345,9 @@ static PyObject *py_reduce_all(PyObject *self, PyObject *args)
         if (rc > 0 && reduce_bucket(mb, order, first, count, &key, (size_t)bytes, have,
                                     grads) < 0)
             rc = -1;
+        /* (buckets ready back to back never reach a timed-out slice: look between them too) */
+        if (rc > 0 && PyErr_CheckSignals() < 0)
+            rc = -1;
     }
     PyMem_Free(have);
     PyMem_Free(grads);

@@ -89,6 +89,8 @@ void axc_runtime_destroy(axc_runtime *rt)
         return;
     axc_runtime_mb_end(rt); /* (its works use the communicator close destroys) */
     axc_runtime_close(rt);
+    if (rt->opening || rt->comm) /* (an open still running uses all of it: leaked, not freed) */
+        return;
     axc_mb_memory_destroy(rt->mbmem);
     axc_records_destroy(rt->records);
     axc_layer_residuals_destroy(rt->layer_residuals);

@@ -6,7 +6,8 @@
  * - The trace (axc/timeline.h): one timeline made with the runtime and kept across inits (spans
  *   recorded before init or in an earlier init stay until cleared). Each communicator is opened
  *   with it (axc_comm_config.timeline), so its collectives, and the layers over it
- *   (axc_comm_timeline), record into it; nothing else holds it.
+ *   (axc_comm_timeline), record into it; the communicator and its works hold a borrowed
+ *   pointer, so the runtime frees it only once no communicator is left (destroy).
  * - The gradient bucket engine, the keep-alive queues, the records of pending gradients with
  *   the summed-over marks (axc/records.h) and the linear layers' depth dW error-feedback
  *   residuals (axc/layer_residuals.h: cleared at open and close), made with the runtime and
