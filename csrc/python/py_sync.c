@@ -391,8 +391,9 @@ typedef struct sync_args {
     int marks_grad;
 } sync_args;
 
-/* Decides param p's part (C: csrc/grads/sync.c) and updates its mark; *grad: the gradient to
- * sum (a new reference), NULL when it has none. -1 with an exception. */
+/* Decides param p's part (C: csrc/grads/sync.c); *grad: the gradient to sum (a new
+ * reference), NULL when it has none. -1 with an exception. (The mark changes once the sum is
+ * done: mark_summed.) */
 static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObject **grad)
 {
     *grad = NULL;
@@ -425,11 +426,6 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
             goto drop;
     }
     axc_sync_decide(&groups, &done, a->several, a->only, a->marks_grad, c);
-    if (c->mark != AXC_SYNC_MARK_KEEP) {
-        axc_groups none = {0};
-        if (axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none) < 0)
-            goto drop;
-    }
     *grad = g;
     rc = 0;
     goto out;
@@ -440,10 +436,20 @@ out:
     return rc;
 }
 
+/* After param p's sum succeeded: its mark says what its .grad is now summed over (only then,
+ * so that a sum that failed is not skipped by a retry) */
+static int mark_summed(PyObject *p, const axc_sync_choice *c)
+{
+    axc_groups none = {0};
+    if (c->mark == AXC_SYNC_MARK_KEEP)
+        return 0;
+    return axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none);
+}
+
 /* The sums of the plan, set by set (each set's gradients packed together, or one by one
- * without `vectorize`). */
-static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject *scale,
-                    int vectorize, size_t bytes)
+ * without `vectorize`), each parameter's mark updated once its sum is done. */
+static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_choice *choices,
+                    PyObject *const *grads, PyObject *scale, int vectorize, size_t bytes)
 {
     PyObject **set = PyMem_Calloc(plan->n ? plan->n : 1, sizeof *set);
     if (!set) {
@@ -457,8 +463,13 @@ static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject 
             set[k] = grads[plan->order[ss->first + k]];
         if (vectorize)
             rc = reduce(set, ss->count, &ss->groups, scale, bytes);
-        for (size_t k = 0; !vectorize && rc == 0 && k < ss->count; k++)
-            rc = reduce(&set[k], 1, &ss->groups, scale, bytes);
+        for (size_t k = 0; rc == 0 && k < ss->count; k++) {
+            size_t i = plan->order[ss->first + k];
+            if (!vectorize)
+                rc = reduce(&set[k], 1, &ss->groups, scale, bytes);
+            if (rc == 0)
+                rc = mark_summed(PyList_GET_ITEM(params, i), &choices[i]);
+        }
     }
     PyMem_Free(set);
     return rc;
@@ -467,7 +478,8 @@ static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject 
 /* grad_sync(params, attr, replicated, only, scale, vectorize, hook, bucket_bytes): sums each
  * parameter's gradient (its attribute `attr`) over its groups (`_axonn_grad_groups`, else
  * `replicated`) that have several ranks, less those its mark says are summed already, within
- * `only` (None: all), and multiplies it by `scale` (None: not); updates the marks; with `hook`
+ * `only` (None: all), and multiplies it by `scale` (None: not); updates the marks of what was
+ * summed (after its sum: a failed sum leaves its marks, so a retry sums it again); with `hook`
  * (None: none), first calls hook(p, groups) for each parameter that is not a deferred Linear
  * weight. The sums are packed per set of groups into buckets of `bucket_bytes`. */
 static PyObject *py_sync(PyObject *self, PyObject *args)
@@ -516,7 +528,7 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         axc_py_raise(st);
         goto out;
     }
-    rc = run_plan(&plan, grads, scale, vectorize, (size_t)bytes);
+    rc = run_plan(&plan, list, choices, grads, scale, vectorize, (size_t)bytes);
 out:
     axc_sync_plan_free(&plan);
     for (size_t i = 0; grads && i < n; i++)
