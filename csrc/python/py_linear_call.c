@@ -401,7 +401,8 @@ static void complete_queued(void)
  * no .grad or runs on a micro-batch thread (its depth reduce-scatter then takes scratch zeros
  * as its error-feedback residual, not the layer's); hold_result: dx's all-reduce is left in
  * flight, dx kept until it is awaited. A backward that raises records nothing (a piece taken
- * from a bucket stays unwritten, its pass dropped as abandoned). */
+ * from a bucket stays unwritten, its pass dropped as abandoned); one that raises after its
+ * work was queued first completes that work (complete_queued). */
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5 && n != 7 && n != 13) {

@@ -5,6 +5,7 @@
  * copies the gradients in and out: a contiguous CPU gradient into its piece with memcpy, any
  * other with torch's copy_ (on the current stream, so CUDA gradients are ordered as any torch
  * op); the scale once per bucket; back into each gradient with torch's copy_. */
+#include <stdio.h>
 #include <string.h>
 
 #include "axc/buckets.h"
@@ -286,11 +287,53 @@ static void drop_packed(void)
     PyErr_Restore(et, ev, tb);
 }
 
+/* how long run_concurrent's reducer waits for its sums between looks for an interrupt */
+#define REDUCE_SLICE_MS 50
+
+/* run_concurrent's reducer: starts the packed sums and waits for them in slices, without the
+ * GIL; an interrupt (Ctrl-C) between two slices aborts the job's collectives (every rank's
+ * waits fail at once, as run_concurrent's own interrupt does: axonn_c/microbatches.py
+ * _abort_interrupted) and is returned as the exception. 0 when the sums have finished (their
+ * errors are axc_py_grad_buckets_finish's), -1 with an exception. */
+static int wait_sums_interruptibly(void)
+{
+    axc_sched *s = axc_py_sched();
+    axc_buckets *b = axc_runtime_buckets(axc_py_runtime());
+    if (!s || !b)
+        return 0; /* (the finish raises) */
+    axc_buckets_close_all(b);
+    axc_status st = axc_runtime_start_due_sums(axc_py_runtime());
+    if (st != AXC_OK) {
+        if (!PyErr_Occurred())
+            axc_py_raise(st);
+        return -1;
+    }
+    for (;;) {
+        int done;
+        Py_BEGIN_ALLOW_THREADS done = axc_sched_wait_settled(s, REDUCE_SLICE_MS);
+        Py_END_ALLOW_THREADS
+        if (done)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            break;
+    }
+    axc_comm *comm = axc_py_comm();
+    if (comm && axc_comm_grid(comm)->world_size > 1) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "run_concurrent was interrupted (KeyboardInterrupt) on rank %d",
+                 axc_comm_rank(comm));
+        Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
+        Py_END_ALLOW_THREADS
+    }
+    return -1;
+}
+
 /* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
  * (NULL: not), waiting for the result: packed into gradient buckets of `bytes` (the same ones
- * as backward's, emptied first by the caller) and copied back. -1 with an exception. */
+ * as backward's, emptied first by the caller) and copied back; `interruptible`: waits as
+ * wait_sums_interruptibly. -1 with an exception. */
 static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObject *scale,
-                  size_t bytes)
+                  size_t bytes, int interruptible)
 {
     if (!g->n) {
         for (size_t i = 0; scale && i < n; i++)
@@ -319,6 +362,16 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
             drop_packed();
             goto out;
         }
+    if (interruptible && wait_sums_interruptibly() < 0) {
+        /* (the sums started still complete, or fail as aborted, before the buffers go; the
+         * interrupt wins over their errors) */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        Py_XDECREF(axc_py_grad_buckets_finish());
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        goto out;
+    }
     PyObject *done = axc_py_grad_buckets_finish();
     if (!done)
         goto out;
@@ -360,7 +413,8 @@ static int parse_bytes(Py_ssize_t bytes)
 
 /* grad_reduce_now(tensors, groups, scale, bucket_bytes): sums the tensors in place over
  * `groups` (names, in this order; none: only scaled) and multiplies them by `scale` (None:
- * not), waiting for the result (run_concurrent's reducer; sync_gradients is grad_sync) */
+ * not), waiting for the result (run_concurrent's reducer; sync_gradients is grad_sync): an
+ * interrupt during the wait aborts the job's collectives and raises KeyboardInterrupt */
 static PyObject *py_reduce_now(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -376,7 +430,7 @@ static PyObject *py_reduce_now(PyObject *self, PyObject *args)
     if (!seq)
         return NULL;
     int rc = reduce(PySequence_Fast_ITEMS(seq), (size_t)PySequence_Fast_GET_SIZE(seq), &g, scale,
-                    (size_t)bytes);
+                    (size_t)bytes, 1);
     Py_DECREF(seq);
     if (rc < 0)
         return NULL;
@@ -462,11 +516,11 @@ static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_
         for (size_t k = 0; k < ss->count; k++)
             set[k] = grads[plan->order[ss->first + k]];
         if (vectorize)
-            rc = reduce(set, ss->count, &ss->groups, scale, bytes);
+            rc = reduce(set, ss->count, &ss->groups, scale, bytes, 0);
         for (size_t k = 0; rc == 0 && k < ss->count; k++) {
             size_t i = plan->order[ss->first + k];
             if (!vectorize)
-                rc = reduce(&set[k], 1, &ss->groups, scale, bytes);
+                rc = reduce(&set[k], 1, &ss->groups, scale, bytes, 0);
             if (rc == 0)
                 rc = mark_summed(PyList_GET_ITEM(params, i), &choices[i]);
         }

@@ -5,8 +5,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/futex.h"
 #include "axc/torch_shim.h"
 
 typedef struct visit {
@@ -753,6 +755,35 @@ axc_status axc_sched_await_result(axc_sched *s, const void *ptr, size_t bytes)
 axc_status axc_sched_await_results(axc_sched *s) { return await_upto(s, UINT64_MAX); }
 
 /* ------------------------------------------------------------------ finish */
+
+/* whether every deferred collective and held result has finished (the lock held) */
+static int settled(axc_sched *s)
+{
+    for (size_t i = 0; i < s->npending; i++)
+        if (!axc_work_done(s->pending[i]))
+            return 0;
+    for (size_t i = s->held_head; i < s->nheld; i++)
+        if (!axc_work_done(s->held[i].w))
+            return 0;
+    return 1;
+}
+
+int axc_sched_wait_settled(axc_sched *s, int timeout_ms)
+{
+    int64_t deadline = axc_now_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int done = settled(s);
+        pthread_mutex_unlock(&s->mu);
+        if (done)
+            return 1;
+        if (axc_now_ns() >= deadline)
+            return 0;
+        /* (polled: a work may be freed by another thread's finish once the lock is let go) */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 axc_status axc_sched_finish(axc_sched *s)
 {

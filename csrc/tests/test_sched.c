@@ -536,7 +536,12 @@ static void test_deferred(const rank_ctx *c)
     axc_sched_stats_get(s, &st);
     CHECK_MSG(st.deferred == 2 && st.pending == 2, "before finish: deferred %llu pending %lld",
               (unsigned long long)st.deferred, (long long)st.pending);
+    while (!axc_sched_wait_settled(s, 50)) /* (slices, as the reducer waits) */
+        ;
+    axc_sched_stats_get(s, &st);
+    CHECK(st.pending == 2); /* settled: finished, not yet collected */
     CHECK_OK(axc_sched_finish(s));
+    CHECK(axc_sched_wait_settled(s, 0) == 1);
     axc_sched_stats_get(s, &st);
     CHECK_MSG(st.deferred == 2 && st.pending == 0, "after finish: deferred %llu pending %lld",
               (unsigned long long)st.deferred, (long long)st.pending);

@@ -161,6 +161,11 @@ axc_status axc_sched_await_result(axc_sched *s, const void *ptr, size_t bytes);
 axc_status axc_sched_await_number(axc_sched *s, uint64_t number);
 /* Completes every held result. */
 axc_status axc_sched_await_results(axc_sched *s);
+/* 1 once every deferred collective and held result has finished (successfully or not: then
+ * axc_sched_finish only collects them, and runs queued tasks), 0 when some has not after
+ * `timeout_ms` (0: look once). Never completes anything itself: a caller that must stay
+ * interruptible waits in slices of this (run_concurrent's reducer, csrc/python/py_sync.c). */
+int axc_sched_wait_settled(axc_sched *s, int timeout_ms);
 
 void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out);
 /* Zeroes the event counters and the peaks (peaks restart from what is alive now). */
