@@ -290,48 +290,92 @@ static void drop_packed(void)
 /* how long run_concurrent's reducer waits for its sums between looks for an interrupt */
 #define REDUCE_SLICE_MS 50
 
-/* run_concurrent's reducer: starts the packed sums and waits for them in slices, without the
- * GIL; an interrupt (Ctrl-C) between two slices aborts the job's collectives (every rank's
- * waits fail at once, as run_concurrent's own interrupt does: axonn_c/microbatches.py
- * _abort_interrupted) and is returned as the exception. 0 when the sums have finished (their
- * errors are axc_py_grad_buckets_finish's), -1 with an exception. */
-static int wait_sums_interruptibly(void)
+/* run_concurrent's reducer: starts the packed sums and waits for them (axc_sched_finish, on a
+ * thread of its own) in slices, without the GIL; an interrupt (Ctrl-C) between two slices
+ * aborts the job's collectives (every rank's waits fail at once, as run_concurrent's own
+ * interrupt does: axonn_c/microbatches.py _abort_interrupted), the finish is waited for all the
+ * same (it still uses the buffers), and the interrupt is raised. The buckets are then let go.
+ * -1 with an exception. */
+static int finish_interruptibly(void)
 {
     axc_sched *s = axc_py_sched();
     axc_buckets *b = axc_runtime_buckets(axc_py_runtime());
-    if (!s || !b)
-        return 0; /* (the finish raises) */
+    if (!s || !b) { /* (it raises: not initialised) */
+        PyObject *r = axc_py_grad_buckets_finish();
+        Py_XDECREF(r);
+        return r ? 0 : -1;
+    }
     axc_buckets_close_all(b);
-    axc_status st = axc_runtime_start_due_sums(axc_py_runtime());
-    if (st != AXC_OK) {
-        if (!PyErr_Occurred())
+    axc_sched_finishing *f = NULL;
+    axc_status st = axc_runtime_start_due_sums(axc_py_runtime()), ts = AXC_OK;
+    char task_msg[512] = "";
+    if (st == AXC_OK) {
+        /* (queued tasks run here: a GEMM task on this thread's device; the finish only waits) */
+        Py_BEGIN_ALLOW_THREADS ts = axc_sched_run_tasks(s);
+        Py_END_ALLOW_THREADS
+        if (ts != AXC_OK)
+            snprintf(task_msg, sizeof task_msg, "%s", axc_last_error());
+    }
+    if (st == AXC_OK && axc_sched_finish_start(s, &f) != AXC_OK) {
+        /* (no thread: waited for here, as without the interrupt) */
+        Py_BEGIN_ALLOW_THREADS st = axc_sched_finish(s);
+        Py_END_ALLOW_THREADS
+        f = NULL;
+    } else if (!f) { /* a sum did not start: what did completes before the buffers go */
+        if (!PyErr_Occurred()) /* (an allocation's Python error is already set) */
             axc_py_raise(st);
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        Py_BEGIN_ALLOW_THREADS (void)axc_sched_finish(s);
+        Py_END_ALLOW_THREADS
+        axc_buckets_reset(b);
+        PyErr_Restore(et, ev, tb);
         return -1;
     }
-    for (;;) {
+    PyObject *et = NULL, *ev = NULL, *tb = NULL; /* the first interrupt */
+    while (f) {
         int done;
-        Py_BEGIN_ALLOW_THREADS done = axc_sched_wait_settled(s, REDUCE_SLICE_MS);
+        Py_BEGIN_ALLOW_THREADS done = axc_sched_finish_wait(f, REDUCE_SLICE_MS, &st);
         Py_END_ALLOW_THREADS
         if (done)
-            return 0;
-        if (PyErr_CheckSignals() < 0)
             break;
+        if (PyErr_CheckSignals() == 0)
+            continue;
+        if (et) { /* (a further one: the abort is done, the finish still waited for) */
+            PyErr_Clear();
+            continue;
+        }
+        PyErr_Fetch(&et, &ev, &tb);
+        axc_comm *comm = axc_py_comm();
+        if (comm && axc_comm_grid(comm)->world_size > 1) {
+            char msg[128];
+            snprintf(msg, sizeof msg,
+                     "run_concurrent was interrupted (KeyboardInterrupt) on rank %d",
+                     axc_comm_rank(comm));
+            Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
+            Py_END_ALLOW_THREADS
+        }
     }
-    axc_comm *comm = axc_py_comm();
-    if (comm && axc_comm_grid(comm)->world_size > 1) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "run_concurrent was interrupted (KeyboardInterrupt) on rank %d",
-                 axc_comm_rank(comm));
-        Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
-        Py_END_ALLOW_THREADS
+    axc_buckets_reset(b);
+    if (et) {
+        PyErr_Restore(et, ev, tb);
+        return -1;
     }
-    return -1;
+    if (ts != AXC_OK) { /* (the first error: the tasks') */
+        axc_set_last_error(task_msg);
+        st = ts;
+    }
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
 }
 
 /* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
  * (NULL: not), waiting for the result: packed into gradient buckets of `bytes` (the same ones
  * as backward's, emptied first by the caller) and copied back; `interruptible`: waits as
- * wait_sums_interruptibly. -1 with an exception. */
+ * finish_interruptibly. -1 with an exception. */
 static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObject *scale,
                   size_t bytes, int interruptible)
 {
@@ -362,20 +406,15 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
             drop_packed();
             goto out;
         }
-    if (interruptible && wait_sums_interruptibly() < 0) {
-        /* (the sums started still complete, or fail as aborted, before the buffers go; the
-         * interrupt wins over their errors) */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        Py_XDECREF(axc_py_grad_buckets_finish());
-        PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
-        goto out;
+    if (interruptible) {
+        if (finish_interruptibly() < 0)
+            goto out;
+    } else {
+        PyObject *done = axc_py_grad_buckets_finish();
+        if (!done)
+            goto out;
+        Py_DECREF(done);
     }
-    PyObject *done = axc_py_grad_buckets_finish();
-    if (!done)
-        goto out;
-    Py_DECREF(done);
     if (scale && scale_buckets(pcs, n, scale) < 0)
         goto out;
     for (i = 0; i < n; i++)

@@ -5,10 +5,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "axc/cuda_rt.h"
-#include "axc/futex.h"
 #include "axc/torch_shim.h"
 
 typedef struct visit {
@@ -756,35 +756,6 @@ axc_status axc_sched_await_results(axc_sched *s) { return await_upto(s, UINT64_M
 
 /* ------------------------------------------------------------------ finish */
 
-/* whether every deferred collective and held result has finished (the lock held) */
-static int settled(axc_sched *s)
-{
-    for (size_t i = 0; i < s->npending; i++)
-        if (!axc_work_done(s->pending[i]))
-            return 0;
-    for (size_t i = s->held_head; i < s->nheld; i++)
-        if (!axc_work_done(s->held[i].w))
-            return 0;
-    return 1;
-}
-
-int axc_sched_wait_settled(axc_sched *s, int timeout_ms)
-{
-    int64_t deadline = axc_now_ns() + (int64_t)timeout_ms * 1000000;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        int done = settled(s);
-        pthread_mutex_unlock(&s->mu);
-        if (done)
-            return 1;
-        if (axc_now_ns() >= deadline)
-            return 0;
-        /* (polled: a work may be freed by another thread's finish once the lock is let go) */
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
 axc_status axc_sched_finish(axc_sched *s)
 {
     axc_status st = axc_sched_run_tasks(s);
@@ -802,6 +773,77 @@ axc_status axc_sched_finish(axc_sched *s)
     s->npending = 0;
     pthread_mutex_unlock(&s->mu);
     return st;
+}
+
+/* axc_sched_finish on a thread of its own (axc_sched_finish_start) */
+struct axc_sched_finishing {
+    axc_sched *s;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    axc_status status;
+    char msg[1024]; /* its error message (the message is per thread) */
+};
+
+static void *finishing_main(void *arg)
+{
+    axc_sched_finishing *f = arg;
+    axc_status st = axc_sched_finish(f->s);
+    pthread_mutex_lock(&f->mu);
+    f->status = st;
+    if (st != AXC_OK)
+        snprintf(f->msg, sizeof f->msg, "%s", axc_last_error());
+    f->done = 1;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out)
+{
+    *out = NULL;
+    axc_sched_finishing *f = calloc(1, sizeof *f);
+    if (!f)
+        return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory starting a finish");
+    f->s = s;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    if (pthread_create(&f->thread, NULL, finishing_main, f) != 0) {
+        pthread_cond_destroy(&f->cv);
+        pthread_mutex_destroy(&f->mu);
+        free(f);
+        return axc_fail(AXC_ERR_SYSTEM, "scheduler: cannot start a thread to finish on");
+    }
+    *out = f;
+    return AXC_OK;
+}
+
+int axc_sched_finish_wait(axc_sched_finishing *f, int timeout_ms, axc_status *status)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&f->mu);
+    while (!f->done && pthread_cond_timedwait(&f->cv, &f->mu, &until) == 0)
+        ;
+    int done = f->done;
+    pthread_mutex_unlock(&f->mu);
+    if (!done)
+        return 0;
+    pthread_join(f->thread, NULL);
+    *status = f->status;
+    if (f->status != AXC_OK)
+        axc_set_last_error(f->msg);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+    return 1;
 }
 
 void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out)
