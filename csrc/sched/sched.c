@@ -821,14 +821,11 @@ axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out)
 
 int axc_sched_finish_wait(axc_sched_finishing *f, int timeout_ms, axc_status *status)
 {
-    struct timespec until;
+    struct timespec until; /* (the condition variable's clock: the default, realtime) */
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    int64_t ns = (int64_t)until.tv_nsec + (int64_t)timeout_ms * 1000000;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
     pthread_mutex_lock(&f->mu);
     while (!f->done && pthread_cond_timedwait(&f->cv, &f->mu, &until) == 0)
         ;
