@@ -47,7 +47,7 @@ what only autograd's Python API knows (accumulates).
 from __future__ import annotations
 
 import contextlib
-from typing import List, Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -90,12 +90,6 @@ mark_summed = _C.grad_mark_summed
 SYNC_BUCKET_BYTES = 16 * 1024 * 1024
 
 
-@torch.no_grad()
-def reduce_now(tensors: List[Tensor], groups: Tuple[str, ...], scale: Optional[float]) -> None:
-    """Sums the tensors in place over `groups` (in this order) and multiplies them by `scale`,
-    waiting for the result: packed into gradient buckets (the same ones as backward's, emptied
-    first by the caller's finish()) and copied back (in C: csrc/python/py_sync.c)."""
-    _C.grad_reduce_now(tensors, groups, scale, SYNC_BUCKET_BYTES)
 
 
 def expect_chunk(param: Tensor) -> None:

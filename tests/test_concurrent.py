@@ -18,12 +18,13 @@ def test_concurrent_microbatches_match_serial(world):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("model", [False, True])
-def test_interrupt_ends_a_hung_call_on_every_rank(model):
+@pytest.mark.parametrize("mode", [None, "model", "reducer_sum"])
+def test_interrupt_ends_a_hung_call_on_every_rank(mode):
     # a KeyboardInterrupt while the micro-batch threads wait in a collective aborts it (every
-    # rank's waits fail, naming the interrupt); the call ends once its threads have; with
-    # model=, the main thread waits in the reducer for a bucket and sees the interrupt there
-    out = torchrun(2, "mb_interrupt_worker.py", *(["model"] if model else []))
+    # rank's waits fail, naming the interrupt); the call ends once its threads have; "model":
+    # the main thread waits in the reducer for a bucket and sees the interrupt there;
+    # "reducer_sum": the reducer waits in its own gradient sum, and sees it there
+    out = torchrun(2, "mb_interrupt_worker.py", *([mode] if mode else []))
     assert "rank 0: interrupt ok" in out and "rank 1: interrupt ok" in out, out
 
 

@@ -23,3 +23,10 @@ def test_gpu_suite_overlap_worker_on_cpu(world):
     must hold here too, so that a GPU run fails only on what the GPU does differently."""
     out = torchrun(world, "gpu_overlap_worker.py", env={"AXONN_C_TEST_DEVICE": "cpu"})
     assert f"world {world}: overlap with cpu tensors matches serial PyTorch" in out
+
+
+def test_failed_backward_completes_its_queued_work():
+    """A deferred backward that fails after queueing work (a test fault in its keep-alive step)
+    completes that work before its tensors go (tests/workers/backward_fault_worker.py)."""
+    out = torchrun(2, "backward_fault_worker.py")
+    assert "world 2: backward fault checks pass" in out

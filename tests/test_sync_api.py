@@ -2,12 +2,14 @@
 (_C.grad_reduce_now, csrc/python/py_sync.c) in one process: every bucket size (pieces spread
 over several buckets, the scale applied once per bucket), mixed dtypes, empty tensors, the
 memcpy fast path against torch's copy (a lazily negated tensor), and bad input refused with no
-bucket left open. The multi-rank sums are tested by test_training_utils.py."""
+bucket left open; on two ranks, a failed sum marks nothing summed. The multi-rank sums are
+tested by test_training_utils.py."""
 import pytest
 import torch
 
 import axonn_c
 from axonn_c import _C, grads
+from conftest import torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,7 @@ def test_a_lazily_negated_gradient_is_copied_by_its_values():
     x = torch.arange(1.0, 5.0)
     t = torch._neg_view(x)  # contiguous CPU memory holding x, values -x
     assert t.is_neg()
-    grads.reduce_now([t], ("world",), None)
+    _C.grad_reduce_now([t], ("world",), None, grads.SYNC_BUCKET_BYTES)
     assert torch.equal(t, -torch.arange(1.0, 5.0))
 
 
@@ -65,3 +67,11 @@ def test_bad_input_is_named_and_leaves_no_bucket_open():
     t = torch.full((3,), 2.0)
     _C.grad_reduce_now([t], ("world",), 0.5, 64)
     assert torch.equal(t, torch.ones(3))
+
+
+@pytest.mark.multiproc
+def test_a_failed_sum_is_not_marked_and_a_retry_sums_it():
+    """Two ranks: sync_gradients_depth_parallel whose packing fails leaves no "summed over"
+    mark, and the retry sums (tests/workers/sync_retry_worker.py)."""
+    out = torchrun(2, "sync_retry_worker.py")
+    assert "rank 0: sync retry ok" in out and "rank 1: sync retry ok" in out, out

@@ -41,6 +41,10 @@ static const axc_env_setting settings[] = {
      "`address`: an AddressSanitizer build (`tests/run_asan_workers.sh`)"},
     {"AXONN_C_PRINT_CFLAGS", "`setup.py`", "unset",
      "`1`: print the header flags of the CUDA parts and exit (the Makefile's C tests use them)"},
+    {"AXONN_C_TEST_FAULT", "`csrc/python/py_linear_call.c`", "unset",
+     "tests only: `backward_keep` makes a deferred Linear backward fail (`MemoryError`) in the "
+     "step after its work was queued (keeping what the work reads alive), as out of memory "
+     "there would"},
     {"AXONN_C_TEST_DEVICE", "`tests/workers/gpu_overlap_worker.py`", "`cuda`",
      "`cpu` runs that GPU worker on CPU tensors (the CPU suite does)"},
 };

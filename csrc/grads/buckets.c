@@ -1,6 +1,7 @@
 /* Gradient buckets (axc/buckets.h): a state machine over this pass's flat buffers. */
 #include "axc/buckets.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@ typedef struct bucket {
     size_t cap, used; /* elements */
     int holds;        /* chunk records still accumulating into it */
     enum bucket_state state;
+    int closed;       /* retired by axc_buckets_close_all: its pass's sums started */
 } bucket;
 
 struct axc_buckets {
@@ -19,6 +21,9 @@ struct axc_buckets {
     size_t bucket_bytes;
     bucket *v; /* this pass's buckets, in the order they were made */
     int n, cap;
+    /* the number of this pass's first bucket: numbers are not reused across passes, so that a
+     * piece taken before the pass ended is not mistaken for one of a later pass's bucket */
+    int first;
     /* retired buckets whose sums are still to be handed out: bucket numbers in retirement
      * order; `next_group` is the group the first one hands out next */
     int *due;
@@ -95,6 +100,7 @@ void axc_buckets_reset(axc_buckets *b)
     for (int i = 0; i < b->n; i++)
         b->ops.release(b->ops.ctx, b->v[i].owner);
     b->pass += b->n > 0;
+    b->first = b->first > INT_MAX / 2 ? 0 : b->first + b->n; /* (wraps after ~10^9 buckets) */
     b->n = 0;
     b->ndue = b->due_head = b->next_group = 0;
 }
@@ -128,14 +134,22 @@ void axc_buckets_destroy(axc_buckets *b)
     free(b);
 }
 
-static bucket *get(axc_buckets *b, int i, const char *what)
+/* The bucket numbered `id`; NULL with the status in *st */
+static bucket *get(axc_buckets *b, int id, const char *what, axc_status *st)
 {
-    if (i < 0 || i >= b->n) {
-        axc_fail(AXC_ERR_INVALID, "%s: no gradient bucket %d in this pass (it has %d)", what, i,
-                 b->n);
+    *st = AXC_OK;
+    if (id >= 0 && id < b->first) {
+        *st = axc_fail(AXC_ERR_STATE, "%s: gradient bucket %d belongs to an earlier pass, which ended "
+                                "(its sums ran and its buffers were let go) while a piece of it "
+                                "was still to be written; that piece was not summed", what, id);
         return NULL;
     }
-    return &b->v[i];
+    if (id < b->first || id - b->first >= b->n) {
+        *st = axc_fail(AXC_ERR_INVALID, "%s: no gradient bucket %d in this pass (it has %d to %d)",
+                 what, id, b->first, b->first + b->n - 1);
+        return NULL;
+    }
+    return &b->v[id - b->first];
 }
 
 enum why_retired { DURING_PASS, AFTER_HOLDS, AT_END };
@@ -195,44 +209,67 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
         b->stats.made++;
     }
     bucket *k = &b->v[open];
-    *bucket_out = open;
+    *bucket_out = b->first + open;
     *offset = k->used;
     *owner = k->owner;
     k->used += n;
     return AXC_OK;
 }
 
-axc_status axc_buckets_written(axc_buckets *b, int i)
+/* The bucket of `id` that a piece taken earlier may still be written into; NULL (the status in
+ * *st) once its pass ended or its end-of-pass sums started */
+static bucket *writable(axc_buckets *b, int id, const char *what, axc_status *st)
 {
-    bucket *k = get(b, i, "axc_buckets_written");
+    bucket *k = get(b, id, what, st);
+    if (k && k->closed) {
+        *st = axc_fail(AXC_ERR_STATE, "%s: gradient bucket %d started its end-of-pass sums "
+                                      "while a piece of it was still to be written; that piece "
+                                      "was not summed", what, id);
+        return NULL;
+    }
+    return k;
+}
+
+axc_status axc_buckets_check(axc_buckets *b, int id)
+{
+    axc_status st;
+    return writable(b, id, "gradient bucket", &st) ? AXC_OK : st;
+}
+
+axc_status axc_buckets_written(axc_buckets *b, int id)
+{
+    axc_status st;
+    bucket *k = writable(b, id, "axc_buckets_written", &st);
     if (!k)
-        return AXC_ERR_INVALID;
+        return st;
     if (k->state == BUCKET_OPEN && k->used == k->cap)
-        retire(b, i, DURING_PASS);
+        retire(b, id - b->first, DURING_PASS);
     return AXC_OK;
 }
 
-axc_status axc_buckets_hold(axc_buckets *b, int i)
+axc_status axc_buckets_hold(axc_buckets *b, int id)
 {
-    bucket *k = get(b, i, "axc_buckets_hold");
+    axc_status st;
+    bucket *k = writable(b, id, "axc_buckets_hold", &st);
     if (!k)
-        return AXC_ERR_INVALID;
+        return st;
     if (k->state == BUCKET_RETIRED)
         return axc_fail(AXC_ERR_STATE, "gradient bucket %d already started its sums: it takes "
-                                       "no more holds", i);
+                                       "no more holds", id);
     k->holds++;
     return AXC_OK;
 }
 
-axc_status axc_buckets_unhold(axc_buckets *b, int i)
+axc_status axc_buckets_unhold(axc_buckets *b, int id)
 {
-    bucket *k = get(b, i, "axc_buckets_unhold");
+    axc_status st;
+    bucket *k = get(b, id, "axc_buckets_unhold", &st);
     if (!k)
-        return AXC_ERR_INVALID;
+        return st;
     if (k->holds <= 0)
-        return axc_fail(AXC_ERR_STATE, "gradient bucket %d has no hold to release", i);
+        return axc_fail(AXC_ERR_STATE, "gradient bucket %d has no hold to release", id);
     if (--k->holds == 0 && (k->state == BUCKET_PARKED || k->used == k->cap))
-        retire(b, i, AFTER_HOLDS);
+        retire(b, id - b->first, AFTER_HOLDS);
     return AXC_OK;
 }
 
@@ -242,6 +279,7 @@ void axc_buckets_close_all(axc_buckets *b)
         for (int i = 0; i < b->n; i++)
             if (b->v[i].state == (pass ? BUCKET_OPEN : BUCKET_PARKED)) {
                 b->v[i].holds = 0;
+                b->v[i].closed = 1;
                 retire(b, i, AT_END);
             }
 }

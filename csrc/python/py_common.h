@@ -87,8 +87,8 @@ PyObject *axc_py_grad_records_drop(uint64_t gen);
 int axc_py_grad_check_unsynced(PyObject *p);
 /* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
  * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the
- * caller) and copied back, as _C.grad_reduce_now (run_concurrent's reducer); -1 with an
- * exception */
+ * caller) and copied back, as _C.grad_reduce_now; an interrupt while it waits aborts the job's
+ * collectives (run_concurrent's reducer); -1 with an exception */
 int axc_py_grad_reduce(PyObject *const *tensors, size_t n, const axc_groups *g, size_t bytes);
 /* py_grad_hook.c: numel elements of the open bucket over `groups` for gradients like p's (the
  * runtime's bucket size) and the bucket's number */

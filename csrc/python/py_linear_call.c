@@ -5,10 +5,13 @@
  * that takes the tensors and the per-call facts, allocates the outputs with torch (new_empty on
  * the input) and runs csrc/layers/linear.c with the GIL released. */
 #include <stdint.h>
+#include <string.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/env.h"
 #include "axc/layer_residuals.h"
 #include "axc/linear.h"
+#include "axc/sched.h"
 #include "axc/torch_shim.h"
 #include "py_common.h"
 #include "structmember.h"
@@ -343,6 +346,12 @@ static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObj
                           PyObject *task_reads, PyObject *param, const axc_py_deferred_dw *dd,
                           PyObject *ws, int depth, int shared_scatter)
 {
+    const char *fault = axc_env_str("AXONN_C_TEST_FAULT");
+    if (fault && strcmp(fault, "backward_keep") == 0) {
+        PyErr_SetString(PyExc_MemoryError, "AXONN_C_TEST_FAULT=backward_keep: the keep-alive "
+                                           "step after a backward failed (test fault)");
+        return -1;
+    }
     if (io->hold_result) {
         axc_sched *sched = axc_py_sched();
         axc_sched_stats t;
@@ -369,6 +378,23 @@ static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObj
     return 0;
 }
 
+/* After after_backward failed: the work the backward queued (a dW GEMM task, a deferred
+ * reduce-scatter, a held dX all-reduce) completes now, with the interpreter lock released, so
+ * that nothing is left reading or writing the tensors the failed call lets go; the pending
+ * exception is kept (the wait's own error is dropped: the first error wins). */
+static void complete_queued(void)
+{
+    axc_sched *sched = axc_py_sched();
+    if (!sched)
+        return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    Py_BEGIN_ALLOW_THREADS (void)axc_sched_finish(sched);
+    Py_END_ALLOW_THREADS
+    axc_py_keeps_release_done();
+    PyErr_Restore(et, ev, tb);
+}
+
 /* backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, w_full, dw_full,
  *          trains_residual, hold_result]]) -> (dx or None, dw or None, db or None).
  * param: the weight parameter whose gradient this call defers (axonn_c/linear.py
@@ -382,7 +408,8 @@ static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObj
  * no .grad or runs on a micro-batch thread (its depth reduce-scatter then takes scratch zeros
  * as its error-feedback residual, not the layer's); hold_result: dx's all-reduce is left in
  * flight, dx kept until it is awaited. A backward that raises records nothing (a piece taken
- * from a bucket stays unwritten, its pass dropped as abandoned). */
+ * from a bucket stays unwritten, its pass dropped as abandoned); one that raises after its
+ * work was queued first completes that work (complete_queued). */
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5 && n != 7 && n != 13) {
@@ -515,6 +542,8 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
             after_backward(self, &io, dx, reads, param, &dd, ws, s.depth_size,
                            more[3] != Py_None) < 0) {
             Py_XDECREF(reads);
+            if (task || defer || hold) /* (what it reads and writes goes with this call) */
+                complete_queued();
             goto done;
         }
         Py_XDECREF(reads);

@@ -186,10 +186,18 @@ int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g); }
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
                        const axc_groups *groups, int bucket)
 {
+    /* (a piece whose bucket's pass ended meanwhile, e.g. another thread's finish(), is in no
+     * sum: refused before it is recorded) */
+    axc_buckets *b = axc_runtime_buckets(axc_py_runtime());
+    axc_status st = bucket < 0 || !b ? AXC_OK : axc_buckets_check(b, bucket);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
     axc_grad_record rec = {.key = key_of(p), .param = Py_NewRef(p), .dw = Py_NewRef(dw),
                            .keep = keep ? Py_NewRef(keep) : NULL, .replace = replace,
                            .groups = *groups};
-    axc_status st = axc_records_add(recs(), &rec);
+    st = axc_records_add(recs(), &rec);
     if (st != AXC_OK) {
         axc_py_raise(st);
         return -1;

@@ -5,6 +5,7 @@
  * copies the gradients in and out: a contiguous CPU gradient into its piece with memcpy, any
  * other with torch's copy_ (on the current stream, so CUDA gradients are ordered as any torch
  * op); the scale once per bucket; back into each gradient with torch's copy_. */
+#include <stdio.h>
 #include <string.h>
 
 #include "axc/buckets.h"
@@ -286,11 +287,97 @@ static void drop_packed(void)
     PyErr_Restore(et, ev, tb);
 }
 
+/* how long run_concurrent's reducer waits for its sums between looks for an interrupt */
+#define REDUCE_SLICE_MS 50
+
+/* run_concurrent's reducer: starts the packed sums and waits for them (axc_sched_finish, on a
+ * thread of its own) in slices, without the GIL; an interrupt (Ctrl-C) between two slices
+ * aborts the job's collectives (every rank's waits fail at once, as run_concurrent's own
+ * interrupt does: axonn_c/microbatches.py _abort_interrupted), the finish is waited for all the
+ * same (it still uses the buffers), and the interrupt is raised. The buckets are then let go.
+ * -1 with an exception. */
+static int finish_interruptibly(void)
+{
+    axc_sched *s = axc_py_sched();
+    axc_buckets *b = axc_runtime_buckets(axc_py_runtime());
+    if (!s || !b) { /* (it raises: not initialised) */
+        PyObject *r = axc_py_grad_buckets_finish();
+        Py_XDECREF(r);
+        return r ? 0 : -1;
+    }
+    axc_buckets_close_all(b);
+    axc_sched_finishing *f = NULL;
+    axc_status st = axc_runtime_start_due_sums(axc_py_runtime()), ts = AXC_OK;
+    char task_msg[512] = "";
+    if (st == AXC_OK) {
+        /* (queued tasks run here: a GEMM task on this thread's device; the finish only waits) */
+        Py_BEGIN_ALLOW_THREADS ts = axc_sched_run_tasks(s);
+        Py_END_ALLOW_THREADS
+        if (ts != AXC_OK)
+            snprintf(task_msg, sizeof task_msg, "%s", axc_last_error());
+    }
+    if (st == AXC_OK && axc_sched_finish_start(s, &f) != AXC_OK) {
+        /* (no thread: waited for here, as without the interrupt) */
+        Py_BEGIN_ALLOW_THREADS st = axc_sched_finish(s);
+        Py_END_ALLOW_THREADS
+        f = NULL;
+    } else if (!f) { /* a sum did not start: what did completes before the buffers go */
+        if (!PyErr_Occurred()) /* (an allocation's Python error is already set) */
+            axc_py_raise(st);
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        Py_BEGIN_ALLOW_THREADS (void)axc_sched_finish(s);
+        Py_END_ALLOW_THREADS
+        axc_buckets_reset(b);
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    PyObject *et = NULL, *ev = NULL, *tb = NULL; /* the first interrupt */
+    while (f) {
+        int done;
+        Py_BEGIN_ALLOW_THREADS done = axc_sched_finish_wait(f, REDUCE_SLICE_MS, &st);
+        Py_END_ALLOW_THREADS
+        if (done)
+            break;
+        if (PyErr_CheckSignals() == 0)
+            continue;
+        if (et) { /* (a further one: the abort is done, the finish still waited for) */
+            PyErr_Clear();
+            continue;
+        }
+        PyErr_Fetch(&et, &ev, &tb);
+        axc_comm *comm = axc_py_comm();
+        if (comm && axc_comm_grid(comm)->world_size > 1) {
+            char msg[128];
+            snprintf(msg, sizeof msg,
+                     "run_concurrent was interrupted (KeyboardInterrupt) on rank %d",
+                     axc_comm_rank(comm));
+            Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    axc_buckets_reset(b);
+    if (et) {
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    if (ts != AXC_OK) { /* (the first error: the tasks') */
+        axc_set_last_error(task_msg);
+        st = ts;
+    }
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
 /* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
  * (NULL: not), waiting for the result: packed into gradient buckets of `bytes` (the same ones
- * as backward's, emptied first by the caller) and copied back. -1 with an exception. */
+ * as backward's, emptied first by the caller) and copied back; `interruptible`: waits as
+ * finish_interruptibly. -1 with an exception. */
 static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObject *scale,
-                  size_t bytes)
+                  size_t bytes, int interruptible)
 {
     if (!g->n) {
         for (size_t i = 0; scale && i < n; i++)
@@ -319,10 +406,15 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
             drop_packed();
             goto out;
         }
-    PyObject *done = axc_py_grad_buckets_finish();
-    if (!done)
-        goto out;
-    Py_DECREF(done);
+    if (interruptible) {
+        if (finish_interruptibly() < 0)
+            goto out;
+    } else {
+        PyObject *done = axc_py_grad_buckets_finish();
+        if (!done)
+            goto out;
+        Py_DECREF(done);
+    }
     if (scale && scale_buckets(pcs, n, scale) < 0)
         goto out;
     for (i = 0; i < n; i++)
@@ -338,7 +430,7 @@ out:
 
 int axc_py_grad_reduce(PyObject *const *tensors, size_t n, const axc_groups *g, size_t bytes)
 {
-    return intern() < 0 ? -1 : reduce(tensors, n, g, NULL, bytes);
+    return intern() < 0 ? -1 : reduce(tensors, n, g, NULL, bytes, 1);
 }
 
 /* None -> NULL, else the number itself (borrowed); -1 with an exception */
@@ -365,7 +457,9 @@ static int parse_bytes(Py_ssize_t bytes)
 
 /* grad_reduce_now(tensors, groups, scale, bucket_bytes): sums the tensors in place over
  * `groups` (names, in this order; none: only scaled) and multiplies them by `scale` (None:
- * not), waiting for the result (run_concurrent's reducer; sync_gradients is grad_sync) */
+ * not), waiting for the result, as run_concurrent's reducer does (axc_py_grad_reduce;
+ * sync_gradients is grad_sync): an interrupt during the wait aborts the job's collectives and
+ * raises KeyboardInterrupt */
 static PyObject *py_reduce_now(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -381,7 +475,7 @@ static PyObject *py_reduce_now(PyObject *self, PyObject *args)
     if (!seq)
         return NULL;
     int rc = reduce(PySequence_Fast_ITEMS(seq), (size_t)PySequence_Fast_GET_SIZE(seq), &g, scale,
-                    (size_t)bytes);
+                    (size_t)bytes, 1);
     Py_DECREF(seq);
     if (rc < 0)
         return NULL;
@@ -396,8 +490,9 @@ typedef struct sync_args {
     int marks_grad;
 } sync_args;
 
-/* Decides param p's part (C: csrc/grads/sync.c) and updates its mark; *grad: the gradient to
- * sum (a new reference), NULL when it has none. -1 with an exception. */
+/* Decides param p's part (C: csrc/grads/sync.c); *grad: the gradient to sum (a new
+ * reference), NULL when it has none. -1 with an exception. (The mark changes once the sum is
+ * done: mark_summed.) */
 static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObject **grad)
 {
     *grad = NULL;
@@ -430,11 +525,6 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
             goto drop;
     }
     axc_sync_decide(&groups, &done, a->several, a->only, a->marks_grad, c);
-    if (c->mark != AXC_SYNC_MARK_KEEP) {
-        axc_groups none = {0};
-        if (axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none) < 0)
-            goto drop;
-    }
     *grad = g;
     rc = 0;
     goto out;
@@ -445,10 +535,20 @@ out:
     return rc;
 }
 
+/* After param p's sum succeeded: its mark says what its .grad is now summed over (only then,
+ * so that a sum that failed is not skipped by a retry) */
+static int mark_summed(PyObject *p, const axc_sync_choice *c)
+{
+    axc_groups none = {0};
+    if (c->mark == AXC_SYNC_MARK_KEEP)
+        return 0;
+    return axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none);
+}
+
 /* The sums of the plan, set by set (each set's gradients packed together, or one by one
- * without `vectorize`). */
-static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject *scale,
-                    int vectorize, size_t bytes)
+ * without `vectorize`), each parameter's mark updated once its sum is done. */
+static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_choice *choices,
+                    PyObject *const *grads, PyObject *scale, int vectorize, size_t bytes)
 {
     PyObject **set = PyMem_Calloc(plan->n ? plan->n : 1, sizeof *set);
     if (!set) {
@@ -461,9 +561,14 @@ static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject 
         for (size_t k = 0; k < ss->count; k++)
             set[k] = grads[plan->order[ss->first + k]];
         if (vectorize)
-            rc = reduce(set, ss->count, &ss->groups, scale, bytes);
-        for (size_t k = 0; !vectorize && rc == 0 && k < ss->count; k++)
-            rc = reduce(&set[k], 1, &ss->groups, scale, bytes);
+            rc = reduce(set, ss->count, &ss->groups, scale, bytes, 0);
+        for (size_t k = 0; rc == 0 && k < ss->count; k++) {
+            size_t i = plan->order[ss->first + k];
+            if (!vectorize)
+                rc = reduce(&set[k], 1, &ss->groups, scale, bytes, 0);
+            if (rc == 0)
+                rc = mark_summed(PyList_GET_ITEM(params, i), &choices[i]);
+        }
     }
     PyMem_Free(set);
     return rc;
@@ -472,7 +577,8 @@ static int run_plan(const axc_sync_plan *plan, PyObject *const *grads, PyObject 
 /* grad_sync(params, attr, replicated, only, scale, vectorize, hook, bucket_bytes): sums each
  * parameter's gradient (its attribute `attr`) over its groups (`_axonn_grad_groups`, else
  * `replicated`) that have several ranks, less those its mark says are summed already, within
- * `only` (None: all), and multiplies it by `scale` (None: not); updates the marks; with `hook`
+ * `only` (None: all), and multiplies it by `scale` (None: not); updates the marks of what was
+ * summed (after its sum: a failed sum leaves its marks, so a retry sums it again); with `hook`
  * (None: none), first calls hook(p, groups) for each parameter that is not a deferred Linear
  * weight. The sums are packed per set of groups into buckets of `bucket_bytes`. */
 static PyObject *py_sync(PyObject *self, PyObject *args)
@@ -521,7 +627,7 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         axc_py_raise(st);
         goto out;
     }
-    rc = run_plan(&plan, grads, scale, vectorize, (size_t)bytes);
+    rc = run_plan(&plan, list, choices, grads, scale, vectorize, (size_t)bytes);
 out:
     axc_sync_plan_free(&plan);
     for (size_t i = 0; grads && i < n; i++)

@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <time.h>
 
 #include "axc/cuda_rt.h"
 #include "axc/torch_shim.h"
@@ -771,6 +773,74 @@ axc_status axc_sched_finish(axc_sched *s)
     s->npending = 0;
     pthread_mutex_unlock(&s->mu);
     return st;
+}
+
+/* axc_sched_finish on a thread of its own (axc_sched_finish_start) */
+struct axc_sched_finishing {
+    axc_sched *s;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    axc_status status;
+    char msg[1024]; /* its error message (the message is per thread) */
+};
+
+static void *finishing_main(void *arg)
+{
+    axc_sched_finishing *f = arg;
+    axc_status st = axc_sched_finish(f->s);
+    pthread_mutex_lock(&f->mu);
+    f->status = st;
+    if (st != AXC_OK)
+        snprintf(f->msg, sizeof f->msg, "%s", axc_last_error());
+    f->done = 1;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out)
+{
+    *out = NULL;
+    axc_sched_finishing *f = calloc(1, sizeof *f);
+    if (!f)
+        return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory starting a finish");
+    f->s = s;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    if (pthread_create(&f->thread, NULL, finishing_main, f) != 0) {
+        pthread_cond_destroy(&f->cv);
+        pthread_mutex_destroy(&f->mu);
+        free(f);
+        return axc_fail(AXC_ERR_SYSTEM, "scheduler: cannot start a thread to finish on");
+    }
+    *out = f;
+    return AXC_OK;
+}
+
+int axc_sched_finish_wait(axc_sched_finishing *f, int timeout_ms, axc_status *status)
+{
+    struct timespec until; /* (the condition variable's clock: the default, realtime) */
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = (int64_t)until.tv_nsec + (int64_t)timeout_ms * 1000000;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
+    pthread_mutex_lock(&f->mu);
+    while (!f->done && pthread_cond_timedwait(&f->cv, &f->mu, &until) == 0)
+        ;
+    int done = f->done;
+    pthread_mutex_unlock(&f->mu);
+    if (!done)
+        return 0;
+    pthread_join(f->thread, NULL);
+    *status = f->status;
+    if (f->status != AXC_OK)
+        axc_set_last_error(f->msg);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+    return 1;
 }
 
 void axc_sched_stats_get(axc_sched *s, axc_sched_stats *out)

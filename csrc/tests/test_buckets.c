@@ -146,13 +146,27 @@ int main(void)
     /* made 0 to 7; retired early: 0, 1, 2, 3 and 4 (the last two after holds); at the end: 5 to 7 */
     CHECK(stats.made == 8 && stats.early == 5 && stats.after_holds == 2 && stats.at_end == 3);
 
-    /* e) reset releases every buffer of the pass, and numbering starts again */
+    /* e) reset releases every buffer of the pass; numbering goes on, so a piece taken before
+     * the pass ended (another thread's finish between a deferred gradient's take and its
+     * record) is refused, not written into the later pass's bucket of the same position */
+    CHECK_OK(axc_buckets_take(b, &data, 1, NULL, &id2, &off, &owner)); /* taken, not yet written */
     int made = axc_buckets_count(b);
-    CHECK(made == log.allocs && log.releases == 0);
+    CHECK(made == log.allocs && log.releases == 0 && id2 == made - 1);
+    axc_buckets_close_all(b);
+    CHECK(axc_buckets_check(b, id2) == AXC_ERR_STATE); /* its end-of-pass sums started */
+    CHECK(strstr(axc_last_error(), "end-of-pass sums") != NULL);
+    CHECK(axc_buckets_written(b, id2) == AXC_ERR_STATE);
+    CHECK(drain(b, sums, 16) == 1);
     axc_buckets_reset(b);
     CHECK(log.releases == made && axc_buckets_count(b) == 0);
     CHECK_OK(axc_buckets_take(b, &data, 1, NULL, &id, &off, &owner));
-    CHECK(id == 0 && off == 0);
+    CHECK(id == made && off == 0 && id != id2);
+    CHECK(axc_buckets_written(b, id2) == AXC_ERR_STATE);
+    CHECK(strstr(axc_last_error(), "earlier pass") != NULL);
+    CHECK(axc_buckets_hold(b, 0) == AXC_ERR_STATE && axc_buckets_unhold(b, 0) == AXC_ERR_STATE);
+    CHECK(axc_buckets_check(b, id) == AXC_OK);
+    CHECK_OK(axc_buckets_hold(b, id));
+    CHECK_OK(axc_buckets_unhold(b, id));
     /* an abandoned pass: reset drops what is due without handing it out */
     axc_buckets_close_all(b);
     axc_buckets_reset(b);
@@ -164,8 +178,9 @@ int main(void)
     CHECK(strstr(axc_last_error(), "expected 1 to 4") != NULL);
     bad = key_of(AXC_DT_F32, 1, (axc_group_kind)99, 0);
     CHECK(axc_buckets_take(b, &bad, 1, NULL, &id, &off, &owner) == AXC_ERR_INVALID);
-    CHECK(axc_buckets_written(b, 7) == AXC_ERR_INVALID);
-    CHECK(strstr(axc_last_error(), "no gradient bucket 7") != NULL);
+    CHECK(axc_buckets_written(b, 700) == AXC_ERR_INVALID);
+    CHECK(strstr(axc_last_error(), "no gradient bucket 700") != NULL);
+    CHECK(axc_buckets_written(b, -1) == AXC_ERR_INVALID);
     log.fail_next = 1;
     CHECK(axc_buckets_take(b, &data, 1, NULL, &id, &off, &owner) == AXC_ERR_NOMEM);
     CHECK(axc_buckets_count(b) == 0); /* nothing half-made */

@@ -105,11 +105,17 @@ void axc_buckets_new_step(axc_buckets *b);
 void axc_buckets_clear_residuals(axc_buckets *b);
 
 /* `n` elements in the open bucket of `key` (a new one, of max(n, bucket_bytes / element size)
- * elements, when it has no room: the full one retires; `arg` goes to ops.alloc for it). Out:
- * the bucket's number in this pass, the piece's offset in elements, and the buffer's owner
+ * elements, when it has no room: the full one retires; `arg` goes to ops.alloc for it). Out: the
+ * bucket's number (numbers go on across passes: one taken before its pass ended is refused
+ * afterwards, see axc_buckets_check), the piece's offset in elements, and the buffer's owner
  * handle. */
 axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, void *arg,
                             int *bucket, size_t *offset, void **owner);
+/* Whether a piece taken from `bucket` may still be written and recorded: AXC_ERR_STATE once its
+ * pass ended (axc_buckets_reset) or its end-of-pass sums started (axc_buckets_close_all), e.g.
+ * another thread's end of pass between a piece's take and its record: the piece is then not in
+ * any sum. written and hold check the same. */
+axc_status axc_buckets_check(axc_buckets *b, int bucket);
 /* The bucket's pieces are all written: if it is full it retires. */
 axc_status axc_buckets_written(axc_buckets *b, int bucket);
 /* One more record accumulates into the bucket over several calls (a chunk record): it does not

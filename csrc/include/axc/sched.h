@@ -141,6 +141,14 @@ axc_status axc_sched_start_after_deferred(axc_sched *s, axc_group_kind group, co
 /* Runs the deferred tasks, then waits for every deferred collective (in order); returns the
  * first failure. */
 axc_status axc_sched_finish(axc_sched *s);
+/* axc_sched_finish on a thread of its own, so that its caller can wait for it in slices and
+ * stay interruptible (run_concurrent's reducer, csrc/python/py_sync.c) while the waits are the
+ * same (a peer's crossed-collective check, the timeouts, CUDA stream ordering). */
+typedef struct axc_sched_finishing axc_sched_finishing;
+axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out);
+/* 1 once that finish returned (*status: its result, its message this thread's; f is freed), 0
+ * when it has not within `timeout_ms`. Every started finish must be waited for until it is. */
+int axc_sched_finish_wait(axc_sched_finishing *f, int timeout_ms, axc_status *status);
 
 /* Queues a task; *number (optional) receives its number (1, 2, ...: compare with
  * stats.tasks_run). On failure the task was run now (and dropped). */
