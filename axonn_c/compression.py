@@ -180,7 +180,7 @@ def compression_state(model=None) -> dict:
     for a checkpoint: load them with load_compression_state on the same grid and model.
 
     - "residuals": the compressed data-parallel gradient sums'. A slot is (the pass within the
-      step, the bucket number in the pass, the group's position), kept across steps:
+      step, the bucket's position in the pass, the group's position), kept across steps:
       sync_gradients ends a step; a residual whose bucket changes size starts again from zeros.
     - "depth" (with `model`): {module name: residual} of its axonn_c.Linear layers whose depth dW
       reduce-scatter keeps one (compressed with error feedback, after their first backward),

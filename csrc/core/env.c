@@ -44,7 +44,7 @@ static const axc_env_setting settings[] = {
     {"AXONN_C_TEST_FAULT", "`csrc/python/py_linear_call.c`", "unset",
      "tests only: `backward_keep` makes a deferred Linear backward fail (`MemoryError`) in the "
      "step after its work was queued (keeping what the work reads alive), as out of memory "
-     "there would"},
+     "there would; switchable while the job runs only when set (to anything) at its start"},
     {"AXONN_C_TEST_DEVICE", "`tests/workers/gpu_overlap_worker.py`", "`cuda`",
      "`cpu` runs that GPU worker on CPU tensors (the CPU suite does)"},
 };

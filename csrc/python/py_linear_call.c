@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "axc/bench_skip.h"
 #include "axc/cuda_rt.h"
 #include "axc/env.h"
 #include "axc/layer_residuals.h"
@@ -346,8 +347,7 @@ static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObj
                           PyObject *task_reads, PyObject *param, const axc_py_deferred_dw *dd,
                           PyObject *ws, int depth, int shared_scatter)
 {
-    const char *fault = axc_env_str("AXONN_C_TEST_FAULT");
-    if (fault && strcmp(fault, "backward_keep") == 0) {
+    if (axc_test_fault("backward_keep")) {
         PyErr_SetString(PyExc_MemoryError, "AXONN_C_TEST_FAULT=backward_keep: the keep-alive "
                                            "step after a backward failed (test fault)");
         return -1;

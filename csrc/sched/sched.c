@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/thread_channel.h"
 #include "axc/torch_shim.h"
 
 typedef struct visit {
@@ -782,6 +783,7 @@ struct axc_sched_finishing {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done;
+    int channel; /* the starting thread's comm channel: its waits' spans carry it */
     axc_status status;
     char msg[1024]; /* its error message (the message is per thread) */
 };
@@ -789,6 +791,7 @@ struct axc_sched_finishing {
 static void *finishing_main(void *arg)
 {
     axc_sched_finishing *f = arg;
+    axc_thread_channel_set(f->channel);
     axc_status st = axc_sched_finish(f->s);
     pthread_mutex_lock(&f->mu);
     f->status = st;
@@ -807,8 +810,13 @@ axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out)
     if (!f)
         return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory starting a finish");
     f->s = s;
+    f->channel = axc_thread_channel();
     pthread_mutex_init(&f->mu, NULL);
-    pthread_cond_init(&f->cv, NULL);
+    pthread_condattr_t ca; /* (monotonic: a step of the wall clock cannot stretch a slice) */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&f->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (pthread_create(&f->thread, NULL, finishing_main, f) != 0) {
         pthread_cond_destroy(&f->cv);
         pthread_mutex_destroy(&f->mu);
@@ -821,8 +829,8 @@ axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out)
 
 int axc_sched_finish_wait(axc_sched_finishing *f, int timeout_ms, axc_status *status)
 {
-    struct timespec until; /* (the condition variable's clock: the default, realtime) */
-    clock_gettime(CLOCK_REALTIME, &until);
+    struct timespec until; /* (the condition variable's clock: monotonic) */
+    clock_gettime(CLOCK_MONOTONIC, &until);
     int64_t ns = (int64_t)until.tv_nsec + (int64_t)timeout_ms * 1000000;
     until.tv_sec += (time_t)(ns / 1000000000);
     until.tv_nsec = (long)(ns % 1000000000);

@@ -10,6 +10,9 @@ import torch
 from torch import nn
 
 import axonn_c
+
+# read once by C: present from the start, so the backward below can switch it on
+os.environ["AXONN_C_TEST_FAULT"] = "none"
 from linear_worker import shard_of
 from sched_worker import H, close, tokens
 

@@ -13,6 +13,10 @@ extern "C" {
  * each call, so a benchmark can switch modes between steps. */
 int axc_bench_skips(const char *what);
 
+/* Tests only: 1 when AXONN_C_TEST_FAULT equals `what` (a failure the tests inject). Looked up the
+ * same way: a job that starts without the variable never reads it again. */
+int axc_test_fault(const char *what);
+
 #ifdef __cplusplus
 }
 #endif

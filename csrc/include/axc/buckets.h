@@ -51,7 +51,7 @@ typedef struct axc_bucket_ops {
 
 /* How a bucket's sums over one group are compressed (codec AXC_CODEC_NONE: exact). Only
  * float32 buckets are compressed; others are summed exactly. With error_feedback, each
- * (pass of the step, bucket number, group position) keeps a float32 residual across steps
+ * (pass of the step, bucket's position in the pass, group position) keeps a float32 residual across steps
  * (what encoding lost, added to the same gradients' next contribution): the caller marks each
  * step's start (axc_buckets_new_step; a pass is the buckets between two resets). A residual
  * whose size or device differs from the bucket's starts from zeros. */
@@ -93,7 +93,7 @@ axc_status axc_buckets_set_bytes(axc_buckets *b, size_t bucket_bytes);
 axc_status axc_buckets_set_codec(axc_buckets *b, axc_group_kind group, const axc_bucket_codec *c);
 /* Error-feedback residuals: how many, and the i-th one's slot key, buffer and length. Setting
  * one adopts `owner` (released by the engine) for that key. The key is opaque to callers
- * (pass << 32 | bucket number * AXC_BUCKET_MAX_GROUPS + group position). */
+ * (pass << 32 | bucket's position in the pass * AXC_BUCKET_MAX_GROUPS + group position). */
 int axc_buckets_residual_count(const axc_buckets *b);
 void axc_buckets_residual(const axc_buckets *b, int i, long long *key, void **owner,
                           size_t *elems);
