@@ -49,7 +49,8 @@ from torch import Tensor, nn
 
 from . import _C, grads
 from .parallel import _model_expert_mode, _replicated_groups
-from .state import first_hook, grid, is_initialized, microbatch_active, refuse_cuda, session
+from .state import (first_hook, forget_hook, grid, is_initialized, microbatch_active, refuse_cuda,
+                    session)
 
 
 def caller_autocasts() -> list:
@@ -114,25 +115,35 @@ class _Call:
         return _C.microbatch_gather(layer, phase == "bwd", w, w.is_leaf, numel)
 
 
-def _reducer_order(model: Optional[nn.Module], n: int) -> tuple:
+def _reducer_order(model: Optional[nn.Module], n: int, opened: List[bool]) -> tuple:
     """Opens the call (n micro-batches) in C, whose reducer sums `model`'s gradients over their
     groups (sync_gradients' groups) while the micro-batches run (None: no reducer). C picks the
     parameters and their fixed order (reverse registration, about the order backward finishes
     them) and buckets them; this registers the hook that counts the micro-batches' arrivals and
-    returns the order for _C.microbatch_reduce_all."""
+    returns the order for _C.microbatch_reduce_all. opened[0]: whether the caller must end the
+    call (microbatch_end), whatever this raises."""
     params, replicated = (), ()
     if model is not None:
         params = list(model.parameters())
         replicated = _replicated_groups(_model_expert_mode(model, None))
-    order = _C.microbatch_begin(n, params, replicated, session.bucket_bytes,
-                                SCATTER_BLOCKS_IN_FLIGHT)
+    # set before the C call: an interrupt (KeyboardInterrupt) taken as it returns leaves the
+    # call open, and its exception looks raised by it
+    opened[0] = True
     try:
-        for p in order:
-            if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
-                p.register_post_accumulate_grad_hook(_C.microbatch_arrive)
+        order = _C.microbatch_begin(n, params, replicated, session.bucket_bytes,
+                                    SCATTER_BLOCKS_IN_FLIGHT)
+    except KeyboardInterrupt:
+        raise  # (ended by the caller: a no-op if begin raised it before opening)
     except BaseException:
-        _C.microbatch_end()
+        opened[0] = False  # refused: begin ended what it opened (another caller's call stays)
         raise
+    for p in order:
+        if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
+            try:
+                p.register_post_accumulate_grad_hook(_C.microbatch_arrive)
+            except BaseException:
+                forget_hook(p, "arrivals")  # (the next call tries again)
+                raise
     return order
 
 
@@ -241,7 +252,6 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     threads = [threading.Thread(target=body, args=(i,), name=f"axonn_c-microbatch-{i}",
                                 daemon=True) for i in range(n)]
-    order = _reducer_order(model if reducing else None, n)  # (the call is open)
     started, start_error = [0], []
     ended = [threading.Event() for _ in range(n + 1)]  # the starter's, each micro-batch's
 
@@ -257,7 +267,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         finally:
             ended[0].set()
 
+    opened = [False]
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
+        order = _reducer_order(model if reducing else None, n, opened)  # (the call is open)
         session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set
@@ -293,10 +305,11 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             with torch.no_grad():  # each shard into its weight's .grad (set, or added), in C
                 _C.microbatch_apply_scatters()
     finally:
-        try:
-            _C.microbatch_end()
-        finally:
-            session.concurrent_call = None  # (finalize refuses while it is set)
+        if opened[0]:  # (not opened: another caller's call, if any, is left alone)
+            try:
+                _C.microbatch_end()
+            finally:
+                session.concurrent_call = None  # (finalize refuses while it is set)
     for e in errors:
         if e is not None:
             raise e

@@ -92,6 +92,14 @@ def first_hook(param, kind: str) -> bool:
     return True
 
 
+def forget_hook(param, kind: str) -> None:
+    """Undoes first_hook (the hook it allowed could not be registered): asked again, it says
+    True."""
+    kinds = session.hooked.get(param)
+    if kinds is not None:
+        kinds.discard(kind)
+
+
 def microbatch_active() -> bool:
     """True on a micro-batch thread of run_concurrent (while its fn runs)."""
     return session.thread.microbatch is not None

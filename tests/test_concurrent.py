@@ -115,6 +115,49 @@ def test_failed_thread_start_leaves_run_concurrent_usable(world_of_one, monkeypa
     assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
 
 
+def test_interrupt_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, monkeypatch):
+    # an interrupt taken as microbatch_begin returns (it looks raised by the call): the call
+    # is ended (was: opened before the try that ends it, and every later call was refused)
+    axonn_c.init(concurrent_microbatches=2)
+    real_begin = axonn_c._C.microbatch_begin
+
+    def begin(*args):
+        real_begin(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(axonn_c._C, "microbatch_begin", begin)
+    with pytest.raises(KeyboardInterrupt):
+        axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
+    monkeypatch.setattr(axonn_c._C, "microbatch_begin", real_begin)
+    assert not axonn_c._C.microbatch_running()
+    assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
+
+
+def test_failed_arrivals_hook_is_registered_next_call(world_of_one, monkeypatch):
+    # registering a summed parameter's arrivals hook fails once: the next call registers it
+    # (was: recorded as hooked before registering, and never counted again)
+    from axonn_c import microbatches
+
+    axonn_c.init(concurrent_microbatches=2)
+    p = torch.nn.Parameter(torch.ones(3))
+    real_begin = axonn_c._C.microbatch_begin
+    monkeypatch.setattr(axonn_c._C, "microbatch_begin", lambda *a: (real_begin(*a), (p,))[1])
+
+    def refuse(hook):
+        raise RuntimeError("no hooks today (test)")
+
+    p.register_post_accumulate_grad_hook = refuse
+    opened = [False]
+    with pytest.raises(RuntimeError, match=r"no hooks today \(test\)"):
+        microbatches._reducer_order(None, 2, opened)
+    assert opened[0]
+    axonn_c._C.microbatch_end()
+    del p.register_post_accumulate_grad_hook
+    assert microbatches._reducer_order(None, 2, opened) == (p,)
+    axonn_c._C.microbatch_end()
+    assert p._post_accumulate_grad_hooks, "the arrivals hook was never registered"
+
+
 def test_finalize_inside_fn_is_refused(world_of_one):
     # finalize() while a call runs would destroy the communicator its collectives use: refused
     # (by axonn_c.finalize before it resets anything, and by the C runtime behind it)

@@ -29,6 +29,34 @@ extern PyObject *axc_py_CommTimeoutError; /* CommError and TimeoutError: a peer 
 /* Raises the exception matching `status` with the core's thread-local message; returns NULL. */
 PyObject *axc_py_raise(axc_status status);
 
+/* A loop that goes on past a failed step (each summed gradient marked, even after one mark
+ * failed) keeps its first error: axc_py_first_error_take after each failure (the exception
+ * fetched, so that the next steps run without one set; a later one dropped), then
+ * axc_py_first_error_restore (-1 with it set again, 0 when none failed). */
+typedef struct axc_py_first_error {
+    PyObject *type, *value, *tb;
+    int failed;
+} axc_py_first_error;
+
+static inline void axc_py_first_error_take(axc_py_first_error *e)
+{
+    if (e->failed) {
+        PyErr_Clear();
+        return;
+    }
+    PyErr_Fetch(&e->type, &e->value, &e->tb);
+    e->failed = 1;
+}
+
+static inline int axc_py_first_error_restore(axc_py_first_error *e)
+{
+    if (!e->failed)
+        return 0;
+    PyErr_Restore(e->type, e->value, e->tb);
+    e->failed = 0;
+    return -1;
+}
+
 /* py_comm.c: reads a dense contiguous torch.Tensor (exact type) or raises naming `argname`. */
 int axc_py_read_tensor(PyObject *t, const char *argname, void **ptr, size_t *numel,
                        axc_dtype *dtype, int *device);

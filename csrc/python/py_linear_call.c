@@ -255,8 +255,20 @@ static int layer_io(const LinearCall *self, const axc_comm *comm, PyObject *w, i
         if ((io->w_version = version_of(w)) == -1 && PyErr_Occurred())
             return -1;
         /* the scheduler's prefetch reads this shard later: kept alive until the layer's next
-         * call replaces it (or the layer is forgotten) */
-        axc_status st = axc_runtime_keep_shard(axc_py_runtime(), self->layer, Py_NewRef(w));
+         * call replaces it (or the layer is forgotten). The one it replaces may be read by a
+         * prefetch still in flight (a per-call autocast cast, a swapped weight): the scheduler
+         * lets go of it first */
+        int err = 0;
+        void *p = ptr_of(w, &err);
+        if (err)
+            return -1;
+        axc_status st = AXC_OK;
+        if (io->sched) {
+            Py_BEGIN_ALLOW_THREADS st = axc_sched_shard_passing(io->sched, self->layer, p);
+            Py_END_ALLOW_THREADS
+        }
+        if (st == AXC_OK)
+            st = axc_runtime_keep_shard(axc_py_runtime(), self->layer, Py_NewRef(w));
         if (st != AXC_OK) {
             axc_py_raise(st);
             return -1;

@@ -274,7 +274,8 @@ static int next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key)
 
 /* Sums one bucket: the parameters order[first .. first + count) that have a .grad, in place
  * over the key's groups (py_sync.c's sum), then marks each .grad summed over them. -1 with an
- * exception (nothing of the bucket marked). */
+ * exception: a failed sum marks nothing of the bucket; a failed mark, after the sum, leaves the
+ * others marked. */
 static int reduce_bucket(axc_mb *mb, PyObject *order, int first, int count,
                          const axc_bucket_key *key, size_t bytes, PyObject **have,
                          PyObject **grads)
@@ -306,8 +307,14 @@ static int reduce_bucket(axc_mb *mb, PyObject *order, int first, int count,
     memcpy(groups.g, key->groups, (size_t)key->ngroups * sizeof key->groups[0]);
     if (rc == 0 && k)
         rc = axc_py_grad_reduce(grads, k, &groups, bytes);
-    for (size_t j = 0; rc == 0 && j < k; j++) /* (only after the sum succeeded) */
-        rc = axc_py_grad_mark(have[j], &groups);
+    /* (only after the sum succeeded) each one, also past a mark that failed: the first error
+     * kept */
+    axc_py_first_error err = {0};
+    for (size_t j = 0; rc == 0 && j < k; j++)
+        if (axc_py_grad_mark(have[j], &groups) < 0)
+            axc_py_first_error_take(&err);
+    if (axc_py_first_error_restore(&err) < 0)
+        rc = -1;
     for (size_t j = 0; j < k; j++)
         Py_DECREF(grads[j]);
     return rc;

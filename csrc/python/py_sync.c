@@ -562,13 +562,18 @@ static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_
             set[k] = grads[plan->order[ss->first + k]];
         if (vectorize)
             rc = reduce(set, ss->count, &ss->groups, scale, bytes, 0);
-        for (size_t k = 0; rc == 0 && k < ss->count; k++) {
+        /* a packed set summed: every one of it marked, also past a mark that failed (the
+         * first error kept); one by one, a failed mark stops before the next sum */
+        axc_py_first_error err = {0};
+        for (size_t k = 0; rc == 0 && k < ss->count && !(err.failed && !vectorize); k++) {
             size_t i = plan->order[ss->first + k];
             if (!vectorize)
                 rc = reduce(&set[k], 1, &ss->groups, scale, bytes, 0);
-            if (rc == 0)
-                rc = mark_summed(PyList_GET_ITEM(params, i), &choices[i]);
+            if (rc == 0 && mark_summed(PyList_GET_ITEM(params, i), &choices[i]) < 0)
+                axc_py_first_error_take(&err);
         }
+        if (axc_py_first_error_restore(&err) < 0)
+            rc = -1;
     }
     PyMem_Free(set);
     return rc;

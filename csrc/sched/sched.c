@@ -442,6 +442,20 @@ void axc_sched_forget(axc_sched *s, int id)
     pthread_mutex_unlock(&s->mu);
 }
 
+axc_status axc_sched_shard_passing(axc_sched *s, int id, const void *shard)
+{
+    pthread_mutex_lock(&s->mu);
+    axc_status st = AXC_OK;
+    layer_slot *L = slot(s, id);
+    if (L && L->shard != shard) {
+        /* (a buffer is always gathered from L->shard: acquire drops any other one) */
+        st = buf_drop(s, L, AXC_OK);
+        L->shard = NULL; /* no prefetch from the old one until the visit names the new one */
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 /* Issues the gathers of the visits after position `pos` (see the header). */
 static axc_status prefetch_after(axc_sched *s, int64_t pos, int self, void *stream)
 {

@@ -439,6 +439,50 @@ static void test_stale(const rank_ctx *c)
     free(other);
 }
 
+/* The next visit passes another shard (a per-call cast, a swapped weight): the gather of the
+ * old one, a prefetch possibly still in flight, is settled before the caller frees it. */
+static void test_shard_passing(const rank_ctx *c)
+{
+    axc_sched *s = sched_new(c);
+    if (!s)
+        return;
+    axc_sched_config cfg = {.prefetch = 1, .budget_bytes = 0, .cache = 1};
+    CHECK_OK(axc_sched_configure(s, &cfg));
+    tlayer X, Y;
+    layer_init(c, s, &X, 6);
+    layer_init(c, s, &Y, 7);
+    CHECK_OK(axc_sched_shard_passing(s, 1000, X.own)); /* an unknown id: nothing to settle */
+    /* the same shard: the cached gather stays */
+    visit(c, s, &X, F, 0);
+    CHECK_OK(axc_sched_shard_passing(s, X.id, X.own));
+    CHECK_MSG(alive_buffers(s) == 1, "passing the same shard dropped its gather");
+    /* Y's shards live in heap blocks of their own, each freed once the scheduler let go of it */
+    float *old = malloc(sizeof(float) * N);
+    CHECK(old != NULL);
+    if (old)
+        fill(c, &Y, old, 1);
+    visit(c, s, &Y, F, 0);
+    CHECK_OK(axc_sched_step_end(s)); /* learned: X, Y */
+    for (int step = 2; old && step < 5; step++) {
+        float *next = malloc(sizeof(float) * N);
+        CHECK(next != NULL);
+        if (!next)
+            break;
+        visit(c, s, &X, F, 0); /* prefetches Y's gather, from `old` */
+        CHECK_OK(axc_sched_shard_passing(s, Y.id, next));
+        CHECK_MSG(alive_buffers(s) == 1, "step %d: the gather of the replaced shard survived",
+                  step);
+        memset(old, 0xff, sizeof(float) * N); /* (NaNs: a gather still reading would show) */
+        free(old);
+        fill(c, &Y, next, step);
+        visit(c, s, &Y, F, 0);
+        CHECK_OK(axc_sched_step_end(s));
+        old = next;
+    }
+    free(old);
+    axc_sched_destroy(s);
+}
+
 /* ------------------------------------------------------------------ 6. budget */
 
 static void test_budget(const rank_ctx *c)
@@ -799,6 +843,7 @@ static void depth2_main(int rank, int world, const int dims[4], double timeout)
         test_gather(&c);
         test_order(&c);
         test_stale(&c);
+        test_shard_passing(&c);
         test_budget(&c);
         test_config(&c);
         test_tasks(&c);

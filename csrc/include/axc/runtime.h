@@ -82,7 +82,9 @@ axc_layer_residuals *axc_runtime_layer_residuals(const axc_runtime *rt);
 
 /* The last shard a scheduled layer call passed (`owner`: a reference the runtime takes over,
  * let go with ops.release_kept), which the scheduler's prefetch reads until the layer's next
- * call or axc_sched_forget (axc/sched.h): it replaces (and releases) the layer's previous one.
+ * call or axc_sched_forget (axc/sched.h): it replaces (and releases) the layer's previous one,
+ * so a caller passing another shard first lets the scheduler drop a gather reading the
+ * previous one (axc_sched_shard_passing).
  * Forget releases it (the layer is gone); close releases them all (no scheduler reads them). */
 axc_status axc_runtime_keep_shard(axc_runtime *rt, int layer, void *owner);
 void axc_runtime_forget_shard(axc_runtime *rt, int layer);

@@ -14,9 +14,10 @@
  * from; a visit whose shard pointer or version differs (the optimizer stepped, the parameter
  * was replaced) discards it and gathers again, so a prefetch never serves stale weights. The
  * caller must keep every shard it passed alive until the layer's next visit or
- * axc_sched_forget(), since a prefetch reads the last shard seen. After its visit a buffer is
- * freed unless the layer is among the next k visits or caching is on; nothing gathered outlives
- * the step. A prefetch reads the values at issue time: a weight modified in place mid-step,
+ * axc_sched_forget(), since a prefetch reads the last shard seen; a caller that lets it go
+ * before the next visit (which passes another shard) first calls axc_sched_shard_passing().
+ * After its visit a buffer is freed unless the layer is among the next k visits or caching
+ * is on; nothing gathered outlives the step. A prefetch reads the values at issue time: a weight modified in place mid-step,
  * between its prefetch and its use, is not detected.
  *
  * Deferred work: collectives whose results are needed only at the end of backward (dW's depth
@@ -118,6 +119,13 @@ void axc_sched_get_config(const axc_sched *s, axc_sched_config *cfg);
 axc_status axc_sched_layer_new(axc_sched *s, int *id);
 /* Drops the layer's buffers and any reference to its shard (waits for its gather). */
 void axc_sched_forget(axc_sched *s, int id);
+/* The layer's next visit passes `shard`: when it is not the shard last seen, the layer's
+ * gather of the old one (a prefetch, possibly in flight) is waited for and its buffer dropped,
+ * and nothing is prefetched from the old one any more; the caller may then release the old
+ * shard. Call it before releasing a shard the next visit replaces (the visit itself would
+ * drop that gather only after the release: a prefetch still reading freed memory). An unknown
+ * id is a no-op; the gather's error, if it failed. */
+axc_status axc_sched_shard_passing(axc_sched *s, int id, const void *shard);
 
 /* The gathered [shard_elems * G_d] weight for this visit in *full (waiting for its prefetch or
  * gathering now), after issuing the gathers of the next visits. */
