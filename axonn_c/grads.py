@@ -90,8 +90,6 @@ mark_summed = _C.grad_mark_summed
 SYNC_BUCKET_BYTES = 16 * 1024 * 1024
 
 
-
-
 def expect_chunk(param: Tensor) -> None:
     """A chunk call's forward (axonn_c.Sequential) with grad: one more backward call will
     accumulate into param's gradient in this pass."""

@@ -115,7 +115,7 @@ class _Call:
         return _C.microbatch_gather(layer, phase == "bwd", w, w.is_leaf, numel)
 
 
-def _reducer_order(model: Optional[nn.Module], n: int, opened: List[bool]) -> tuple:
+def _open_call(model: Optional[nn.Module], n: int, opened: List[bool]) -> tuple:
     """Opens the call (n micro-batches) in C, whose reducer sums `model`'s gradients over their
     groups (sync_gradients' groups) while the micro-batches run (None: no reducer). C picks the
     parameters and their fixed order (reverse registration, about the order backward finishes
@@ -269,7 +269,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     opened = [False]
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
-        order = _reducer_order(model if reducing else None, n, opened)  # (the call is open)
+        order = _open_call(model if reducing else None, n, opened)  # (the call is open)
         session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set

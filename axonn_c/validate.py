@@ -73,8 +73,6 @@ def check_module(name: str, value):
     return value
 
 
-
-
 def check_number(name: str, value, finite: bool = False, positive: bool = False) -> float:
     """A real number (not a bool); `finite`: no NaN or infinity; `positive`: > 0 (not NaN)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -36,5 +36,6 @@ run() {  # expected-line nproc worker [args]
 AXONN_C_SIM_US=1500 run "pipeline checks pass" 2 pipeline_worker.py
 AXONN_C_SIM_US=300 run "scheduler checks pass" 2 sched_worker.py
 run "concurrent micro-batch checks pass" 2 concurrent_worker.py
+run "shard swap checks pass" 2 shard_swap_worker.py
 run "identical on every rank" 3 compress_worker.py --sizes 1,7,1000 --codecs int4,fp8
 echo "ASan workers: clean"

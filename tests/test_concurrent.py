@@ -149,11 +149,11 @@ def test_failed_arrivals_hook_is_registered_next_call(world_of_one, monkeypatch)
     p.register_post_accumulate_grad_hook = refuse
     opened = [False]
     with pytest.raises(RuntimeError, match=r"no hooks today \(test\)"):
-        microbatches._reducer_order(None, 2, opened)
+        microbatches._open_call(None, 2, opened)
     assert opened[0]
     axonn_c._C.microbatch_end()
     del p.register_post_accumulate_grad_hook
-    assert microbatches._reducer_order(None, 2, opened) == (p,)
+    assert microbatches._open_call(None, 2, opened) == (p,)
     axonn_c._C.microbatch_end()
     assert p._post_accumulate_grad_hooks, "the arrivals hook was never registered"
 

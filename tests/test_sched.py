@@ -30,3 +30,12 @@ def test_failed_backward_completes_its_queued_work():
     completes that work before its tensors go (tests/workers/backward_fault_worker.py)."""
     out = torchrun(2, "backward_fault_worker.py")
     assert "world 2: backward fault checks pass" in out
+
+
+def test_swapped_weight_storage_under_the_prefetch():
+    """A parameter given new storage between steps (`p.data = ...`) while its depth gather is
+    prefetched: the old storage stays alive until the prefetch is dropped, and every step
+    equals serial PyTorch (tests/workers/shard_swap_worker.py; under ASan in
+    tests/run_asan_workers.sh)."""
+    out = torchrun(2, "shard_swap_worker.py")
+    assert "world 2: shard swap checks pass" in out

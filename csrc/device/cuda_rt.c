@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -114,6 +115,8 @@ static pthread_once_t load_once_ = PTHREAD_ONCE_INIT;
 static axc_cuda_api api_;
 static axc_status load_status_ = AXC_ERR_UNAVAILABLE;
 static char load_msg_[768];
+/* set once the runtime is loaded and has a device: read without loading it */
+static atomic_int usable_;
 static char lib_name_[64];
 
 static void set_unavailable(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -216,6 +219,7 @@ static void load_runtime(void)
     api_ = api;
     load_status_ = AXC_OK;
     load_msg_[0] = '\0';
+    atomic_store(&usable_, 1);
 }
 
 axc_status axc_cuda_load(const axc_cuda_api **api)
@@ -240,6 +244,14 @@ axc_status axc_cuda_check(int err, const char *what)
         desc = api_.GetErrorString(err);
     return axc_fail(AXC_ERR_BACKEND, "%s failed: %s (cudaError %d)", what ? what : "CUDA call",
                     desc ? desc : "unknown error", err);
+}
+
+int axc_cuda_current_device(void)
+{
+    int d = -1;
+    if (!atomic_load(&usable_) || api_.GetDevice(&d) != AXC_CUDA_SUCCESS)
+        return -1;
+    return d;
 }
 
 axc_status axc_cuda_device_enter(int device, const axc_cuda_api **api, int *prev, const char *what)

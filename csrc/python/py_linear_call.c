@@ -37,7 +37,7 @@ typedef struct {
 } LinearCall;
 
 static PyObject *s_shape, *s_data_ptr, *s_new_empty, *s_contiguous, *s_numel, *s_get_device,
-    *s_version;
+    *s_version, *s_detach;
 static PyObject *g_empty_like; /* torch.empty_like: parses one argument, half new_empty's cost */
 
 /* LinearCall(cfg, dtype[, device[, refuse_capture: str or None]]): cfg as
@@ -254,22 +254,33 @@ static int layer_io(const LinearCall *self, const axc_comm *comm, PyObject *w, i
         io->prefetch_ok = 1;
         if ((io->w_version = version_of(w)) == -1 && PyErr_Occurred())
             return -1;
-        /* the scheduler's prefetch reads this shard later: kept alive until the layer's next
-         * call replaces it (or the layer is forgotten). The one it replaces may be read by a
-         * prefetch still in flight (a per-call autocast cast, a swapped weight): the scheduler
-         * lets go of it first */
+        /* Only a depth gather reads the shard after this call (a prefetch for the layer's
+         * next call): with G_d == 1 there is nothing to keep. */
+        if (!gathers || !io->sched)
+            return 0;
+        /* The prefetch reads this storage later: kept alive until the layer's next call
+         * replaces it (or the layer is forgotten). Kept as w.detach(), which holds the
+         * storage itself: the Parameter would not keep it once `p.data = ...`, `.to()` or
+         * `.half()` gave the Parameter another one. The shard it replaces may be read by a
+         * prefetch still in flight (a per-call autocast cast, a swapped weight): the
+         * scheduler lets go of it first. */
         int err = 0;
         void *p = ptr_of(w, &err);
         if (err)
             return -1;
-        axc_status st = AXC_OK;
-        if (io->sched) {
-            Py_BEGIN_ALLOW_THREADS st = axc_sched_shard_passing(io->sched, self->layer, p);
-            Py_END_ALLOW_THREADS
-        }
-        if (st == AXC_OK)
-            st = axc_runtime_keep_shard(axc_py_runtime(), self->layer, Py_NewRef(w));
+        PyObject *pin = PyObject_CallMethodNoArgs(w, s_detach);
+        if (!pin)
+            return -1;
+        axc_status st;
+        Py_BEGIN_ALLOW_THREADS st = axc_sched_shard_passing(io->sched, self->layer, p);
+        Py_END_ALLOW_THREADS
         if (st != AXC_OK) {
+            Py_DECREF(pin);
+            axc_py_raise(st);
+            return -1;
+        }
+        /* (keep_shard takes the reference, also when it fails) */
+        if ((st = axc_runtime_keep_shard(axc_py_runtime(), self->layer, pin)) != AXC_OK) {
             axc_py_raise(st);
             return -1;
         }
@@ -679,7 +690,8 @@ int axc_py_linear_add_types(PyObject *module)
         !(s_contiguous = PyUnicode_InternFromString("contiguous")) ||
         !(s_numel = PyUnicode_InternFromString("numel")) ||
         !(s_get_device = PyUnicode_InternFromString("get_device")) ||
-        !(s_version = PyUnicode_InternFromString("_version")))
+        !(s_version = PyUnicode_InternFromString("_version")) ||
+        !(s_detach = PyUnicode_InternFromString("detach")))
         return -1;
     if (PyType_Ready(&LinearCallType) < 0)
         return -1;

@@ -198,12 +198,18 @@ static axc_status torch_block_free(layer_slot *L, const axc_cuda_api *cu)
 /* Frees L's buffer (CUDA: after the gather and every reader, see above). A device buffer whose
  * gather failed stays allocated: a failed wait does not order the collective's kernel before
  * anything (it may be aborted, or not started yet), and freed memory could be handed out under
- * it; the job is broken anyway. Keeps the first error. */
+ * it; the job is broken anyway. So does a host buffer whose gather timed out still owned by the
+ * backend (gather_failed == 2): axc_work_free leaked that work, which may still write it. Keeps
+ * the first error. */
 static axc_status buf_free(axc_sched *s, layer_slot *L, int gather_failed, axc_status st)
 {
     if (!L->full)
         return st;
-    if (L->device < 0) {
+    if (L->device < 0 && gather_failed == 2) {
+        axc_log(2, "scheduler: a %zu-byte gathered weight stays allocated: its gather timed "
+                   "out and may still write it",
+                L->full_bytes);
+    } else if (L->device < 0) {
         free(L->full);
     } else if (gather_failed) {
         axc_log(2, "scheduler: a %zu-byte gathered weight on cuda:%d stays allocated: its gather "
@@ -230,18 +236,27 @@ static axc_status buf_free(axc_sched *s, layer_slot *L, int gather_failed, axc_s
     return st;
 }
 
+/* Waits for L's gather (if any) and lets its work go: 0 done (or none), 1 failed, 2 timed out
+ * still owned by the backend (axc_work_free leaks such a work, and buf_free its buffer). *st
+ * keeps the first error. */
+static int gather_settle(layer_slot *L, axc_status *st)
+{
+    if (!L->gather)
+        return 0;
+    axc_status ws = axc_work_wait(L->gather);
+    /* (asked before the free) */
+    int owned = ws == AXC_ERR_TIMEOUT && !axc_work_done(L->gather);
+    axc_work_free(L->gather);
+    L->gather = NULL;
+    if (*st == AXC_OK)
+        *st = ws;
+    return owned ? 2 : ws != AXC_OK;
+}
+
 /* Waits for the layer's gather (if any) and frees its buffer. Keeps the first error. */
 static axc_status buf_drop(axc_sched *s, layer_slot *L, axc_status st)
 {
-    int failed = 0;
-    if (L->gather) {
-        axc_status ws = axc_work_wait(L->gather);
-        axc_work_free(L->gather);
-        L->gather = NULL;
-        failed = ws != AXC_OK;
-        if (st == AXC_OK)
-            st = ws;
-    }
+    int failed = gather_settle(L, &st);
     return buf_free(s, L, failed, st);
 }
 
@@ -524,15 +539,11 @@ static axc_status acquire_locked(axc_sched *s, const axc_sched_weight *w, const 
     if (pos >= 0)
         AXC_TRY(prefetch_after(s, pos, w->layer, w->stream));
     axc_status st = AXC_OK;
-    if (L->gather) {
-        st = axc_work_wait(L->gather);
-        axc_work_free(L->gather);
-        L->gather = NULL;
-    }
+    int failed = gather_settle(L, &st);
     if (st == AXC_OK)
         st = move_to_stream(L, w->stream);
     if (st != AXC_OK)
-        return buf_free(s, L, 1, st);
+        return buf_free(s, L, failed ? failed : 1, st);
     *full = L->full;
     return AXC_OK;
 }
@@ -798,6 +809,7 @@ struct axc_sched_finishing {
     pthread_cond_t cv;
     int done;
     int channel; /* the starting thread's comm channel: its waits' spans carry it */
+    int device;  /* the starting thread's CUDA device (-1: none): a new thread starts on 0 */
     axc_status status;
     char msg[1024]; /* its error message (the message is per thread) */
 };
@@ -806,6 +818,12 @@ static void *finishing_main(void *arg)
 {
     axc_sched_finishing *f = arg;
     axc_thread_channel_set(f->channel);
+    /* the waits query events of the starter's device; on device 0 they would create a
+     * context there (on every rank of a node). A failure is only logged: the works must be
+     * waited for all the same */
+    const axc_cuda_api *cu = NULL;
+    if (f->device >= 0 && axc_cuda_load(&cu) == AXC_OK && cu->SetDevice(f->device) != 0)
+        axc_log(2, "scheduler finish thread: cudaSetDevice(%d) failed", f->device);
     axc_status st = axc_sched_finish(f->s);
     pthread_mutex_lock(&f->mu);
     f->status = st;
@@ -825,6 +843,7 @@ axc_status axc_sched_finish_start(axc_sched *s, axc_sched_finishing **out)
         return axc_fail(AXC_ERR_NOMEM, "scheduler: out of memory starting a finish");
     f->s = s;
     f->channel = axc_thread_channel();
+    f->device = axc_cuda_current_device();
     pthread_mutex_init(&f->mu, NULL);
     pthread_condattr_t ca; /* (monotonic: a step of the wall clock cannot stretch a slice) */
     pthread_condattr_init(&ca);

@@ -98,6 +98,10 @@ axc_status axc_cuda_load(const axc_cuda_api **api);
 /* Turns a runtime error code into an AXC_ERR_BACKEND status naming the call. */
 axc_status axc_cuda_check(int err, const char *what);
 
+/* The calling thread's current device, or -1 where the runtime was never loaded (or has no
+ * device): a CPU-only job does not load it for this. */
+int axc_cuda_current_device(void);
+
 /* Makes `device` the calling thread's current device (loading the runtime, checking the index);
  * *prev receives the device to hand back to axc_cuda_device_leave, which restores it and returns
  * `st` (or the restore's failure when `st` is AXC_OK). `what` names the caller in messages. */

@@ -30,9 +30,22 @@ static int hang_at(void)
 }
 
 /* ---- cudart ---- */
-int cudaGetDeviceCount(int *c) { MOCK_API(); *c = 1; return 0; }
-int cudaGetDevice(int *d) { MOCK_API(); *d = 0; return 0; }
-int cudaSetDevice(int d) { MOCK_API(); return d == 0 ? 0 : 101; }
+/* two devices, the current one per thread (a new thread starts on 0, as with the real one);
+ * mock_set_device_calls counts cudaSetDevice per device */
+#define MOCK_DEVICES 2
+int mock_set_device_calls[MOCK_DEVICES];
+static _Thread_local int current_device_;
+int cudaGetDeviceCount(int *c) { MOCK_API(); *c = MOCK_DEVICES; return 0; }
+int cudaGetDevice(int *d) { MOCK_API(); *d = current_device_; return 0; }
+int cudaSetDevice(int d)
+{
+    MOCK_API();
+    if (d < 0 || d >= MOCK_DEVICES)
+        return 101; /* cudaErrorInvalidDevice */
+    __atomic_add_fetch(&mock_set_device_calls[d], 1, __ATOMIC_RELAXED);
+    current_device_ = d;
+    return 0;
+}
 int cudaRuntimeGetVersion(int *v) { MOCK_API(); *v = 13000; return 0; }
 int cudaMemcpyAsync(void *d, const void *s, size_t n, int k, void *st)
 {

@@ -14,7 +14,9 @@
  *   f. over a slow link (each gather 150 ms): a prefetch dropped while its gather is in flight
  *      (step_abort), then a new gather on the same stream at once: the drop waits for the
  *      gather before freeing (with torch's allocator the next allocation on that stream gets
- *      the block at once: a free ahead of the gather is a violation of the checker there).
+ *      the block at once: a free ahead of the gather is a violation of the checker there);
+ *   g. a finish on a thread of its own (axc_sched_finish_start) started on device 1 makes
+ *      device 1 its thread's current one before it waits (a new thread starts on device 0).
  * With AXONN_C_TORCH_CUDA_LIB naming the mock of torch's CUDA shim (mock_torch_cuda.c), the
  * same checks run on the path a job with torch takes: gathered weights are blocks of torch's
  * caching allocator (counted in place of the cudaMallocAsync ones), which belong to the stream
@@ -34,6 +36,7 @@
 #include <string.h>
 
 #include "axc/comm.h"
+#include "axc/cuda_rt.h"
 #include "axc/sched.h"
 #include "axc/torch_shim.h"
 #include "../ctest.h"
@@ -47,6 +50,7 @@
 static struct mock {
     int torch; /* gathered weights come from (the mock of) torch's caching allocator */
     int *mallocs, *frees, *live, *malloc_err, *watch_syncs, *reuses, *guards_live;
+    int *set_device_calls; /* [2]: cudaSetDevice calls per device */
     void **last_malloc_stream, **last_free_stream, **watch;
 } g_mock;
 
@@ -435,6 +439,34 @@ static void test_drop_in_flight(const rank_ctx *c)
     axc_sched_destroy(s);
 }
 
+/* ------------------------------------------------------------------ g. finish thread's device */
+
+static void test_finish_device(const rank_ctx *c)
+{
+    axc_sched *s = sched_new(c);
+    if (!s)
+        return;
+    const axc_cuda_api *cu = NULL;
+    CHECK_OK(axc_cuda_load(&cu));
+    if (cu && cu->device_count >= 2) {
+        CHECK(cu->SetDevice(1) == 0);
+        int before = g_mock.set_device_calls[1];
+        axc_sched_finishing *f = NULL;
+        CHECK_OK(axc_sched_finish_start(s, &f));
+        axc_status st = AXC_OK;
+        while (f && !axc_sched_finish_wait(f, 1000, &st))
+            ;
+        CHECK_OK(st);
+        CHECK_MSG(g_mock.set_device_calls[1] == before + 1,
+                  "g. the finish thread made device 1 current %d time(s), expected once",
+                  g_mock.set_device_calls[1] - before);
+        CHECK(cu->SetDevice(0) == 0);
+    } else {
+        CHECK_MSG(0, "g. the mock runtime has %d device(s), expected 2", cu ? cu->device_count : 0);
+    }
+    axc_sched_destroy(s);
+}
+
 /* ------------------------------------------------------------------ ranks */
 
 /* A rank: sections a-e on a plain communicator, or (slow) f over one whose simulated link makes
@@ -459,6 +491,7 @@ static void rank_run(int rank, int world, const int dims[4], double timeout, int
             test_prefetch_moves(&c);
             test_malloc_fails(&c);
             test_destroy(&c);
+            test_finish_device(&c);
         }
         counts d = since(t0);
         CHECK_MSG(d.live == 0, "%d gathered-weight allocations never freed", d.live);
@@ -506,9 +539,10 @@ static int find_mock(void)
     g_mock.last_malloc_stream = dlsym(RTLD_DEFAULT, "mock_last_malloc_stream");
     g_mock.last_free_stream = dlsym(RTLD_DEFAULT, "mock_last_free_stream");
     g_mock.watch = dlsym(RTLD_DEFAULT, "mock_watch");
+    g_mock.set_device_calls = dlsym(RTLD_DEFAULT, "mock_set_device_calls");
     if (!g_mock.mallocs || !g_mock.frees || !g_mock.live || !g_mock.malloc_err ||
         !g_mock.watch_syncs || !g_mock.last_malloc_stream || !g_mock.last_free_stream ||
-        !g_mock.watch) {
+        !g_mock.watch || !g_mock.set_device_calls) {
         fprintf(stderr, "the CUDA runtime at %s is not the mock with stream-ordered "
                         "allocation counters\n", rt);
         return 0;
