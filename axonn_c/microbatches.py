@@ -115,28 +115,20 @@ class _Call:
         return _C.microbatch_gather(layer, phase == "bwd", w, w.is_leaf, numel)
 
 
-def _open_call(model: Optional[nn.Module], n: int, opened: List[bool]) -> tuple:
-    """Opens the call (n micro-batches) in C, whose reducer sums `model`'s gradients over their
-    groups (sync_gradients' groups) while the micro-batches run (None: no reducer). C picks the
-    parameters and their fixed order (reverse registration, about the order backward finishes
-    them) and buckets them; this registers the hook that counts the micro-batches' arrivals and
-    returns the order for _C.microbatch_reduce_all. opened[0]: whether the caller must end the
-    call (microbatch_end), whatever this raises."""
+def _open_call(model: Optional[nn.Module], n: int, owner: object) -> tuple:
+    """Opens `owner`'s call (n micro-batches) in C, whose reducer sums `model`'s gradients over
+    their groups (sync_gradients' groups) while the micro-batches run (None: no reducer). C
+    picks the parameters and their fixed order (reverse registration, about the order backward
+    finishes them) and buckets them; this registers the hook that counts the micro-batches'
+    arrivals and returns the order for _C.microbatch_reduce_all. Whatever this raises, the
+    caller ends with _C.microbatch_end(owner), which ends the call only if this opened it (an
+    exception taken as the C call returns, an interrupt, looks raised by it)."""
     params, replicated = (), ()
     if model is not None:
         params = list(model.parameters())
         replicated = _replicated_groups(_model_expert_mode(model, None))
-    # set before the C call: an interrupt (KeyboardInterrupt) taken as it returns leaves the
-    # call open, and its exception looks raised by it
-    opened[0] = True
-    try:
-        order = _C.microbatch_begin(n, params, replicated, session.bucket_bytes,
-                                    SCATTER_BLOCKS_IN_FLIGHT)
-    except KeyboardInterrupt:
-        raise  # (ended by the caller: a no-op if begin raised it before opening)
-    except BaseException:
-        opened[0] = False  # refused: begin ended what it opened (another caller's call stays)
-        raise
+    order = _C.microbatch_begin(owner, n, params, replicated, session.bucket_bytes,
+                                SCATTER_BLOCKS_IN_FLIGHT)
     for p in order:
         if first_hook(p, "arrivals"):  # (once per parameter; a deepcopy again)
             try:
@@ -267,9 +259,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         finally:
             ended[0].set()
 
-    opened = [False]
+    owner = object()  # (whose call microbatch_end ends: never another caller's)
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
-        order = _open_call(model if reducing else None, n, opened)  # (the call is open)
+        order = _open_call(model if reducing else None, n, owner)  # (the call is open)
         session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set
@@ -305,11 +297,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             with torch.no_grad():  # each shard into its weight's .grad (set, or added), in C
                 _C.microbatch_apply_scatters()
     finally:
-        if opened[0]:  # (not opened: another caller's call, if any, is left alone)
-            try:
-                _C.microbatch_end()
-            finally:
-                session.concurrent_call = None  # (finalize refuses while it is set)
+        # (False: this call never opened; another caller's, if any, is left alone)
+        if _C.microbatch_end(owner):
+            session.concurrent_call = None  # (finalize refuses while it is set)
     for e in errors:
         if e is not None:
             raise e

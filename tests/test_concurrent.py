@@ -133,6 +133,44 @@ def test_interrupt_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, 
     assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
 
 
+def test_exception_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, monkeypatch):
+    # any exception taken as microbatch_begin returns (an asynchronous one, e.g. from a signal
+    # handler, looks raised by the call): the call is ended (was: only a KeyboardInterrupt
+    # was, any other left the call open and every later call refused)
+    axonn_c.init(concurrent_microbatches=2)
+    real_begin = axonn_c._C.microbatch_begin
+
+    class Late(Exception):
+        pass
+
+    def begin(*args):
+        real_begin(*args)
+        raise Late("raised as begin returned (test)")
+
+    monkeypatch.setattr(axonn_c._C, "microbatch_begin", begin)
+    with pytest.raises(Late):
+        axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
+    monkeypatch.setattr(axonn_c._C, "microbatch_begin", real_begin)
+    assert not axonn_c._C.microbatch_running()
+    assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
+
+
+def test_refused_call_leaves_the_running_one_open(world_of_one):
+    # a call refused because another runs does not end that one (its owner's alone)
+    axonn_c.init(concurrent_microbatches=2)
+    first = object()
+    axonn_c._C.microbatch_begin(first, 2, (), (), 1 << 20, 2)
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
+        assert axonn_c._C.microbatch_running()
+        assert not axonn_c._C.microbatch_end(object())
+        assert axonn_c._C.microbatch_running()
+    finally:
+        assert axonn_c._C.microbatch_end(first)
+    assert not axonn_c._C.microbatch_running()
+
+
 def test_failed_arrivals_hook_is_registered_next_call(world_of_one, monkeypatch):
     # registering a summed parameter's arrivals hook fails once: the next call registers it
     # (was: recorded as hooked before registering, and never counted again)
@@ -147,14 +185,13 @@ def test_failed_arrivals_hook_is_registered_next_call(world_of_one, monkeypatch)
         raise RuntimeError("no hooks today (test)")
 
     p.register_post_accumulate_grad_hook = refuse
-    opened = [False]
+    owner = object()
     with pytest.raises(RuntimeError, match=r"no hooks today \(test\)"):
-        microbatches._open_call(None, 2, opened)
-    assert opened[0]
-    axonn_c._C.microbatch_end()
+        microbatches._open_call(None, 2, owner)
+    assert axonn_c._C.microbatch_end(owner)  # (the call was open)
     del p.register_post_accumulate_grad_hook
-    assert microbatches._open_call(None, 2, opened) == (p,)
-    axonn_c._C.microbatch_end()
+    assert microbatches._open_call(None, 2, owner) == (p,)
+    assert axonn_c._C.microbatch_end(owner)
     assert p._post_accumulate_grad_hooks, "the arrivals hook was never registered"
 
 

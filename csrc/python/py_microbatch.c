@@ -170,25 +170,26 @@ static int reducer_order(axc_mb *mb, PyObject *params, PyObject *replicated, PyO
     return rc;
 }
 
-/* microbatch_begin(n, params, replicated, bucket_bytes, scatter_bound) -> the parameters the
- * reducer sums, in its order (a tuple for microbatch_reduce_all; empty: nothing to sum): a
- * run_concurrent call of n micro-batches whose reducer sums those of `params` (a model's
- * parameters, in registration order; empty: no reducer) that reducer_order picks, in buckets of
- * up to bucket_bytes, holding at most scatter_bound summed dW blocks */
+/* microbatch_begin(owner, n, params, replicated, bucket_bytes, scatter_bound) -> the
+ * parameters the reducer sums, in its order (a tuple for microbatch_reduce_all; empty: nothing
+ * to sum): a run_concurrent call of n micro-batches whose reducer sums those of `params` (a
+ * model's parameters, in registration order; empty: no reducer) that reducer_order picks, in
+ * buckets of up to bucket_bytes, holding at most scatter_bound summed dW blocks. `owner`: the
+ * caller's token (kept alive by it until microbatch_end(owner)), which alone ends the call */
 static PyObject *py_begin(PyObject *self, PyObject *args)
 {
     (void)self;
     int n, bound;
-    PyObject *params, *replicated, *order = NULL;
+    PyObject *owner, *params, *replicated, *order = NULL;
     Py_ssize_t bytes;
-    if (!PyArg_ParseTuple(args, "iOOni", &n, &params, &replicated, &bytes, &bound))
+    if (!PyArg_ParseTuple(args, "OiOOni", &owner, &n, &params, &replicated, &bytes, &bound))
         return NULL;
     if (bytes <= 0) {
         PyErr_Format(PyExc_ValueError, "microbatch_begin: bucket_bytes=%zd, expected > 0", bytes);
         return NULL;
     }
     axc_mb *mb;
-    axc_status st = axc_runtime_mb_begin(axc_py_runtime(), n, (size_t)bytes, &mb);
+    axc_status st = axc_runtime_mb_begin(axc_py_runtime(), owner, n, (size_t)bytes, &mb);
     if (st != AXC_OK)
         return axc_py_raise(st);
     axc_mb_set_scatter_bound(mb, bound);
@@ -203,13 +204,14 @@ static PyObject *py_begin(PyObject *self, PyObject *args)
     return t;
 }
 
-/* microbatch_end(): the call is over (its threads joined); no-op when none runs */
-static PyObject *py_end(PyObject *self, PyObject *noargs)
+/* microbatch_end(owner) -> whether it ended the call: the one `owner` opened is over (its
+ * threads joined); no-op (False) when none runs or another caller's does. Safe to call
+ * whatever microbatch_begin(owner, ...) did, also when it raised or was interrupted as it
+ * returned */
+static PyObject *py_end(PyObject *self, PyObject *owner)
 {
     (void)self;
-    (void)noargs;
-    axc_runtime_mb_end(axc_py_runtime());
-    Py_RETURN_NONE;
+    return PyBool_FromLong(axc_runtime_mb_end_owned(axc_py_runtime(), owner));
 }
 
 /* microbatch_running() -> whether a run_concurrent call is open (finalize asks before it
@@ -517,9 +519,10 @@ PyMethodDef axc_py_microbatch_methods[] = {
     {"microbatch_stats", py_stats, METH_NOARGS, "microbatch_stats() -> dict"},
     {"microbatch_learned", py_learned, METH_NOARGS, "microbatch_learned() -> list"},
     {"microbatch_begin", py_begin, METH_VARARGS,
-     "microbatch_begin(n, params, replicated, bucket_bytes, scatter_bound) -> the reducer's "
-     "order: a run_concurrent call starts"},
-    {"microbatch_end", py_end, METH_NOARGS, "microbatch_end(): the run_concurrent call ended"},
+     "microbatch_begin(owner, n, params, replicated, bucket_bytes, scatter_bound) -> the "
+     "reducer's order: owner's run_concurrent call starts"},
+    {"microbatch_end", py_end, METH_O,
+     "microbatch_end(owner) -> bool: owner's run_concurrent call ended (False: not open)"},
     {"microbatch_running", py_running, METH_NOARGS,
      "microbatch_running() -> bool: a run_concurrent call is open"},
     {"microbatch_arrive", py_arrive, METH_O, "microbatch_arrive(p): p's gradient arrived"},

@@ -16,6 +16,7 @@ struct axc_runtime {
     axc_keeps *keeps;
     axc_grad_records *records;
     axc_mb *mb; /* the running run_concurrent call, or NULL */
+    const void *mb_owner; /* who opened it (axc_runtime_mb_end_owned) */
     axc_mb_memory *mbmem; /* what the calls learned (NULL without the ops) */
     axc_layer_residuals *layer_residuals; /* the linear layers' depth dW residuals */
     axc_timeline *timeline; /* the trace: kept across inits, each comm opened with it */
@@ -312,11 +313,15 @@ int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const ax
     return 0;
 }
 
-axc_status axc_runtime_mb_begin(axc_runtime *rt, int n, size_t bucket_bytes, axc_mb **out)
+axc_status axc_runtime_mb_begin(axc_runtime *rt, const void *owner, int n, size_t bucket_bytes,
+                                axc_mb **out)
 {
+    if (out)
+        *out = NULL;
     if (rt->mb)
         return axc_fail(AXC_ERR_STATE, "run_concurrent is already running: one call at a time");
     AXC_TRY(axc_mb_create(&rt->mb, n, bucket_bytes, rt->comm, rt->comm ? rt->mbmem : NULL));
+    rt->mb_owner = owner;
     if (out)
         *out = rt->mb;
     return AXC_OK;
@@ -329,4 +334,13 @@ void axc_runtime_mb_end(axc_runtime *rt)
 {
     axc_mb_destroy(rt->mb);
     rt->mb = NULL;
+    rt->mb_owner = NULL;
+}
+
+int axc_runtime_mb_end_owned(axc_runtime *rt, const void *owner)
+{
+    if (!rt->mb || rt->mb_owner != owner)
+        return 0;
+    axc_runtime_mb_end(rt);
+    return 1;
 }

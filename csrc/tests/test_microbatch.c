@@ -193,15 +193,22 @@ static void test_runtime_holds_one(void)
     CHECK_OK(axc_runtime_create(&rt, &ops));
     CHECK(axc_runtime_mb(rt) == NULL);
     axc_mb *mb = NULL;
-    CHECK_OK(axc_runtime_mb_begin(rt, 3, 64, &mb));
+    CHECK_OK(axc_runtime_mb_begin(rt, NULL, 3, 64, &mb));
     CHECK(mb && axc_runtime_mb(rt) == mb && axc_mb_n(mb) == 3);
     axc_mb *second = NULL;
-    CHECK(axc_runtime_mb_begin(rt, 3, 64, &second) == AXC_ERR_STATE && !second);
+    CHECK(axc_runtime_mb_begin(rt, NULL, 3, 64, &second) == AXC_ERR_STATE && !second);
     axc_runtime_mb_end(rt);
     CHECK(axc_runtime_mb(rt) == NULL);
     axc_runtime_mb_end(rt); /* none: no-op */
-    CHECK(axc_runtime_mb_begin(rt, 0, 64, &mb) == AXC_ERR_INVALID && !axc_runtime_mb(rt));
-    CHECK_OK(axc_runtime_mb_begin(rt, 2, 64, NULL));
+    CHECK(axc_runtime_mb_begin(rt, NULL, 0, 64, &mb) == AXC_ERR_INVALID && !axc_runtime_mb(rt));
+    /* ended by its owner only: another caller's end (its own begin was refused) is a no-op */
+    int a, b;
+    CHECK_OK(axc_runtime_mb_begin(rt, &a, 2, 64, NULL));
+    CHECK(axc_runtime_mb_begin(rt, &b, 2, 64, NULL) == AXC_ERR_STATE);
+    CHECK(axc_runtime_mb_end_owned(rt, &b) == 0 && axc_runtime_mb(rt) != NULL);
+    CHECK(axc_runtime_mb_end_owned(rt, &a) == 1 && axc_runtime_mb(rt) == NULL);
+    CHECK(axc_runtime_mb_end_owned(rt, &a) == 0); /* (ended already) */
+    CHECK_OK(axc_runtime_mb_begin(rt, NULL, 2, 64, NULL));
     axc_runtime_destroy(rt); /* ends the running call too (leak-checked under ASan) */
 }
 

@@ -115,10 +115,15 @@ int axc_microbatch_thread(void);
 
 /* The running run_concurrent call (axc/microbatch.h), one at a time: begin makes it over the
  * open communicator (AXC_ERR_STATE while one runs), end destroys it (no-op when none). NULL
- * when none runs. The memory the calls learn into is kept until the communicator closes. */
-axc_status axc_runtime_mb_begin(axc_runtime *rt, int n, size_t bucket_bytes, axc_mb **out);
+ * when none runs. The memory the calls learn into is kept until the communicator closes.
+ * `owner` identifies the caller (compared, never dereferenced): end_owned ends the call only
+ * if that caller opened it (1: ended), so a caller that cannot tell whether its begin
+ * succeeded (an exception raised as it returned) ends its own call and never another's. */
+axc_status axc_runtime_mb_begin(axc_runtime *rt, const void *owner, int n, size_t bucket_bytes,
+                                axc_mb **out);
 axc_mb *axc_runtime_mb(const axc_runtime *rt);
 void axc_runtime_mb_end(axc_runtime *rt);
+int axc_runtime_mb_end_owned(axc_runtime *rt, const void *owner);
 axc_mb_memory *axc_runtime_mb_memory(const axc_runtime *rt); /* NULL without the ops */
 
 /* Nothing pending: no gradient record, taken .grad, held backward result or open bucket. */
