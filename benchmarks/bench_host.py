@@ -25,6 +25,7 @@ import argparse
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -184,6 +185,13 @@ def run_here(args) -> list:
     return rows
 
 
+def free_port() -> int:
+    """A port nothing listens on now (another job on the machine may use a fixed one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -205,7 +213,7 @@ def main() -> None:
     clock = time.process_time if args.clock == "process" else time.perf_counter
     if args.ranks > 1 and "RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-               str(args.ranks), "--master_addr", "127.0.0.1", "--master_port", "29533",
+               str(args.ranks), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                __file__, *sys.argv[1:]]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         sys.exit(subprocess.call(cmd, env=env))
