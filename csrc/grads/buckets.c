@@ -173,8 +173,8 @@ static void retire(axc_buckets *b, int i, enum why_retired why)
         b->due[b->ndue++] = i; /* (due has room for every bucket: sized with v) */
 }
 
-axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, void *arg,
-                            int *bucket_out, size_t *offset, void **owner)
+axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, size_t want,
+                            void *arg, int *bucket_out, size_t *offset, void **owner)
 {
     AXC_TRY(check_key(key));
     int open = -1;
@@ -201,6 +201,8 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
             b->cap = cap;
         }
         size_t per = b->bucket_bytes / axc_dtype_size(key->dtype);
+        if (want && want < per)
+            per = want;
         size_t elems = n > per ? n : per;
         bucket k = {.key = *key, .cap = elems, .state = BUCKET_OPEN};
         AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, arg, &k.data, &k.owner));

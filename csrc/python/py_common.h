@@ -84,11 +84,12 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key);
 /* py_grads.c: the dtype and device of `like` into key (its groups left as they are) */
 int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key);
 /* py_grads.c: n elements of the open bucket of `key` (a new one made like `like`), at most
- * `bytes` a bucket unless one piece is larger: the bucket's flat buffer (a new reference; NULL
- * with an exception), its number and the piece's offset in it; the sums that came due are
- * started */
-PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
-                             int *bucket, size_t *offset);
+ * `bytes` a bucket unless one piece is larger, and at most `want` (0: unknown) elements, what
+ * the caller still puts into this key's buckets (axc_buckets_take): the bucket's flat buffer (a
+ * new reference; NULL with an exception), its number and the piece's offset in it; the sums
+ * that came due are started */
+PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t want,
+                             size_t bytes, int *bucket, size_t *offset);
 /* py_grads.c: as axc_py_bucket_take, the piece itself (flat.narrow(0, offset, n)) */
 PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
                               int *bucket);

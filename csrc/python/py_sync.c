@@ -98,6 +98,8 @@ static int call1(PyObject *o, PyObject *name, PyObject *arg)
 typedef struct piece {
     PyObject *flat; /* the bucket's buffer (a reference) */
     size_t off, n;  /* the piece: elements [off, off + n) of flat */
+    axc_bucket_key key;
+    size_t want; /* elements of its key the call packs from this piece on */
 } piece;
 
 static PyTypeObject *g_tensor_type, *g_param_type;
@@ -168,23 +170,55 @@ static char *cpu_memory(PyObject *t, int device)
     return contiguous ? (char *)call_ptr(t, s_data_ptr) : NULL;
 }
 
-/* t into a piece of the open bucket of its key; -1 with an exception */
-static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
+/* t's size and kind into its piece (pc->key holds the groups); -1 with an exception */
+static int describe(PyObject *t, piece *pc)
 {
     PyObject *num = PyObject_CallMethodNoArgs(t, s_numel);
     Py_ssize_t numel = num ? PyLong_AsSsize_t(num) : -1;
     Py_XDECREF(num);
-    if (numel < 0 || axc_py_bucket_kind(t, key) < 0)
+    if (numel < 0 || axc_py_bucket_kind(t, &pc->key) < 0)
         return -1;
+    pc->n = (size_t)numel;
+    return 0;
+}
+
+/* Each piece's `want`: the elements of its kind (dtype, device) from it to the end, so that a
+ * new bucket is no larger than what the call still packs into it (a small model's sum then
+ * takes no more memory than its gradients). Past 8 kinds: 0, a full bucket. */
+static void set_wants(piece *pcs, size_t n)
+{
+    struct kind_run {
+        axc_dtype dtype;
+        int device;
+        size_t sum;
+    } run[8];
+    int nrun = 0;
+    for (size_t i = n; i-- > 0;) {
+        int r = 0;
+        while (r < nrun && (run[r].dtype != pcs[i].key.dtype || run[r].device != pcs[i].key.device))
+            r++;
+        if (r == nrun && nrun < 8)
+            run[nrun++] = (struct kind_run){pcs[i].key.dtype, pcs[i].key.device, 0};
+        if (r == nrun) {
+            pcs[i].want = 0;
+            continue;
+        }
+        run[r].sum += pcs[i].n;
+        pcs[i].want = run[r].sum;
+    }
+}
+
+/* t into a piece of the open bucket of its key (described first); -1 with an exception */
+static int pack(PyObject *t, size_t bytes, piece *pc)
+{
     /* (what can fail on t's side before the piece is taken: a piece taken is always written,
      * so no bucket is left open with unwritten memory in it) */
-    const char *mem = cpu_memory(t, key->device);
+    const char *mem = cpu_memory(t, pc->key.device);
     PyObject *src = mem ? NULL : PyObject_CallMethodOneArg(t, s_reshape, s_minus_one);
     if (!mem && !src)
         return -1;
     int bucket;
-    pc->n = (size_t)numel;
-    pc->flat = axc_py_bucket_take(t, key, pc->n, bytes, &bucket, &pc->off);
+    pc->flat = axc_py_bucket_take(t, &pc->key, pc->n, pc->want, bytes, &bucket, &pc->off);
     if (!pc->flat) {
         Py_XDECREF(src);
         return -1;
@@ -192,7 +226,7 @@ static int pack(PyObject *t, axc_bucket_key *key, size_t bytes, piece *pc)
     char *base = mem ? (char *)call_ptr(pc->flat, s_data_ptr) : NULL;
     int ok = 1;
     if (mem && base) { /* (reading t: nothing of t changes, as with piece.copy_(t)) */
-        size_t elem = axc_dtype_size(key->dtype);
+        size_t elem = axc_dtype_size(pc->key.dtype);
         memcpy(base + pc->off * elem, mem, pc->n * elem);
     } else {
         PyObject *part = PyObject_CallMethod(pc->flat, "narrow", "inn", 0, (Py_ssize_t)pc->off,
@@ -401,8 +435,14 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
     }
     int rc = -1;
     size_t i;
+    for (i = 0; i < n; i++) {
+        pcs[i].key = key;
+        if (describe(tensors[i], &pcs[i]) < 0) /* (nothing packed yet) */
+            goto out;
+    }
+    set_wants(pcs, n);
     for (i = 0; i < n; i++)
-        if (pack(tensors[i], &key, bytes, &pcs[i]) < 0) {
+        if (pack(tensors[i], bytes, &pcs[i]) < 0) {
             drop_packed();
             goto out;
         }

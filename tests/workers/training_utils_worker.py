@@ -416,6 +416,25 @@ def check_compat():
     assert ax.config.G_intra_r == g.G_intra_r and ax.config.G_data == g.G_data
 
 
+def check_sync_memory(g):
+    """sync_gradients packs a small model's gradients into buckets no larger than those
+    gradients (was: a bucket of 16 MiB per dtype, whatever the model's size, so a small model's
+    sum took many times its gradients' memory)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))  # (replicated: summed)
+    model(torch.randn(8, 64)).sum().backward()
+    grad_bytes = sum(p.grad.nbytes for p in model.parameters())
+    mt = MemTracker()
+    mt.track_external(model)
+    with mt:
+        axonn_c.sync_gradients(model)
+    peak = max(v["Total"] for v in mt.get_tracker_snapshot("peak").values())
+    extra = peak - 2 * grad_bytes  # (the parameters and their gradients)
+    assert extra <= 2 * grad_bytes, (f"rank {g.rank}: sync_gradients of {grad_bytes} gradient "
+                                     f"bytes took {extra} bytes more")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--grids", required=True, help="G_data,Gr,Gc,Gd;...")
@@ -436,6 +455,7 @@ def main():
         check_copies(g)
         check_saved_mid_step(g)
         check_main_grad(g)
+        check_sync_memory(g)
         if stale is not None:
             check_stale_layer(*stale)
         stale = stale_layer()

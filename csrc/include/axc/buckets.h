@@ -104,13 +104,15 @@ void axc_buckets_new_step(axc_buckets *b);
 /* Releases every residual (init/finalize, or a policy change). */
 void axc_buckets_clear_residuals(axc_buckets *b);
 
-/* `n` elements in the open bucket of `key` (a new one, of max(n, bucket_bytes / element size)
- * elements, when it has no room: the full one retires; `arg` goes to ops.alloc for it). Out: the
- * bucket's number (numbers go on across passes: one taken before its pass ended is refused
- * afterwards, see axc_buckets_check), the piece's offset in elements, and the buffer's owner
- * handle. */
-axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, void *arg,
-                            int *bucket, size_t *offset, void **owner);
+/* `n` elements in the open bucket of `key` (a new one when it has no room: the full one retires;
+ * `arg` goes to ops.alloc for it). A new bucket has bucket_bytes / element size elements, or
+ * `want` if fewer (0: unknown): what the caller will still put into this key's buckets, this
+ * piece included (a synchronous sum knows it: a small model's sum then takes no more memory
+ * than its gradients), and never fewer than n. Out: the bucket's number (numbers go on across
+ * passes: one taken before its pass ended is refused afterwards, see axc_buckets_check), the
+ * piece's offset in elements, and the buffer's owner handle. */
+axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, size_t want,
+                            void *arg, int *bucket, size_t *offset, void **owner);
 /* Whether a piece taken from `bucket` may still be written and recorded: AXC_ERR_STATE once its
  * pass ended (axc_buckets_reset) or its end-of-pass sums started (axc_buckets_close_all), e.g.
  * another thread's end of pass between a piece's take and its record: the piece is then not in
