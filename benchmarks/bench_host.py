@@ -206,10 +206,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--iters", type=int, default=100, help="calls per timed round")
     ap.add_argument("--json", help="write the rows here (rank 0)")
-    ap.add_argument("--clock", default="process", choices=("process", "wall"),
-                    help="CPU time of this process, or wall time (CUDA: use wall)")
+    ap.add_argument("--clock", default=None, choices=("process", "wall"),
+                    help="CPU time of this process, or wall time (default: process on CPU, "
+                         "wall on CUDA, whose driver threads would count in the process's time)")
     args = ap.parse_args()
     global clock
+    if args.clock is None:
+        args.clock = "wall" if args.device == "cuda" else "process"
     clock = time.process_time if args.clock == "process" else time.perf_counter
     if args.ranks > 1 and "RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
