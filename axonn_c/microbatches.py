@@ -260,9 +260,10 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             ended[0].set()
 
     owner = object()  # (whose call microbatch_end ends: never another caller's)
+    call = None  # (this call's session.concurrent_call, once set)
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
         order = _open_call(model if reducing else None, n, owner)  # (the call is open)
-        session.concurrent_call = _Call()
+        call = session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set
         abort, starter = True, True
@@ -297,9 +298,11 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             with torch.no_grad():  # each shard into its weight's .grad (set, or added), in C
                 _C.microbatch_apply_scatters()
     finally:
-        # (False: this call never opened; another caller's, if any, is left alone)
-        if _C.microbatch_end(owner):
-            session.concurrent_call = None  # (finalize refuses while it is set)
+        try:  # (a no-op unless this call opened it: another caller's is left alone)
+            _C.microbatch_end(owner)
+        finally:  # (also after an interrupt taken as microbatch_end returned)
+            if call is not None and session.concurrent_call is call:
+                session.concurrent_call = None  # (finalize refuses while it is set)
     for e in errors:
         if e is not None:
             raise e

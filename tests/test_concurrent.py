@@ -155,6 +155,26 @@ def test_exception_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, 
     assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
 
 
+def test_interrupt_as_the_call_ends_leaves_finalize_possible(world_of_one, monkeypatch):
+    # an interrupt taken as microbatch_end returns (the call ended in C): the session no
+    # longer counts the call as running, so finalize() is not refused (was: the session's
+    # record was cleared only after microbatch_end returned normally)
+    axonn_c.init(concurrent_microbatches=2)
+    real_end = axonn_c._C.microbatch_end
+
+    def end(owner):
+        real_end(owner)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(axonn_c._C, "microbatch_end", end)
+    with pytest.raises(KeyboardInterrupt):
+        axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
+    monkeypatch.setattr(axonn_c._C, "microbatch_end", real_end)
+    assert not axonn_c._C.microbatch_running()
+    axonn_c.finalize()  # (refused while the session records a running call)
+    assert not axonn_c.is_initialized()
+
+
 def test_refused_call_leaves_the_running_one_open(world_of_one):
     # a call refused because another runs does not end that one (its owner's alone)
     axonn_c.init(concurrent_microbatches=2)

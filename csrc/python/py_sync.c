@@ -204,7 +204,7 @@ static void set_wants(piece *pcs, size_t n)
             continue;
         }
         run[r].sum += pcs[i].n;
-        pcs[i].want = run[r].sum;
+        pcs[i].want = run[r].sum ? run[r].sum : 1; /* (0 would mean unknown: a full bucket) */
     }
 }
 

@@ -244,9 +244,10 @@ static int gather_settle(layer_slot *L, axc_status *st)
     if (!L->gather)
         return 0;
     axc_status ws = axc_work_wait(L->gather);
-    /* (asked before the free) */
     int owned = ws == AXC_ERR_TIMEOUT && !axc_work_done(L->gather);
-    axc_work_free(L->gather);
+    if (!owned) /* (an owned one is leaked here: axc_work_free would wait out the timeout
+                 * again before leaking it) */
+        axc_work_free(L->gather);
     L->gather = NULL;
     if (*st == AXC_OK)
         *st = ws;
@@ -822,7 +823,9 @@ static void *finishing_main(void *arg)
      * context there (on every rank of a node). A failure is only logged: the works must be
      * waited for all the same */
     const axc_cuda_api *cu = NULL;
-    if (f->device >= 0 && axc_cuda_load(&cu) == AXC_OK && cu->SetDevice(f->device) != 0)
+    int cur = -1; /* (a new thread reads 0 without making a context; set only if different) */
+    if (f->device >= 0 && axc_cuda_load(&cu) == AXC_OK &&
+        (cu->GetDevice(&cur) != 0 || cur != f->device) && cu->SetDevice(f->device) != 0)
         axc_log(2, "scheduler finish thread: cudaSetDevice(%d) failed", f->device);
     axc_status st = axc_sched_finish(f->s);
     pthread_mutex_lock(&f->mu);
