@@ -115,40 +115,26 @@ def test_failed_thread_start_leaves_run_concurrent_usable(world_of_one, monkeypa
     assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
 
 
-def test_interrupt_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, monkeypatch):
-    # an interrupt taken as microbatch_begin returns (it looks raised by the call): the call
-    # is ended (was: opened before the try that ends it, and every later call was refused)
+class _Late(Exception):
+    pass
+
+
+@pytest.mark.parametrize("late", [KeyboardInterrupt, _Late])
+def test_exception_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, monkeypatch,
+                                                                   late):
+    # an exception taken as microbatch_begin returns (an interrupt, or any asynchronous one,
+    # e.g. from a signal handler: it looks raised by the call): the call is ended (was: a
+    # KeyboardInterrupt left it open before the try that ends it; later, any other exception
+    # did; every later call was then refused)
     axonn_c.init(concurrent_microbatches=2)
     real_begin = axonn_c._C.microbatch_begin
 
     def begin(*args):
         real_begin(*args)
-        raise KeyboardInterrupt
+        raise late("raised as begin returned (test)")
 
     monkeypatch.setattr(axonn_c._C, "microbatch_begin", begin)
-    with pytest.raises(KeyboardInterrupt):
-        axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
-    monkeypatch.setattr(axonn_c._C, "microbatch_begin", real_begin)
-    assert not axonn_c._C.microbatch_running()
-    assert axonn_c.run_concurrent(lambda a: a.sum().item(), torch.ones(4)) == [2.0, 2.0]
-
-
-def test_exception_as_the_call_opens_leaves_run_concurrent_usable(world_of_one, monkeypatch):
-    # any exception taken as microbatch_begin returns (an asynchronous one, e.g. from a signal
-    # handler, looks raised by the call): the call is ended (was: only a KeyboardInterrupt
-    # was, any other left the call open and every later call refused)
-    axonn_c.init(concurrent_microbatches=2)
-    real_begin = axonn_c._C.microbatch_begin
-
-    class Late(Exception):
-        pass
-
-    def begin(*args):
-        real_begin(*args)
-        raise Late("raised as begin returned (test)")
-
-    monkeypatch.setattr(axonn_c._C, "microbatch_begin", begin)
-    with pytest.raises(Late):
+    with pytest.raises(late):
         axonn_c.run_concurrent(lambda a: a.sum(), torch.ones(4))
     monkeypatch.setattr(axonn_c._C, "microbatch_begin", real_begin)
     assert not axonn_c._C.microbatch_running()
