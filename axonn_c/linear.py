@@ -352,6 +352,37 @@ class _PlainLinear(torch.autograd.Function):
         return dx, dw, db, None  # (db None: the handle was made without a bias)
 
 
+class _DeferringLinear(torch.autograd.Function):
+    """An eager call whose only cross-layer work is its gradients' (the data-parallel sums, a
+    deferred dW GEMM: a non-self-contained handle outside chunk pipelining and micro-batches,
+    whose weight is the layer's Parameter and keeps no depth residual, Linear._forward): the
+    general path's calls with its per-call decisions made once (_EagerLinear's, less the
+    Python that only chunks, micro-batches, casts and compiled graphs need)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, call):
+        y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), None, False)
+        ctx.save_for_backward(x, saved, w)
+        # (the scheduler id as of this forward: a __dict__ copy of the layer shares the handle)
+        ctx.call, ctx.layer, ctx.param = call, call.layer, w
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, saved, w = ctx.saved_tensors
+        call, param = ctx.call, ctx.param
+        call.layer = ctx.layer
+        # (as _deferred_param: C decided the deferral when the memo was made; autograd decides
+        # whether this pass accumulates into .grad)
+        p = param if param.requires_grad and grads.accumulates(param) else None
+        dx, dw, db = call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
+                                   *_dev_stream_or_c(dy), p, False, None, None, False, False)
+        return dx, dw, db, None
+
+
+_deferring_apply = super(torch.autograd.Function, _DeferringLinear).apply
+
+
 # whether autocast is on for any device type (one C call; the general path looks at the input's
 # device type)
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
@@ -653,10 +684,15 @@ class Linear(nn.Module):
                                                and x.get_device() == w.get_device())
                     and not _any_autocast() and t.hold_target is None and not t.hold_depth
                     and t.microbatch is None and grads.idle()):
+                apply = _plain_apply
+                if m[8] is not None:  # (the handle may be shared by a __dict__ copy of the layer)
+                    if m[8][0] != id(self):
+                        return self._forward(x)
+                    m[3].layer, apply = m[8][1], _deferring_apply
                 if self.skip_bias_add:
-                    return (_plain_apply(x, w, None, m[3]),
+                    return (apply(x, w, None, m[3]),
                             self._full_bias_for_output(b) if b is not None else None)
-                return _plain_apply(x, w, b, m[3])
+                return apply(x, w, b, m[3])
         return self._forward(x)
 
     def _forward(self, x: Tensor):
@@ -731,6 +767,11 @@ class Linear(nn.Module):
                 y = _PlainLinear.apply(x2, w, bc, call)
             else:
                 call.layer = self._layer_id()  # (per object: a __dict__ copy shares _calls)
+                if (not hold and not microbatch_active() and not call.keeps_dw_residual
+                        and call.defers(False, False)):
+                    # only its gradients are cross-layer: the next such call takes forward's
+                    # shortcut too (_DeferringLinear)
+                    self._remember_plain(call, x2.dtype, use_bias, w, deferring=True)
                 y = _EagerLinear.apply(x2, w, bc, call, hold)
         if not flat:
             y = y.view(*x.shape[:-1], y.shape[-1])
@@ -825,15 +866,19 @@ class Linear(nn.Module):
                                               _CAPTURE_REFUSAL if refuse_capture else None)
         return call
 
-    def _remember_plain(self, call, dtype, use_bias: bool, w: Tensor) -> None:
-        """Keeps a self-contained handle for forward's shortcut when this call is the common
-        one: the layer's own parameters in their dtype."""
+    def _remember_plain(self, call, dtype, use_bias: bool, w: Tensor,
+                        deferring: bool = False) -> None:
+        """Keeps a handle for forward's shortcut when this call is the common one: the layer's
+        own parameters in their dtype. A self-contained handle (_PlainLinear), or with
+        `deferring` one whose backward hands its gradients on (_DeferringLinear; its scheduler
+        id set on it, which is this object's: a copy of the layer makes its own memo)."""
         if (use_bias == (self.bias is not None and not self.skip_bias_add) and w.dtype is dtype
                 and w is self._parameters.get("weight")):
             # (forward's check: input features, device)
             want = self._shapes["k_local"] if self.expert_mode else self.in_features
             self._plain_memo = ((session.epoch, session.knobs_version), dtype, want, call,
-                                use_bias, w, self.bias, self.skip_bias_add)
+                                use_bias, w, self.bias, self.skip_bias_add,
+                                (id(self), call.layer) if deferring else None)
 
     _sched_key = None
 

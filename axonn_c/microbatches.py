@@ -49,8 +49,7 @@ from torch import Tensor, nn
 
 from . import _C, grads
 from .parallel import _model_expert_mode, _replicated_groups
-from .state import (first_hook, forget_hook, grid, is_initialized, microbatch_active, refuse_cuda,
-                    session)
+from .state import first_hook, forget_hook, is_initialized, microbatch_active, refuse_cuda, session
 
 
 def caller_autocasts() -> list:
@@ -144,9 +143,7 @@ def _abort_interrupted() -> None:
     aborted (every wait of every rank fails at once, csrc/comm: axc_comm_abort), so micro-batch
     threads stuck in one end now rather than at the collective timeout, and the peers, left
     out of step, fail too instead of waiting it out. The job must init() again."""
-    g = grid()
-    if g.world_size > 1:
-        _C.comm_abort(f"run_concurrent was interrupted (KeyboardInterrupt) on rank {g.rank}")
+    _C.abort_interrupted("KeyboardInterrupt")
 
 
 def _join(ended: List[threading.Event], abort: bool = False) -> None:

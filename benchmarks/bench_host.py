@@ -80,6 +80,12 @@ class TimedCall:
     def __getattr__(self, name):
         return getattr(self.call, name)
 
+    def __setattr__(self, name, value):  # (the layer's scheduler id: set on the handle)
+        if name in ("call", "timer"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.call, name, value)
+
     def _timed(self, fn, args):
         t0 = clock()
         try:

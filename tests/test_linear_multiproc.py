@@ -20,3 +20,13 @@ def test_linear_matches_serial_with_every_overlap_on(world):
     all-gathers, deferred reduce-scatters and data-parallel buckets during backward."""
     out = torchrun(world, "linear_worker.py", "--dtypes", "float32,bfloat16", "--overlap")
     assert f"world {world}:" in out and "with every overlap on" in out
+
+
+@pytest.mark.parametrize("world,grids", [(2, ("2,1,1,1", "1,1,1,2", "1,2,1,1")),
+                                         (4, ("2,2,1,1", "1,2,2,1", "2,1,1,2"))])
+def test_deferring_shortcut_equals_the_general_path(world, grids):
+    """Forward's shortcut for a layer whose gradients are its only cross-layer work (overlap on:
+    data-parallel sums, deferred dW) gives bitwise what the general path gives."""
+    out = torchrun(world, "deferring_worker.py", *grids)
+    for grid in grids:
+        assert f"grid [{grid.replace(',', ', ')}]: the deferring shortcut equals" in out

@@ -595,8 +595,10 @@ axc_status axc_work_wait(axc_work *w)
     axc_status st = w->backend->wait(w->backend, w);
     axc_timeline_end(w->timeline, AXC_SPAN_WAIT, axc_coll_name(w->coll.kind), (int)w->group.kind,
                      t0, 0);
-    if (st == AXC_ERR_TIMEOUT && atomic_load(&w->state) == AXC_WORK_PENDING)
+    if (st == AXC_ERR_TIMEOUT && atomic_load(&w->state) == AXC_WORK_PENDING) {
+        w->timed_out = 1;
         return st; /* still owned by the backend: not marked waited, must not be freed */
+    }
     w->waited = 1;
     if (st != AXC_OK && w->status == AXC_OK) {
         w->status = st;
@@ -616,6 +618,13 @@ void axc_work_free(axc_work *w)
 {
     if (!w)
         return;
+    if (!w->waited && w->timed_out && !axc_work_done(w)) {
+        /* a wait on it already timed out (no second timeout to wait out) and the backend may
+         * still touch it: leak rather than corrupt */
+        axc_log(2, "a %s on the %s group that timed out is still running: its record is kept",
+                axc_coll_name(w->coll.kind), axc_group_name(w->group.kind));
+        return;
+    }
     if (!w->waited) {
         char saved[1024];
         snprintf(saved, sizeof saved, "%s", axc_last_error());

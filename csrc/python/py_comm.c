@@ -182,19 +182,26 @@ static PyObject *py_set_thread_channel(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* comm_abort(message): axc_comm_abort (a no-op without a communicator), without the GIL: on nccl
- * ncclCommAbort may take a while, and Python's other threads go on meanwhile */
-static PyObject *py_comm_abort(PyObject *self, PyObject *arg)
+void axc_py_abort_interrupted(const char *why)
+{
+    axc_comm *comm = axc_py_comm(); /* (read with the GIL held) */
+    if (!comm || axc_comm_grid(comm)->world_size < 2)
+        return;
+    char msg[160];
+    snprintf(msg, sizeof msg, "run_concurrent was interrupted (%s) on rank %d", why,
+             axc_comm_rank(comm));
+    Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
+    Py_END_ALLOW_THREADS
+}
+
+/* abort_interrupted(why): axc_py_abort_interrupted */
+static PyObject *py_abort_interrupted(PyObject *self, PyObject *arg)
 {
     (void)self;
-    const char *msg = PyUnicode_AsUTF8(arg); /* (kept alive by the caller's reference) */
-    if (!msg)
+    const char *why = PyUnicode_AsUTF8(arg); /* (kept alive by the caller's reference) */
+    if (!why)
         return NULL;
-    axc_comm *comm = axc_py_comm(); /* (read with the GIL held) */
-    if (comm) {
-        Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
-        Py_END_ALLOW_THREADS
-    }
+    axc_py_abort_interrupted(why);
     Py_RETURN_NONE;
 }
 
@@ -770,9 +777,9 @@ PyMethodDef axc_py_comm_methods[] = {
      "Creates the communicator (internal; use axonn_c.init)."},
     {"finalize", py_finalize, METH_NOARGS, "Releases the communicator."},
     {"is_initialized", py_is_initialized, METH_NOARGS, "True between init and finalize."},
-    {"comm_abort", py_comm_abort, METH_O,
-     "comm_abort(message): every collective of the job, pending or later, fails with message "
-     "(every rank's on shm); init() again to go on."},
+    {"abort_interrupted", py_abort_interrupted, METH_O,
+     "abort_interrupted(why): with peers, every collective of the job, pending or later, fails "
+     "naming the interrupted run_concurrent (every rank's on shm); init() again to go on."},
     {"set_thread_channel", py_set_thread_channel, METH_O,
      "set_thread_channel(c): the calling thread's collectives use channel c."},
     {"grid_info", py_grid_info, METH_NOARGS, "Sizes, this rank's coordinates, backends."},

@@ -22,6 +22,10 @@ void axc_py_grads_runtime_ops(axc_runtime_ops *ops);
 /* py_microbatch.c: run_concurrent's gathered buffers and weight references */
 void axc_py_microbatch_ops(axc_mb_ops *ops);
 
+/* py_comm.c: with peers, aborts the job's collectives (every wait of every rank fails at once)
+ * naming an interrupted run_concurrent and `why` (the exception); called with the GIL held */
+void axc_py_abort_interrupted(const char *why);
+
 /* Exception types created in module.c. */
 extern PyObject *axc_py_CommError;        /* RuntimeError: a peer died, the backend failed */
 extern PyObject *axc_py_CommTimeoutError; /* CommError and TimeoutError: a peer never came */

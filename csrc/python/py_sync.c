@@ -380,15 +380,8 @@ static int finish_interruptibly(void)
             continue;
         }
         PyErr_Fetch(&et, &ev, &tb);
-        axc_comm *comm = axc_py_comm();
-        if (comm && axc_comm_grid(comm)->world_size > 1) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "run_concurrent was interrupted (%s) on rank %d",
-                     PyExceptionClass_Check(et) ? PyExceptionClass_Name(et) : "a signal",
-                     axc_comm_rank(comm));
-            Py_BEGIN_ALLOW_THREADS (void)axc_comm_abort(comm, AXC_ERR_PEER, msg);
-            Py_END_ALLOW_THREADS
-        }
+        axc_py_abort_interrupted(PyExceptionClass_Check(et) ? PyExceptionClass_Name(et)
+                                                            : "a signal");
     }
     axc_buckets_reset(b);
     if (et) {

@@ -245,9 +245,7 @@ static int gather_settle(layer_slot *L, axc_status *st)
         return 0;
     axc_status ws = axc_work_wait(L->gather);
     int owned = ws == AXC_ERR_TIMEOUT && !axc_work_done(L->gather);
-    if (!owned) /* (an owned one is leaked here: axc_work_free would wait out the timeout
-                 * again before leaking it) */
-        axc_work_free(L->gather);
+    axc_work_free(L->gather);
     L->gather = NULL;
     if (*st == AXC_OK)
         *st = ws;

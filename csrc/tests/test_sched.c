@@ -187,6 +187,16 @@ static axc_sched *sched_new(const rank_ctx *c)
     return s;
 }
 
+/* a scheduler that prefetches one layer ahead and caches gathers, without a memory budget */
+static axc_sched *sched_cached(const rank_ctx *c, axc_sched_config *cfg)
+{
+    axc_sched *s = sched_new(c);
+    *cfg = (axc_sched_config){.prefetch = 1, .budget_bytes = 0, .cache = 1};
+    if (s)
+        CHECK_OK(axc_sched_configure(s, cfg));
+    return s;
+}
+
 /* ------------------------------------------------------------------ 1. layer ids */
 
 static void test_ids(const rank_ctx *c)
@@ -372,11 +382,10 @@ static int alive_buffers(axc_sched *s)
 
 static void test_stale(const rank_ctx *c)
 {
-    axc_sched *s = sched_new(c);
+    axc_sched_config cfg;
+    axc_sched *s = sched_cached(c, &cfg);
     if (!s)
         return;
-    axc_sched_config cfg = {.prefetch = 1, .budget_bytes = 0, .cache = 1};
-    CHECK_OK(axc_sched_configure(s, &cfg));
     tlayer X;
     layer_init(c, s, &X, 4);
     float *other = malloc(sizeof(float) * N);
@@ -443,11 +452,10 @@ static void test_stale(const rank_ctx *c)
  * old one, a prefetch possibly still in flight, is settled before the caller frees it. */
 static void test_shard_passing(const rank_ctx *c)
 {
-    axc_sched *s = sched_new(c);
+    axc_sched_config cfg;
+    axc_sched *s = sched_cached(c, &cfg);
     if (!s)
         return;
-    axc_sched_config cfg = {.prefetch = 1, .budget_bytes = 0, .cache = 1};
-    CHECK_OK(axc_sched_configure(s, &cfg));
     tlayer X, Y;
     layer_init(c, s, &X, 6);
     layer_init(c, s, &Y, 7);

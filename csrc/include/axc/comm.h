@@ -193,7 +193,9 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
 axc_status axc_work_wait(axc_work *work);
 /* 1 when finished (successfully or not), 0 otherwise; never blocks. */
 int axc_work_done(axc_work *work);
-/* Waits if needed, then frees. */
+/* Waits if needed, then frees. A work still owned by the backend after a timed-out wait is
+ * leaked instead (without waiting out a second timeout when axc_work_wait already timed out):
+ * its buffers may still be written, so their owner keeps them too (see axc_work_done). */
 void axc_work_free(axc_work *work);
 
 /* bytes_*: what was sent/received (wire bytes, compressed or not); logical_bytes_*: what the
@@ -261,6 +263,7 @@ struct axc_work {
     _Atomic uint32_t state;  /* axc_work_state; futex word for host waiters */
     axc_status status;
     int waited;              /* axc_work_wait ran; its result is `status` */
+    int timed_out;           /* an axc_work_wait timed out while the backend still owned it */
     char message[512];
     axc_work *next;          /* backend queue link */
     axc_work **after;        /* run only after these finished (owned; see axc_comm_start_after) */
