@@ -374,6 +374,15 @@ class _DeferringLinear(torch.autograd.Function):
         call.layer = ctx.layer
         # (as _deferred_param: C decided the deferral when the memo was made; autograd decides
         # whether this pass accumulates into .grad)
+        if session.thread.microbatch is not None:
+            # (an output of a main-thread call back-propagated on a run_concurrent thread: the
+            # general path's per-call decisions, as _EagerLinear.backward)
+            dx, dw, db = _backward_impl(dy, x, saved, w, call, 0,
+                                        _deferred_param(param, call, 0),
+                                        ctx.needs_input_grad[0],
+                                        lambda: ctx.needs_input_grad[1] and
+                                        grads.accumulates(param))
+            return dx, dw, db, None
         p = param if param.requires_grad and grads.accumulates(param) else None
         dx, dw, db = call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
                                    *_dev_stream_or_c(dy), p, False, None, None, False, False)
@@ -680,15 +689,18 @@ class Linear(nn.Module):
             w, b = ps.get("weight"), ps.get("bias")  # (a parametrization removes "weight")
             if (w is m[5] and b is m[6] and self.skip_bias_add is m[7] and dt is m[1]
                     and dt is w.dtype and x.dim() == 2 and x.shape[1] == m[2]
-                    and x.is_contiguous() and (x.is_cpu and w.is_cpu or x.is_cuda and w.is_cuda
-                                               and x.get_device() == w.get_device())
+                    and x.is_contiguous() and w.get_device() == m[9]
+                    and (x.is_cpu and w.is_cpu or x.is_cuda and w.is_cuda
+                         and x.get_device() == m[9])
                     and not _any_autocast() and t.hold_target is None and not t.hold_depth
                     and t.microbatch is None and grads.idle()):
                 apply = _plain_apply
                 if m[8] is not None:  # (the handle may be shared by a __dict__ copy of the layer)
                     if m[8][0] != id(self):
                         return self._forward(x)
-                    m[3].layer, apply = m[8][1], _deferring_apply
+                    # (the weight's gradient hook follows this layer's knob, as in _forward: a
+                    # weight shared with a layer of another knob gets the caller's)
+                    m[3].layer, w._axonn_overlap_data, apply = m[8][1], m[8][2], _deferring_apply
                 if self.skip_bias_add:
                     return (apply(x, w, None, m[3]),
                             self._full_bias_for_output(b) if b is not None else None)
@@ -800,7 +812,7 @@ class Linear(nn.Module):
         own = compression_policy.layer_policy(value)  # (raises before anything changes)
         self.__dict__["_compression_arg"] = value
         self.__dict__["_own_compression"] = own
-        self.__dict__["_plain_memo"] = None  # (a layer with its own codecs takes the general path)
+        self.__dict__["_plain_memo"] = None  # (made again: the handle carries the codecs)
 
     def _n_out(self) -> int:
         """The last dimension of the layer's output on this rank."""
@@ -878,7 +890,8 @@ class Linear(nn.Module):
             want = self._shapes["k_local"] if self.expert_mode else self.in_features
             self._plain_memo = ((session.epoch, session.knobs_version), dtype, want, call,
                                 use_bias, w, self.bias, self.skip_bias_add,
-                                (id(self), call.layer) if deferring else None)
+                                (id(self), call.layer, w._axonn_overlap_data) if deferring
+                                else None, _dev(w))
 
     _sched_key = None
 

@@ -614,25 +614,53 @@ int axc_work_done(axc_work *w)
     return atomic_load_explicit(&w->state, memory_order_acquire) != AXC_WORK_PENDING;
 }
 
+/* A work that timed out while its backend still runs it: the job is out of step, so the
+ * backend's collectives are aborted (every rank's wait fails: the peers learn it too), which lets
+ * the backend give this one up within a moment. 1 once it did (the work may be freed, nothing
+ * writes its buffers any more), 0 when it still runs (leaked: see axc_work_free). */
+static int let_go_after_timeout(axc_work *w)
+{
+    if (axc_work_done(w))
+        return 1;
+    char msg[256];
+    snprintf(msg, sizeof msg, "a %s on the %s group timed out while it still ran: the job's "
+             "collectives were aborted", axc_coll_name(w->coll.kind),
+             axc_group_name(w->group.kind));
+    if (w->backend->abort)
+        w->backend->abort(w->backend, AXC_ERR_TIMEOUT, msg);
+    (void)axc_work_host_wait(w, AXC_WORK_ABORT_GRACE_S);
+    if (axc_work_done(w))
+        return 1;
+    axc_log(2, "%s; it had not ended %.0f s later: its record is kept", msg,
+            AXC_WORK_ABORT_GRACE_S);
+    return 0;
+}
+
+/* After the backend let a work go (it ended): its wait returns at once, and the backend frees
+ * its part of the record (e.g. CUDA events). 1 when it is waited. */
+static int wait_ended(axc_work *w)
+{
+    (void)axc_work_wait(w);
+    return w->waited;
+}
+
 void axc_work_free(axc_work *w)
 {
     if (!w)
         return;
-    if (!w->waited && w->timed_out && !axc_work_done(w)) {
-        /* a wait on it already timed out (no second timeout to wait out) and the backend may
-         * still touch it: leak rather than corrupt */
-        axc_log(2, "a %s on the %s group that timed out is still running: its record is kept",
-                axc_coll_name(w->coll.kind), axc_group_name(w->group.kind));
-        return;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", axc_last_error());
+    int gone = 1;
+    if (w->waited) {
+        /* nothing to wait for */
+    } else if (w->timed_out) { /* (a wait already timed out: not waited out a second time) */
+        gone = let_go_after_timeout(w) && wait_ended(w);
+    } else if (axc_work_wait(w) == AXC_ERR_TIMEOUT && !w->waited) {
+        gone = let_go_after_timeout(w) && wait_ended(w);
     }
-    if (!w->waited) {
-        char saved[1024];
-        snprintf(saved, sizeof saved, "%s", axc_last_error());
-        axc_status st = axc_work_wait(w);
-        axc_set_last_error(saved);
-        if (st == AXC_ERR_TIMEOUT && !w->waited)
-            return; /* the backend may still touch it: leak rather than corrupt */
-    }
+    axc_set_last_error(saved);
+    if (!gone)
+        return; /* the backend may still touch it: leak rather than corrupt */
     free(w->after);
     free(w);
 }

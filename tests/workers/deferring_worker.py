@@ -12,6 +12,17 @@ import torch
 import axonn_c
 
 H = 12
+shortcut_calls = [0]  # forward calls that took the deferring shortcut
+
+
+def _counted(apply):
+    def counted(*args):
+        shortcut_calls[0] += 1
+        return apply(*args)
+    return counted
+
+
+axonn_c.linear._deferring_apply = _counted(axonn_c.linear._deferring_apply)
 
 
 def make(seed, **kw):
@@ -66,17 +77,17 @@ def on_grid(sizes):
     for kind, kw in kinds.items():
         fast, ref = make(1, **kw), general_only(make(1, **kw))
         for step in range(3):  # the first call makes the memo; the second accumulates
-            for _ in range(2):
+            for call in range(2):
                 x, dy = data()
+                before = shortcut_calls[0]
                 check(f"{kind} step {step}", fast, ref, x.requires_grad_(), dy)
+                took = shortcut_calls[0] - before
+                assert took == (1 if step or call else 0), f"{kind} step {step}: {took} shortcut calls"
             axonn_c.sync_gradients(fast)
             axonn_c.sync_gradients(ref)
             for a, b in zip(fast.parameters(), ref.parameters()):
                 assert torch.equal(a.grad, b.grad), f"{kind} step {step}: synced grads differ"
                 a.grad = b.grad = None
-        memo = fast._plain_memo
-        assert memo is not None and memo[8] is not None, f"{kind}: the shortcut was not taken"
-
         x, dy = data()
         check(f"{kind}, input without grad", fast, ref, x, dy)
         for layer in (fast, ref):
@@ -92,23 +103,31 @@ def on_grid(sizes):
                 assert torch.equal(a.grad, b.grad), f"{kind}: synced grads differ"
             a.grad = b.grad = None
 
-    # a __dict__ copy shares the handle (and the memo): each layer's backward keeps its own
-    # scheduler id, and both train as the general path does
+    # a __dict__ copy of a layer that ran shares its handle (and memo): the copy's first call
+    # takes the general path with a scheduler id of its own (then a memo of its own, with the
+    # same handle), the original the shortcut with its id, and both train as the general path
     fast, ref = make(2), general_only(make(2))
+    x, dy = data()
+    check("before the copy", fast, ref, x.requires_grad_(), dy)
     twin = torch.nn.Module.__new__(axonn_c.Linear)
     twin.__dict__.update(fast.__dict__)
     twin_ref = torch.nn.Module.__new__(axonn_c.Linear)
     twin_ref.__dict__.update(ref.__dict__)
     for step in range(2):
         x, dy = data()
+        before = shortcut_calls[0]
         check(f"copy step {step}: original", fast, ref, x.requires_grad_(), dy)
         check(f"copy step {step}: copy", twin, twin_ref, x, dy)
+        assert shortcut_calls[0] - before == 1 + step, f"copy step {step}: shortcut calls"
+        if step == 0:  # (the copy's own memo is made in its first call)
+            shared = twin._plain_memo[3] is fast._plain_memo[3]
+            assert shared, "copy: the handle is not shared"
+            assert twin._plain_memo[8][1] != fast._plain_memo[8][1], "copy: one scheduler id"
         axonn_c.sync_gradients(fast)
         axonn_c.sync_gradients(ref)
         for a, b in zip(fast.parameters(), ref.parameters()):
             assert torch.equal(a.grad, b.grad), f"copy step {step}: synced grads differ"
             a.grad = b.grad = None
-    assert fast._plain_memo[8] is not None, "copy: the original's shortcut was not taken"
     assert axonn_c.grads.idle(), "gradient state left pending"
     axonn_c.finalize()
     if g.rank == 0:

@@ -193,9 +193,12 @@ axc_status axc_comm_start_after(axc_comm *comm, axc_group_kind kind, const axc_c
 axc_status axc_work_wait(axc_work *work);
 /* 1 when finished (successfully or not), 0 otherwise; never blocks. */
 int axc_work_done(axc_work *work);
-/* Waits if needed, then frees. A work still owned by the backend after a timed-out wait is
- * leaked instead (without waiting out a second timeout when axc_work_wait already timed out):
- * its buffers may still be written, so their owner keeps them too (see axc_work_done). */
+/* Waits if needed, then frees. A work whose wait timed out while the backend still ran it
+ * (no second timeout is waited out) aborts the backend's collectives (the job is out of step;
+ * every rank's waits fail) and is freed once the backend let it go, which it does at once
+ * unless it is stuck: after AXC_WORK_ABORT_GRACE_S more it is leaked instead (its buffers may
+ * still be written; only then can freeing them corrupt memory). */
+#define AXC_WORK_ABORT_GRACE_S 2.0
 void axc_work_free(axc_work *work);
 
 /* bytes_*: what was sent/received (wire bytes, compressed or not); logical_bytes_*: what the
