@@ -644,10 +644,10 @@ static int wait_ended(axc_work *w)
     return w->waited;
 }
 
-void axc_work_free(axc_work *w)
+int axc_work_free(axc_work *w)
 {
     if (!w)
-        return;
+        return 1;
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", axc_last_error());
     int gone = 1;
@@ -660,9 +660,10 @@ void axc_work_free(axc_work *w)
     }
     axc_set_last_error(saved);
     if (!gone)
-        return; /* the backend may still touch it: leak rather than corrupt */
+        return 0; /* the backend may still touch it: leak rather than corrupt */
     free(w->after);
     free(w);
+    return 1;
 }
 
 /* summed over the kind's channels */

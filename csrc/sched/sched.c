@@ -237,15 +237,14 @@ static axc_status buf_free(axc_sched *s, layer_slot *L, int gather_failed, axc_s
 }
 
 /* Waits for L's gather (if any) and lets its work go: 0 done (or none), 1 failed, 2 timed out
- * still owned by the backend (axc_work_free leaks such a work, and buf_free its buffer). *st
- * keeps the first error. */
+ * and still owned by the backend after axc_work_free's abort (the work leaked, and buf_free
+ * leaks its buffer). *st keeps the first error. */
 static int gather_settle(layer_slot *L, axc_status *st)
 {
     if (!L->gather)
         return 0;
     axc_status ws = axc_work_wait(L->gather);
-    int owned = ws == AXC_ERR_TIMEOUT && !axc_work_done(L->gather);
-    axc_work_free(L->gather);
+    int owned = !axc_work_free(L->gather);
     L->gather = NULL;
     if (*st == AXC_OK)
         *st = ws;

@@ -199,7 +199,8 @@ int axc_work_done(axc_work *work);
  * unless it is stuck: after AXC_WORK_ABORT_GRACE_S more it is leaked instead (its buffers may
  * still be written; only then can freeing them corrupt memory). */
 #define AXC_WORK_ABORT_GRACE_S 2.0
-void axc_work_free(axc_work *work);
+/* 1: freed (NULL included); 0: leaked, the backend may still write the work's buffers. */
+int axc_work_free(axc_work *work);
 
 /* bytes_*: what was sent/received (wire bytes, compressed or not); logical_bytes_*: what the
  * uncompressed collectives would have moved (equal to bytes_* without compression). */
