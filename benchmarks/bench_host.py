@@ -3,6 +3,7 @@ the time is all host overhead (4 tokens, 16 -> 16, fp32 by default).
 
     python benchmarks/bench_host.py [--json OUT.json] [--device cuda]       # world of one
     python benchmarks/bench_host.py --ranks 2 [--json OUT.json]            # 2 ranks (torchrun)
+    python benchmarks/bench_host.py --ranks 2 --layers 8                   # per layer of 8
 
 Both layers run in the same process, interleaved round by round (the best round of each is
 kept), with overlap off and on. The breakdown of axonn_c's time per call:
@@ -114,11 +115,18 @@ def per_call(layer, x, g, iters: int) -> float:
     return (clock() - t0) / iters
 
 
+def stack(make, fin: int, fout: int, layers: int):
+    """One layer, or `layers` of them in an nn.Sequential (fin -> fout, then fout -> fout)."""
+    if layers == 1:
+        return make(fin, fout)
+    return torch.nn.Sequential(*[make(fin if i == 0 else fout, fout) for i in range(layers)])
+
+
 def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds: int,
-            iters: int) -> dict:
+            iters: int, layers: int = 1) -> dict:
     torch.manual_seed(0)
-    ours = axonn_c.Linear(fin, fout, device=device)
-    ref = torch.nn.Linear(fin, fout, device=device)
+    ours = stack(lambda i, o: axonn_c.Linear(i, o, device=device), fin, fout, layers)
+    ref = stack(lambda i, o: torch.nn.Linear(i, o, device=device), fin, fout, layers)
     x = torch.randn(tokens, fin, device=device, requires_grad=True)
     g = torch.randn(tokens, fout, device=device)
     for _ in range(3):  # warm-up: allocations, the learned order, BLAS threads
@@ -146,20 +154,28 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
             os.environ["AXONN_C_BENCH_SKIP"] = "none"
     timer = CTimer()
     timer.install()
-    memo = getattr(ours, "_plain_memo", None)  # the layer's C handle, when its calls take the plain path
-    if memo is not None:
-        ours._plain_memo = (*memo[:3], TimedCall(memo[3], timer), *memo[4:])
-    calls = getattr(ours, "_calls", None)  # the layer's C handles by knob setting (general path)
-    if calls is not None:
-        ours._calls = (calls[0], {k: TimedCall(c, timer) for k, c in calls[1].items()})
+    saved = []
+    for layer in ([ours] if layers == 1 else list(ours)):
+        memo = getattr(layer, "_plain_memo", None)  # its C handle, when its calls take a shortcut
+        if memo is not None:
+            layer._plain_memo = (*memo[:3], TimedCall(memo[3], timer), *memo[4:])
+        calls = getattr(layer, "_calls", None)  # its C handles by knob setting (general path)
+        if calls is not None:
+            layer._calls = (calls[0], {k: TimedCall(c, timer) for k, c in calls[1].items()})
+        saved.append((layer, memo, calls))
     try:
         timer.on = True
         c_time = min(_c_round(timer, ours, x, g, iters) for _ in range(rounds))
     finally:
         timer.uninstall()
-        ours._plain_memo = memo
-        if calls is not None:
-            ours._calls = calls
+        for layer, memo, calls in saved:
+            layer._plain_memo = memo
+            if calls is not None:
+                layer._calls = calls
+    # per layer: the stack's times divided by its layers
+    t_ours, t_ref, t_nogemm, t_nocomm, t_ddp = ([t / layers for t in ts] for ts in
+                                                (t_ours, t_ref, t_nogemm, t_nocomm, t_ddp))
+    c_time /= layers
     best, floor = min(t_ours), min(t_ref)
     gemm = max(best - min(t_nogemm), 0.0)
     us = 1e6
@@ -168,7 +184,7 @@ def measure(tokens: int, fin: int, fout: int, device: str, overlap: bool, rounds
             "c_us": c_time * us, "gemm_us": gemm * us,
             "python_us": max(best - c_time, 0.0) * us,
             "comm_us": max(best - min(t_nocomm), 0.0) * us if t_nocomm else 0.0,
-            "ddp_us": min(t_ddp) * us if t_ddp else None}
+            "ddp_us": min(t_ddp) * us if t_ddp else None, "layers": layers}
 
 
 def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
@@ -184,7 +200,7 @@ def run_here(args) -> list:
     for overlap in (False, True):
         axonn_c.init(G_data=int(os.environ.get("WORLD_SIZE", "1")), overlap=overlap)
         rows.append(measure(args.tokens, args.fin, args.fout, args.device, overlap, args.rounds,
-                            args.iters))
+                            args.iters, args.layers))
         axonn_c.finalize()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -211,11 +227,16 @@ def main() -> None:
     # with a few long rounds)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--iters", type=int, default=100, help="calls per timed round")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="a stack of this many layers per call; every figure is per layer (a "
+                         "step's fixed work, e.g. closing its gradient buckets, is then shared)")
     ap.add_argument("--json", help="write the rows here (rank 0)")
     ap.add_argument("--clock", default=None, choices=("process", "wall"),
                     help="CPU time of this process, or wall time (default: process on CPU, "
                          "wall on CUDA, whose driver threads would count in the process's time)")
     args = ap.parse_args()
+    if args.layers < 1:
+        ap.error(f"--layers {args.layers}: expected at least 1")
     global clock
     if args.clock is None:
         args.clock = "wall" if args.device == "cuda" else "process"
@@ -230,8 +251,9 @@ def main() -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    per = f"per layer of a stack of {args.layers}" if args.layers > 1 else "per"
     print(f"world {world}, {args.device}, {args.tokens} tokens, {args.fin} -> {args.fout}: "
-          "microseconds per forward + backward")
+          f"microseconds {per} forward + backward")
     print(f"{'overlap':>8} {'nn.Linear':>10} {'axonn_c':>9} {'extra':>8} {'python':>8} "
           f"{'C':>8} {'GEMM':>8} {'comm':>8}" + (f" {'DDP':>8}" if world > 1 else ""))
     for r in rows:

@@ -16,7 +16,8 @@
 #   train      bf16 GPT training throughput and MFU at a world of one: axonn_c against plain
 #              PyTorch eager and torch.compile (bench_train_gpu.py; TRAIN_PRESET, TRAIN_VARIANTS)
 #   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py)
-#   host       host cost of one Linear forward + backward on CUDA against nn.Linear (bench_host.py)
+#   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone and
+#              per layer of a stack of 8 (bench_host.py)
 #   nccl       per-call cost of a one-rank NCCL all-reduce, axonn_c against torch.distributed
 #              (bench_nccl_world1.py)
 #
@@ -193,6 +194,9 @@ if want codec; then
 fi
 if want host; then
     step host_cuda 240 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda.json"
+    # per layer of a stack of 8 (a step's fixed work shared, as in a model)
+    step host_cuda_stack 180 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --layers 8 \
+        --rounds 30 --json "$OUT/host_cuda_stack.json"
 fi
 if want nccl; then
     step nccl_world1 300 "$PY" "$REPO/benchmarks/bench_nccl_world1.py" --csv "$OUT/bench_nccl_world1.csv"

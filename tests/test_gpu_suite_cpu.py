@@ -41,18 +41,20 @@ def test_train_stage_on_cpu(tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_host_stage_on_cpu(tmp_path, ranks):
-    # bench_host.py: a row per overlap setting with every column (at 2 ranks DDP's too)
+@pytest.mark.parametrize("ranks,layers", [(1, 1), (2, 1), (2, 3)])
+def test_host_stage_on_cpu(tmp_path, ranks, layers):
+    # bench_host.py: a row per overlap setting with every column (at 2 ranks DDP's too), per
+    # layer of a stack with --layers
     out = tmp_path / "host.json"
     run([BENCH / "bench_host.py", "--ranks", ranks, "--rounds", "1", "--iters", "3",
-         "--json", out])
+         "--layers", layers, "--json", out])
     rows = json.loads(out.read_text())
     assert [r["overlap"] for r in rows] == [False, True], rows
     for r in rows:
         assert set(HOST_KEYS) <= set(r), r
         assert r["world"] == ranks and r["axonn_us"] > 0 and r["nn_linear_us"] > 0, r
         assert (r["ddp_us"] is not None) == (ranks > 1), r
+        assert r["layers"] == layers, r
 
 
 def test_suite_refuses_an_unknown_stage(tmp_path):
