@@ -792,8 +792,12 @@ axc_status axc_sched_finish(axc_sched *s)
         if (st == AXC_OK)
             st = ws;
     }
-    for (size_t i = 0; i < s->npending; i++)
-        axc_work_free(s->pending[i]);
+    /* freed last first: a pending work may be a later one's `after`, which the later one's
+     * lane reads until it has ended (see axc_comm_start_after); one that could not be let go
+     * (leaked by axc_work_free: still running) keeps every earlier one too */
+    int keep = 0;
+    for (size_t i = s->npending; i-- > 0;)
+        keep = keep || !axc_work_free(s->pending[i]);
     s->npending = 0;
     pthread_mutex_unlock(&s->mu);
     return st;

@@ -4,6 +4,7 @@
  * backend let it go, or leaked (never freed under the backend) when the backend is stuck. */
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "axc/comm.h"
 #include "ctest.h"
@@ -67,8 +68,19 @@ int main(void)
     abort_lets_go = 0;
     w = new_work(&be);
     CHECK(axc_work_free(w) == 0);
-    CHECK(waits == 1 && aborts == 1 && w->timed_out && !axc_work_done(w));
+    CHECK(waits == 1 && aborts == 1 && w->timed_out);
     axc_work_complete(w, AXC_OK, NULL); /* (the backend would end it later) */
+    free(w);
+
+    /* d) a wait timed out earlier, and stuck: the free waits no more than the grace, leaks it,
+     * and leaves the caller's last error as it was */
+    w = new_work(&be);
+    CHECK(axc_work_wait(w) == AXC_ERR_TIMEOUT);
+    axc_set_last_error("the caller's error");
+    CHECK(axc_work_free(w) == 0);
+    CHECK(waits == 1 && aborts == 1);
+    CHECK(strcmp(axc_last_error(), "the caller's error") == 0);
+    axc_work_complete(w, AXC_OK, NULL);
     free(w);
     return ctest_summary("test_work");
 }
