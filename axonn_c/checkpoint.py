@@ -134,19 +134,41 @@ def _piece(t: Tensor, owner: Optional[Tuple[Linear, str]], g, writer: int = 0) -
                   g.data_rank == 0 and g.depth_rank == 0 and layer._shapes["gin_rank"] == 0)
 
 
-def _model_pieces(model: nn.Module, g) -> "OrderedDict[str, _Piece]":
+def _is_extra_state(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] == _EXTRA_STATE
+
+
+def _model_pieces(model: nn.Module, g) -> Tuple["OrderedDict[str, _Piece]", Dict[str, Any]]:
+    """(the state dict's tensors as this rank holds them, its extra states that are not tensors:
+    saved as rank 0's objects). Replicated parameters (equal on every rank in data-parallel
+    training) are written by the ranks in turn; buffers, which may differ between ranks (e.g.
+    BatchNorm's running statistics), and extra states as rank 0 holds them."""
     linear = {}  # state dict key -> (layer, "weight" | "bias")
     for name, m in model.named_modules(remove_duplicate=False):
         for kind, owner in _owners(m):
             linear[f"{name}.{kind}" if name else kind] = owner
-    out = OrderedDict()
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    out, objects = OrderedDict(), {}
     for i, (key, t) in enumerate(model.state_dict().items()):
         if not isinstance(t, Tensor):
+            if _is_extra_state(key):  # (a module's get_extra_state: any picklable value)
+                objects[MODEL + key] = t
+                continue
             raise TypeError(f"checkpoint: the model's state dict entry {key!r} is a "
                             f"{type(t).__name__}, not a tensor")
-        # replicated tensors (embeddings, norms) are written by the ranks in turn
-        out[MODEL + key] = _piece(t, linear.get(key), g, writer=i % g.world_size)
-    return out
+        out[MODEL + key] = _piece(t, linear.get(key), g,
+                                  writer=i % g.world_size if key in params else 0)
+    return out, objects
+
+
+def _set_extra_states(model: nn.Module, pieces: Dict[str, _Piece], objects: Dict[str, Any]):
+    """Hands each module with extra state what was read for it (set_extra_state, as
+    load_state_dict does): a tensor read into the state dict's own (which a module may have made
+    for the state dict alone) or an object."""
+    for key in [k for k in (*pieces, *objects) if _is_extra_state(k)]:
+        name = key[len(MODEL):-len(_EXTRA_STATE)].rstrip(".")
+        value = objects[key] if key in objects else pieces[key].boxes[0][2]
+        model.get_submodule(name).set_extra_state(value)
 
 
 def _param_names(model: nn.Module) -> Dict[int, str]:
@@ -175,14 +197,15 @@ def _optimizer_items(model, optimizer, g):
     hyperparameters with the parameters' names."""
     linear = _linear_params(model)
     pieces, objects = OrderedDict(), {}
-    groups = []
+    groups, n_params = [], 0
     for group, params in zip(optimizer.param_groups, _optimizer_params(model, optimizer)):
         groups.append({**{k: v for k, v in group.items() if k != "params"},
                        "params": [name for _, name in params]})
         for p, name in params:
+            # (replicated state: the ranks in turn, a parameter's states all from one)
+            writer, n_params = n_params % g.world_size, n_params + 1
             for k, v in optimizer.state.get(p, {}).items():
                 key = f"{OPTIM_STATE}{name}.{k}"
-                writer = len(pieces) % g.world_size  # (replicated state: the ranks in turn)
                 if isinstance(v, Tensor) and v.shape == p.shape:
                     pieces[key] = _piece(v.detach(), linear.get(id(p)), g, writer)
                 elif isinstance(v, Tensor):
@@ -399,18 +422,22 @@ def _tensor_md(metadata: Metadata, key: str) -> Optional[TensorStorageMetadata]:
     return md if isinstance(md, TensorStorageMetadata) else None
 
 
-def _check_model(model: nn.Module, pieces: Dict[str, _Piece], metadata: Metadata,
-                 path: str) -> None:
+def _check_model(model: nn.Module, pieces: Dict[str, _Piece], extra_objects: Dict[str, Any],
+                 metadata: Metadata, path: str) -> None:
+    """Raises unless the checkpoint holds every tensor of the model in its shape (and every
+    extra state that is not a tensor as an object), and nothing else of a model."""
     saved = {k for k in metadata.state_dict_metadata if k.startswith(MODEL)}
-    for k in [k for k in pieces if k not in saved and k.rsplit(".", 1)[-1] == _EXTRA_STATE]:
+    for k in [k for k in (*pieces, *extra_objects) if k not in saved and _is_extra_state(k)]:
         # extra state that a checkpoint written before its module had any lacks: a module that
         # says it may be missing (axonn_c.models.GPT's dropout counter) keeps its own
         owner = model.get_submodule(k[len(MODEL):-len(_EXTRA_STATE)].rstrip("."))
         if getattr(owner, "_axonn_optional_extra_state", False):
-            del pieces[k]
-    missing = [k[len(MODEL):] for k in pieces if k not in saved]
-    unexpected = sorted(k[len(MODEL):] for k in saved - set(pieces))
-    shapes = []
+            pieces.pop(k, None)
+            extra_objects.pop(k, None)
+    missing = [k[len(MODEL):] for k in (*pieces, *extra_objects) if k not in saved]
+    unexpected = sorted(k[len(MODEL):] for k in saved - set(pieces) - set(extra_objects))
+    shapes = [f"{k[len(MODEL):]}: a tensor in the checkpoint, not in the model"
+              for k in extra_objects if _tensor_md(metadata, k) is not None]
     for k, pc in pieces.items():
         md = _tensor_md(metadata, k)
         if md is None and k in saved:
@@ -501,9 +528,17 @@ def _check_target(path: str) -> None:
         raise FileExistsError(f"{path} exists and is a file, not a checkpoint directory")
 
 
+def _remove(p: str) -> None:
+    """Removes `p`: a link or a file itself (never what a link points to), a directory with
+    everything in it."""
+    if os.path.islink(p) or os.path.isfile(p):
+        os.unlink(p)
+    elif os.path.isdir(p):
+        shutil.rmtree(p)
+
+
 def _fresh_dir(d: str) -> None:
-    if os.path.exists(d):
-        shutil.rmtree(d)
+    _remove(d)
     os.makedirs(d)
 
 
@@ -518,17 +553,27 @@ def _fsync_dir(d: str) -> None:
 def _publish(tmp: str, path: str) -> None:
     """Makes the finished `tmp` the checkpoint at `path` (rank 0). A new path is one rename;
     an existing checkpoint is moved aside first and removed last, so a kill in between leaves
-    one of the two complete (load names PATH.old when PATH is missing)."""
+    one of the two complete (load names PATH.old when PATH is missing). A link at `path` is
+    replaced itself: what it pointed to is kept."""
     parent = os.path.dirname(os.path.abspath(path))
     old = path + _OLD
-    if os.path.exists(path):
-        if os.path.exists(old):
-            shutil.rmtree(old)
+    if os.path.lexists(path):
+        _remove(old)
         os.rename(path, old)
     os.rename(tmp, path)
     _fsync_dir(parent)
-    if os.path.exists(old):
-        shutil.rmtree(old)
+    try:
+        _remove(old)
+    except OSError as e:  # (published already: the save succeeded)
+        warnings.warn(f"checkpoint: published {path}, but the previous one moved to {old} "
+                      f"could not be removed ({e})", RuntimeWarning, stacklevel=2)
+
+
+def _discard(tmp: str) -> None:
+    """Rank 0, after a save failed on every rank (all writes ended): its unfinished directory
+    goes (a failure to remove it is not the save's error)."""
+    if grid().rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class SaveHandle:
@@ -538,19 +583,27 @@ class SaveHandle:
 
     def __init__(self, path: str, finish: Callable[[], None], thread: threading.Thread):
         self.path, self._finish, self._thread, self._done = path, finish, thread, False
+        self._error: Optional[CheckpointError] = None  # why it was not published
         self._epoch = session.epoch  # its collectives need this init()'s communicator
 
     def done(self) -> bool:
-        """True once wait() returned (the checkpoint is published)."""
+        """True once wait() returned the path: the checkpoint is published."""
         return self._done
+
+    def failed(self) -> bool:
+        """True once wait() raised: the checkpoint was not published (wait() raises again)."""
+        return self._error is not None
 
     def stale(self) -> bool:
         """True when finalize() (or another init()) ran before wait(): it can no longer be
         published."""
-        return not self._done and self._epoch != session.epoch
+        return not self._done and self._error is None and self._epoch != session.epoch
 
     def wait(self) -> str:
-        """Collective: joins the writes, publishes; returns the checkpoint's path."""
+        """Collective: joins the writes, publishes; returns the checkpoint's path. Raises
+        CheckpointError when the save failed (again on every later call)."""
+        if self._error is not None:
+            raise self._error
         if not self._done:
             self._thread.join()
             stale = self.stale()
@@ -561,8 +614,11 @@ class SaveHandle:
                         f"init() ran before its wait() ({self.path}{_PARTIAL} is left "
                         "unfinished)")
                 self._finish()
-            finally:
                 self._done = True
+            except CheckpointError as e:
+                self._error = e
+                raise
+            finally:
                 if session.checkpoint_pending is self:
                     session.checkpoint_pending = None
         return self.path
@@ -606,8 +662,8 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     _agree(f"save to {path} (preparing {tmp})", prepare)
 
     def plan():
-        pieces = _model_pieces(model, g)
-        objects = {META_KEY: {"format": FORMAT, "world_size": g.world_size,
+        pieces, extra_objects = _model_pieces(model, g)
+        objects = {**extra_objects, META_KEY: {"format": FORMAT, "world_size": g.world_size,
                               "grid": {"G_data": g.G_data, "G_intra_r": g.G_intra_r,
                                        "G_intra_c": g.G_intra_c, "G_intra_d": g.G_intra_d},
                               "model_keys": [k[len(MODEL):] for k in pieces],
@@ -631,6 +687,15 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         planner.set_up_planner(None, writer.storage_meta(), g.rank == 0)
         return planner, writer, writer.prepare_local_plan(planner.create_local_plan())
 
+    try:
+        return _save_prepared(path, tmp, g, plan, async_save)
+    except CheckpointError:  # (raised on every rank: no rank writes any more)
+        _discard(tmp)
+        raise
+
+
+def _save_prepared(path: str, tmp: str, g, plan: Callable, async_save: bool):
+    """save() once PATH.partial exists: plan, write, publish (or hand the writes to a thread)."""
     planner, writer, local_plan = _agree(f"save to {path} (planning)", plan)
     all_plans = _agree(f"save to {path} (planning)", lambda: local_plan, share=True)
 
@@ -651,6 +716,13 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
             box["error"] = f"writing {tmp} failed ({_describe(e)})"
 
     def finish():
+        try:
+            publish_results()
+        except CheckpointError:
+            _discard(tmp)
+            raise
+
+    def publish_results():
         def results():
             if "error" in box:
                 raise RuntimeError(box["error"])
@@ -665,7 +737,7 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
 
     if not async_save:
         write()
-        finish()
+        publish_results()
         return path
     _agree(f"save to {path} (copying the shards)", planner.stage)
     thread = threading.Thread(target=write, name="axonn_c-checkpoint-save", daemon=True)
@@ -697,32 +769,39 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         "G_intra_d": g.G_intra_d}
 
     def plan():
-        pieces = _model_pieces(model, g)
-        _check_model(model, pieces, metadata, path)
+        pieces, extra_objects = _model_pieces(model, g)
+        _check_model(model, pieces, extra_objects, metadata, path)
         targets = {k: pc.boxes for k, pc in pieces.items() if pc.boxes}
         object_keys = [EXTRA] if EXTRA in metadata.state_dict_metadata else []
+        object_keys += list(extra_objects)
         if same_grid and own_residuals in metadata.state_dict_metadata:
             object_keys.append(own_residuals)
         dest = None
         if optimizer is not None:
             if OPTIM_GROUPS not in metadata.state_dict_metadata:
                 raise ValueError(f"the checkpoint {path} holds no optimizer state")
+            kind = info.get("optimizer")
+            if kind and kind != type(optimizer).__name__:  # (its state names would not match)
+                raise ValueError(f"the checkpoint {path} holds the state of a {kind} optimizer, "
+                                 f"not of a {type(optimizer).__name__}")
             dest, opt_targets, opt_keys = _optimizer_targets(model, optimizer, metadata, g)
             targets.update(opt_targets)
             object_keys += opt_keys
-        return targets, object_keys, dest
+        return pieces, targets, object_keys, dest
 
-    targets, object_keys, dest = _agree(f"load of {path} (matching the model)", plan) \
-       
+    pieces, targets, object_keys, dest = _agree(f"load of {path} (matching the model)", plan)
     with torch.no_grad():
         objects = _agree(f"load of {path} (reading)",
                          lambda: _read_local(reader, metadata, path, targets, object_keys))
+        _agree(f"load of {path} (extra states)",
+               lambda: _set_extra_states(model, pieces, objects))
     if optimizer is not None:
         _agree(f"load of {path} (optimizer state)", lambda: optimizer.load_state_dict(
             _optimizer_state_dict(model, optimizer, dest, objects, path)))
-    # (another grid: not read, its buckets differ; the residuals held now stay)
-    if own_residuals in objects:
-        compression.load_compression_state(objects[own_residuals], model)
+    # the checkpoint's residuals on its grid; none otherwise (another grid's buckets differ, and
+    # those held now belong to steps after the checkpoint's)
+    _agree(f"load of {path} (compression residuals)", lambda: compression.load_compression_state(
+        objects.get(own_residuals, {"residuals": {}, "depth": {}}), model))
     return objects.get(EXTRA)
 
 
@@ -794,7 +873,7 @@ def main(argv=None) -> int:
         else:
             sd = export(args.path, args.out)
             print(f"wrote {args.out}: {len(sd)} tensors of the serial model")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # (torch.save: RuntimeError)
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

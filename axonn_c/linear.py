@@ -269,6 +269,32 @@ def _backward(ctx, dy, _dsaved):
 torch.library.register_autograd("axonn_c::linear_fwd", _backward, setup_context=_setup_context)
 
 
+_MAIN_GRAPH_REFUSAL = (
+    "an axonn_c.Linear output computed outside run_concurrent cannot be back-propagated on one "
+    "of its micro-batch threads when the layer's depth all-gather and reduce-scatter are "
+    "scheduled (init(overlap=True) with G_intra_d > 1): the scheduler's collectives of that "
+    "forward belong to the main thread and would run out of step across ranks. Compute it "
+    "inside fn, back-propagate it on the main thread, or set the layer's overlap_all_gather, "
+    "overlap_reduce_scatter, overlap_data and defer_wgrad to False")
+
+
+def _general_backward(ctx, dy, x, saved, w, call, hold: int, param, fwd_on_mb: bool):
+    """-> (dx, dw, db): the general path's backward, its per-call decisions made here (the eager
+    Functions' shared part; param: the leaf weight the forward got, or None for a per-call
+    cast; fwd_on_mb: whether the forward ran on a micro-batch thread)."""
+    if (not fwd_on_mb and microbatch_active() and call.scheduled
+            and call.shapes["depth_size"] > 1):
+        # (the same decision on every rank, before any collective)
+        raise RuntimeError(_MAIN_GRAPH_REFUSAL)
+    # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
+    return _backward_impl(dy, x, saved, w, call, hold, _deferred_param(param, call, hold),
+                          ctx.needs_input_grad[0],
+                          # whether a .grad receives this dW (asked only when a residual is
+                          # kept; a per-call cast: the training step's)
+                          lambda: ctx.needs_input_grad[1] and (
+                              param is None or grads.accumulates(param)))
+
+
 class _EagerLinear(torch.autograd.Function):
     """The same computation without the custom-op dispatcher's Python layers: eager mode's hot
     path (tens of microseconds less per call). torch.compile uses the custom ops above."""
@@ -283,6 +309,7 @@ class _EagerLinear(torch.autograd.Function):
         # its .grad. Not the saved tensor: under torch.utils.checkpoint(use_reentrant=False) that
         # is a recomputed alias, whose .grad nobody reads
         ctx.param = w if w.is_leaf else None
+        ctx.fwd_on_mb = microbatch_active()
         return y
 
     @staticmethod
@@ -290,14 +317,7 @@ class _EagerLinear(torch.autograd.Function):
         x, saved, w = ctx.saved_tensors
         call, hold, param = ctx.call, ctx.hold, ctx.param
         call.layer = ctx.layer
-        # an input that needs no gradient (the same on every rank: SPMD) skips dX entirely
-        dx, dw, db = _backward_impl(dy, x, saved, w, call, hold,
-                                    _deferred_param(param, call, hold),
-                                    ctx.needs_input_grad[0],
-                                    # whether a .grad receives this dW (asked only when a
-                                    # residual is kept; a per-call cast: the training step's)
-                                    lambda: ctx.needs_input_grad[1] and (
-                                        param is None or grads.accumulates(param)))
+        dx, dw, db = _general_backward(ctx, dy, x, saved, w, call, hold, param, ctx.fwd_on_mb)
         return dx, dw, (db if ctx.has_bias else None), None, None
 
 
@@ -377,12 +397,8 @@ class _DeferringLinear(torch.autograd.Function):
         if session.thread.microbatch is not None:
             # (an output of a main-thread call back-propagated on a run_concurrent thread: the
             # general path's per-call decisions, as _EagerLinear.backward)
-            dx, dw, db = _backward_impl(dy, x, saved, w, call, 0,
-                                        _deferred_param(param, call, 0),
-                                        ctx.needs_input_grad[0],
-                                        lambda: ctx.needs_input_grad[1] and
-                                        grads.accumulates(param))
-            return dx, dw, db, None
+            # (the forward ran on the main thread: forward's shortcut is not taken on others)
+            return (*_general_backward(ctx, dy, x, saved, w, call, 0, param, False), None)
         p = param if param.requires_grad and grads.accumulates(param) else None
         dx, dw, db = call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
                                    *_dev_stream_or_c(dy), p, False, None, None, False, False)

@@ -187,7 +187,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
 
     The grad mode and CPU autocast are the caller's. CPU tensors only for now: on CUDA, torch's
     autograd runs every backward on one device thread. A parameter used by several backward
-    passes of one micro-batch (reentrant checkpointing) must not be in `model`.
+    passes of one micro-batch (reentrant checkpointing) must not be in `model`. An output
+    computed outside fn by a Linear whose depth collectives are scheduled (overlap=True,
+    G_intra_d > 1) cannot be back-propagated inside it (its backward refuses).
     """
     if not is_initialized():
         raise RuntimeError("axonn_c is not initialised: call axonn_c.init(..., "

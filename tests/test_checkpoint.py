@@ -187,7 +187,7 @@ def test_world_of_one_async_save_not_waited_before_finalize(world_of_one, tmp_pa
     axonn_c.init()
     with pytest.warns(RuntimeWarning, match="was not published: finalize"):
         ckpt.save(tmp_path / "b", model)  # drops the stale save, saves this one
-    assert handle.done() and not (tmp_path / "a").exists()
+    assert handle.failed() and not handle.done() and not (tmp_path / "a").exists()
     assert ckpt.load(tmp_path / "b", model) is None
     handle2 = ckpt.save(tmp_path / "c", model, async_save=True)
     axonn_c.finalize()
@@ -261,3 +261,123 @@ def test_kill_between_publish_renames_keeps_previous_checkpoint(world_of_one, tm
     ckpt.save(tmp_path / "c", model, extra={"step": 3})
     assert sorted(os.listdir(tmp_path)) == ["c"]
     assert ckpt.load(tmp_path / "c", model)["step"] == 3
+
+
+class _Counted(torch.nn.Module):
+    """Extra state as many modules keep it: a fresh tensor, and a plain object."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.n, self.meta = 0, {}
+
+    def get_extra_state(self):
+        return torch.tensor(self.n)
+
+    def set_extra_state(self, state):
+        self.n = int(state)
+
+
+class _Tagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.meta = {}
+
+    def get_extra_state(self):
+        return {"meta": dict(self.meta)}
+
+    def set_extra_state(self, state):
+        self.meta = dict(state["meta"])
+
+
+def test_world_of_one_extra_states_are_set(world_of_one, tmp_path):
+    """A module's extra state comes back through its set_extra_state, as load_state_dict
+    gives it: a tensor made for the state dict alone, and a value that is not a tensor."""
+    import axonn_c
+    import axonn_c.checkpoint as ckpt
+
+    axonn_c.init()
+    model = torch.nn.Sequential(_Counted(), _Tagged(), axonn_c.Linear(2, 2))
+    model[0].n, model[1].meta = 5, {"tokens": 123}
+    ckpt.save(tmp_path / "c", model)
+    fresh = torch.nn.Sequential(_Counted(), _Tagged(), axonn_c.Linear(2, 2))
+    ckpt.load(tmp_path / "c", fresh)
+    assert fresh[0].n == 5 and fresh[1].meta == {"tokens": 123}
+    for (k, v), w in zip(fresh.state_dict().items(), model.state_dict().values()):
+        if torch.is_tensor(v):
+            assert torch.equal(v, w), k
+    # a model whose extra state is a tensor where the checkpoint holds an object: refused
+    other = torch.nn.Sequential(_Counted(), _Counted(), axonn_c.Linear(2, 2))
+    with pytest.raises(ckpt.CheckpointError, match=r"1\._extra_state: not a tensor"):
+        ckpt.load(tmp_path / "c", other)
+
+
+def test_world_of_one_failed_saves_leave_no_partial_directory(world_of_one, tmp_path):
+    import axonn_c
+    import axonn_c.checkpoint as ckpt
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    axonn_c.init()
+    model = torch.nn.Sequential(axonn_c.Linear(3, 3))
+    ckpt.save(tmp_path / "c", model, extra={"step": 1})
+    with pytest.raises(ckpt.CheckpointError, match=r"\(planning\) failed.*pickle"):
+        ckpt.save(tmp_path / "c", model, extra={"fn": lambda: 0})  # (not picklable)
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+    # an asynchronous save whose writes fail: wait() raises (again when called again), the
+    # handle is not done, the directory goes, the previous checkpoint stays
+    real = FileSystemWriter.write_data
+
+    def full_disk(self, plan, planner):
+        raise OSError(28, "No space left on device")
+    FileSystemWriter.write_data = full_disk
+    try:
+        handle = ckpt.save(tmp_path / "c", model, extra={"step": 2}, async_save=True)
+    finally:
+        FileSystemWriter.write_data = real
+    for _ in range(2):
+        with pytest.raises(ckpt.CheckpointError, match="No space left on device"):
+            handle.wait()
+    assert handle.failed() and not handle.done() and not handle.stale()
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+    assert ckpt.load(tmp_path / "c", model) == {"step": 1}
+
+
+def test_world_of_one_save_to_a_link_replaces_the_link(world_of_one, tmp_path):
+    import axonn_c
+    import axonn_c.checkpoint as ckpt
+
+    axonn_c.init()
+    model = torch.nn.Sequential(axonn_c.Linear(3, 3))
+    ckpt.save(tmp_path / "step_1", model, extra={"step": 1})
+    os.symlink("step_1", tmp_path / "latest")
+    for step in (2, 3):
+        ckpt.save(tmp_path / "latest", model, extra={"step": step})
+        assert not os.path.islink(tmp_path / "latest")
+        assert sorted(os.listdir(tmp_path)) == ["latest", "step_1"]
+        assert ckpt.load(tmp_path / "latest", model) == {"step": step}
+    assert ckpt.load(tmp_path / "step_1", model) == {"step": 1}  # (what it pointed to: kept)
+
+
+def test_world_of_one_other_optimizer_class_and_export_path_refused(world_of_one, tmp_path):
+    import axonn_c
+    import axonn_c.checkpoint as ckpt
+
+    axonn_c.init()
+    model = torch.nn.Sequential(axonn_c.Linear(3, 3))
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 3)).sum().backward()
+    adam.step()
+    ckpt.save(tmp_path / "c", model, adam)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ckpt.CheckpointError, match="state of a Adam optimizer, not of a SGD"):
+        ckpt.load(tmp_path / "c", model, sgd)
+    bad = subprocess.run([sys.executable, "-m", "axonn_c.checkpoint", "export", tmp_path / "c",
+                          tmp_path / "no" / "such" / "out.pt"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.startswith("error:"), bad.stderr
+
+
+@pytest.mark.multiproc
+def test_buffers_saved_as_rank_0_holds_them(tmp_path):
+    out = torchrun(2, "checkpoint_buffers_worker.py", tmp_path)
+    assert "buffers as rank 0 holds them" in out

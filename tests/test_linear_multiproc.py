@@ -30,3 +30,4 @@ def test_deferring_shortcut_equals_the_general_path(world, grids):
     out = torchrun(world, "deferring_worker.py", *grids)
     for grid in grids:
         assert f"grid [{grid.replace(',', ', ')}]: the deferring shortcut equals" in out
+        assert f"grid [{grid.replace(',', ', ')}]: across micro-batch threads as the" in out

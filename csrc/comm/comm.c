@@ -650,14 +650,9 @@ int axc_work_free(axc_work *w)
         return 1;
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", axc_last_error());
-    int gone = 1;
-    if (w->waited) {
-        /* nothing to wait for */
-    } else if (w->timed_out) { /* (a wait already timed out: not waited out a second time) */
-        gone = let_go_after_timeout(w) && wait_ended(w);
-    } else if (axc_work_wait(w) == AXC_ERR_TIMEOUT && !w->waited) {
-        gone = let_go_after_timeout(w) && wait_ended(w);
-    }
+    if (!w->waited && !w->timed_out) /* (a wait that timed out is not waited out again) */
+        (void)axc_work_wait(w);        /* (after it: waited, or timed out still running) */
+    int gone = w->waited || (let_go_after_timeout(w) && wait_ended(w));
     axc_set_last_error(saved);
     if (!gone)
         return 0; /* the backend may still touch it: leak rather than corrupt */

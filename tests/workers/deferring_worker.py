@@ -3,7 +3,8 @@ sums during backward, a deferred dW GEMM: linear.py's _DeferringLinear) gives ex
 general path gives (_EagerLinear): the same layers, one of them kept off the shortcut, run side
 by side on the same inputs, and every output and gradient compared bitwise, through
 accumulation, sync_gradients, skip_bias_add, no bias, a frozen weight, torch.autograd.grad, an
-input without a gradient and a __dict__ copy of a layer that shares its C handle."""
+input without a gradient, a __dict__ copy of a layer that shares its C handle, and an output of
+the main thread back-propagated on run_concurrent's micro-batch threads."""
 import os
 import sys
 
@@ -134,9 +135,55 @@ def on_grid(sizes):
         print(f"world {world} grid {sizes}: the deferring shortcut equals the general path")
 
 
+def across_threads(sizes):
+    """A shortcut call's output back-propagated on run_concurrent's micro-batch threads (its
+    backward takes the general path's per-call decisions there): the same gradients as the
+    general path's; with a depth group (scheduled depth collectives, the main thread's) both
+    refuse it on every rank, and the next steps train as before."""
+    axonn_c.init(*sizes, overlap=True, concurrent_microbatches=2)
+    g = axonn_c.grid()
+    gen = torch.Generator().manual_seed(200 + g.data_rank)
+    fast, ref = make(3), general_only(make(3))
+    x, dy = torch.randn(4, H, generator=gen), torch.randn(4, H, generator=gen)
+    check("threads: warm-up", fast, ref, x.requires_grad_(), dy)  # (makes fast's memo)
+    for layer in (fast, ref):
+        layer.zero_grad()
+    dys = torch.randn(2, 4, H, generator=gen)  # one output gradient per micro-batch
+    grads = []
+    for layer in (fast, ref):
+        xi = x.detach().clone().requires_grad_()
+        before = shortcut_calls[0]
+        h = layer(xi)  # main thread
+        took = shortcut_calls[0] - before
+        assert took == (1 if layer is fast else 0), f"threads: {took} shortcut calls"
+        try:
+            axonn_c.run_concurrent(lambda d: (h * d[0]).sum().backward(retain_graph=True), dys)
+            refused = False
+        except RuntimeError as e:
+            assert "computed outside run_concurrent" in str(e), e
+            refused = True
+        assert refused == (sizes[3] > 1), f"threads: refused {refused} on grid {sizes}"
+        if refused:  # the next steps, on the main thread
+            del h
+            layer.zero_grad()
+            xi.grad = None
+            for _ in range(2):
+                (layer(xi) * dys[0]).sum().backward()
+        axonn_c.sync_gradients(layer)
+        grads.append([xi.grad] + [p.grad for p in layer.parameters()])
+    for a, b in zip(*grads):
+        assert a is not None and torch.equal(a, b), "threads: gradients differ"
+    assert axonn_c.grads.idle(), "threads: gradient state left pending"
+    axonn_c.finalize()
+    if g.rank == 0:
+        print(f"grid {sizes}: across micro-batch threads as the general path")
+
+
 def main():
     for arg in sys.argv[1:]:  # grids, e.g. 2,1,1,1
-        on_grid([int(v) for v in arg.split(",")])
+        sizes = [int(v) for v in arg.split(",")]
+        on_grid(sizes)
+        across_threads(sizes)
 
 
 if __name__ == "__main__":

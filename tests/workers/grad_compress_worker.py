@@ -87,6 +87,18 @@ def train(args, sizes, compression):
         back = axonn_c.compression_state()["residuals"]
         assert back.keys() == again.keys() and all(
             torch.equal(back[k], again[k]) for k in again), "residuals through a checkpoint"
+        # a checkpoint from before any compressed sum, loaded on the same grid later (a
+        # rollback): the residuals are its (none), not the ones held since
+        axonn_c.load_compression_state({"residuals": {}}, model)
+        ckpt.save(path + "_clean", model, opt)
+        ckpt.load(path, model, opt)
+        held = axonn_c.compression_state(model)
+        # (G_data > 1: data residuals; a grid with a compressed depth sum: depth ones)
+        assert (g.G_data == 1 or held["residuals"]) and held["depth"].keys() == state["depth"].keys()
+        ckpt.load(path + "_clean", model, opt)
+        left = axonn_c.compression_state(model)
+        assert not left["residuals"] and not left["depth"], "a rollback kept later residuals"
+        print(f"rollback dropped {len(held['residuals'])} + {len(held['depth'])} residuals")
     axonn_c.finalize()
     return sum(losses[-10:]) / 10, stats, state["residuals"]
 
