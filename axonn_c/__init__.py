@@ -5,7 +5,6 @@ The core is C (axonn_c._C); this package is the thin Python API over it.
 import torch  # noqa: F401  (loads libtorch/libcudart/libnccl that the core binds to)
 
 from . import _C, comm
-from . import timeline
 from ._C import CommError, CommTimeoutError, Work
 from .auto_parallel import auto_parallelize
 from .chunking import Sequential, forward_backward
@@ -34,9 +33,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # axonn_c.checkpoint on first use: importing torch.distributed.checkpoint at every
-    # `import axonn_c` would cost its import time (and `python -m axonn_c.checkpoint` would warn)
-    if name == "checkpoint":
+    # axonn_c.checkpoint and axonn_c.timeline on first use: importing torch.distributed.checkpoint
+    # at every `import axonn_c` would cost its import time, and `python -m axonn_c.checkpoint`
+    # (or .timeline) warns when `import axonn_c` imported the module before it runs as __main__
+    if name in ("checkpoint", "timeline"):
         import importlib
-        return importlib.import_module(".checkpoint", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'axonn_c' has no attribute {name!r}")

@@ -8,6 +8,7 @@ assigned to another module inside the context (a tied language-model head) is ke
 from __future__ import annotations
 
 import contextlib
+import numbers
 import warnings
 from collections import OrderedDict
 
@@ -56,9 +57,13 @@ class _AutoLinear(_TorchLinear, metaclass=_StandInMeta):
         if cls is not _AutoLinear:  # a user subclass defined inside the context
             return super().__new__(cls)
         ctx = session.thread.auto
-        if ctx is None or args or kwargs:
+        # (anything but two int sizes: torch's own layer, which accepts or refuses it as serial
+        # code sees it)
+        if (ctx is None or args or kwargs or not all(
+                isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                for v in (in_features, out_features))):
             return _TorchLinear(in_features, out_features, bias, device, dtype, *args, **kwargs)
-        in_features, out_features = int(in_features), int(out_features)
+        in_features, out_features, bias = int(in_features), int(out_features), bool(bias)
         if _fits_grid(in_features, out_features):
             try:
                 return Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)

@@ -23,6 +23,18 @@ from .state import grid, group_size
 PLANE = ("row", "col")  # slowest first: plane index = row_rank * G_intra_c + col_rank
 
 
+def first_order_only(backward):
+    """For an autograd Function's backward computed outside autograd (C GEMMs, collectives):
+    under create_graph=True its gradients carry torch's once_differentiable error, so a double
+    backward through it raises instead of using gradients silently cut from the graph. (A plain
+    backward runs with grad mode off: one flag check.)"""
+    once = torch.autograd.function.once_differentiable(backward)
+
+    def run(ctx, *grads):
+        return once(ctx, *grads) if torch.is_grad_enabled() else backward(ctx, *grads)
+    return run
+
+
 def _nontrivial(groups: Sequence[str]) -> Tuple[str, ...]:
     return tuple(g for g in groups if group_size(g) > 1)
 
@@ -84,6 +96,7 @@ class GatherRows(torch.autograd.Function):
         return gather_rows(x, groups)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return scatter_rows(g, ctx.groups), None
 
@@ -98,6 +111,7 @@ class ScatterRows(torch.autograd.Function):
         return scatter_rows(y, groups)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return gather_rows(g, ctx.groups), None
 
@@ -114,6 +128,7 @@ class OwnRows(torch.autograd.Function):
         return full[i * n:i * n + t].clone()
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         padded = g.new_zeros((ctx.n, *g.shape[1:]))
         padded[:ctx.t] = g
@@ -157,6 +172,7 @@ class ScatterHidden(torch.autograd.Function):
         return scatter_hidden(x, hidden, other)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return gather_hidden(g, ctx.hidden), None, None
 
@@ -172,6 +188,7 @@ class GatherHidden(torch.autograd.Function):
         return gather_hidden(x, hidden)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return scatter_hidden(g.contiguous(), ctx.hidden, ctx.other), None, None
 
@@ -186,6 +203,7 @@ class AllReduceSum(torch.autograd.Function):
         return all_reduce_(x.clone(), groups)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return all_reduce_(g.clone(), ctx.groups), None
 
@@ -203,6 +221,7 @@ class GatherDepth(torch.autograd.Function):
         return gather_rows(shard, ("depth",))[:numel]
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         if group_size("depth") == 1:
             return g, None

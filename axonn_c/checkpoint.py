@@ -490,8 +490,9 @@ def _optimizer_targets(model, optimizer, metadata, g):
     return dest, targets, object_keys
 
 
-def _optimizer_state_dict(model, optimizer, dest, objects, path) -> dict:
-    """The optimizer's state dict (torch's format) from what was read."""
+def _optimizer_state_dict(model, optimizer, dest, objects, path, kind) -> dict:
+    """The optimizer's state dict (torch's format) from what was read (kind: the saved
+    optimizer's class name, or None)."""
     saved_groups = objects[OPTIM_GROUPS]
     params = _optimizer_params(model, optimizer)
     if len(saved_groups) != len(params):
@@ -500,6 +501,13 @@ def _optimizer_state_dict(model, optimizer, dest, objects, path) -> dict:
     state, groups, index = {}, [], 0
     for gi, (saved, current) in enumerate(zip(saved_groups, params)):
         names = [name for _, name in current]
+        # another optimizer's state (its step would fail on what it lacks later); the same
+        # class may lack what a newer torch or an LR scheduler adds, which torch fills in
+        lacks = sorted(set(optimizer.param_groups[gi]) - set(saved))
+        if lacks and kind and kind != type(optimizer).__name__:
+            raise ValueError(f"the checkpoint {path} holds the state of an optimizer of class "
+                             f"{kind}, whose parameter group {gi} lacks this "
+                             f"{type(optimizer).__name__}'s hyperparameters {', '.join(lacks)}")
         if saved["params"] != names:
             diff = sorted(set(saved["params"]) ^ set(names))
             raise ValueError(f"optimizer parameter group {gi} holds other parameters than in the "
@@ -557,6 +565,7 @@ def _publish(tmp: str, path: str) -> None:
     replaced itself: what it pointed to is kept."""
     parent = os.path.dirname(os.path.abspath(path))
     old = path + _OLD
+    _fsync_dir(tmp)  # (its entries, .metadata's rename included, before it becomes PATH)
     if os.path.lexists(path):
         _remove(old)
         os.rename(path, old)
@@ -667,6 +676,8 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                               "grid": {"G_data": g.G_data, "G_intra_r": g.G_intra_r,
                                        "G_intra_c": g.G_intra_c, "G_intra_d": g.G_intra_d},
                               "model_keys": [k[len(MODEL):] for k in pieces],
+                              # (extra states that are not tensors, saved as objects)
+                              "model_objects": [k[len(MODEL):] for k in extra_objects],
                               "optimizer": type(optimizer).__name__ if optimizer else None,
                               "torch": torch.__version__, "time": time.time()}}
         if optimizer is not None:
@@ -780,10 +791,6 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         if optimizer is not None:
             if OPTIM_GROUPS not in metadata.state_dict_metadata:
                 raise ValueError(f"the checkpoint {path} holds no optimizer state")
-            kind = info.get("optimizer")
-            if kind and kind != type(optimizer).__name__:  # (its state names would not match)
-                raise ValueError(f"the checkpoint {path} holds the state of a {kind} optimizer, "
-                                 f"not of a {type(optimizer).__name__}")
             dest, opt_targets, opt_keys = _optimizer_targets(model, optimizer, metadata, g)
             targets.update(opt_targets)
             object_keys += opt_keys
@@ -797,7 +804,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                lambda: _set_extra_states(model, pieces, objects))
     if optimizer is not None:
         _agree(f"load of {path} (optimizer state)", lambda: optimizer.load_state_dict(
-            _optimizer_state_dict(model, optimizer, dest, objects, path)))
+            _optimizer_state_dict(model, optimizer, dest, objects, path, info.get("optimizer"))))
     # the checkpoint's residuals on its grid; none otherwise (another grid's buckets differ, and
     # those held now belong to steps after the checkpoint's)
     _agree(f"load of {path} (compression residuals)", lambda: compression.load_compression_state(
@@ -834,7 +841,9 @@ def export(path, out=None) -> "OrderedDict[str, Tensor]":
         full[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
     targets = {MODEL + k: [((0,) * t.dim(), tuple(t.shape), t)] for k, t in full.items()
                if t.numel()}
-    _read_local(reader, metadata, path, targets, [])
+    extras = info.get("model_objects", [])  # (extra states that are not tensors)
+    objects = _read_local(reader, metadata, path, targets, [MODEL + k for k in extras])
+    full.update((k, objects[MODEL + k]) for k in extras)
     if out is not None:
         torch.save(full, out)
     return full

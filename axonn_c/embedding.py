@@ -201,7 +201,8 @@ class Embedding(nn.Module):
             pad = None  # (another rank's word)
         out = F.embedding(torch.where(mine, local, torch.full_like(local, pad or 0)), table,
                           padding_idx=pad)
-        return out * mine.unsqueeze(1).to(out.dtype)
+        # (selected, not multiplied by the mask: 0 * a NaN or Inf in the stand-in row is NaN)
+        return torch.where(mine.unsqueeze(1), out, out.new_zeros(()))
 
     def forward(self, ids: Tensor) -> Tensor:
         self._check_placement()

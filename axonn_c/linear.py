@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from . import _C, comm, grads, replicate, validate
 from . import compression as compression_policy
+from .autograd_comm import first_order_only
 from .comm import _stream
 from .state import OVERLAP_KNOBS, grid, microbatch_active, refuse_cuda, session
 
@@ -313,6 +314,7 @@ class _EagerLinear(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
         call, hold, param = ctx.call, ctx.hold, ctx.param
@@ -362,6 +364,7 @@ class _PlainLinear(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
         if _C_PICKS_STREAM:
@@ -388,6 +391,7 @@ class _DeferringLinear(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy):
         x, saved, w = ctx.saved_tensors
         call, param = ctx.call, ctx.param
@@ -677,12 +681,17 @@ class Linear(nn.Module):
         w = state_dict.get(prefix + "weight")
         if w is not None and w.dim() >= 2:  # a full serial state dict (the shard is 1-D)
             b = state_dict.get(prefix + "bias")
-            self.load_full(w, b)
-            state_dict = {k: v for k, v in state_dict.items()
-                          if k not in (prefix + "weight", prefix + "bias")}
-            for k in ("weight", "bias"):
-                state_dict[prefix + k] = getattr(self, k) if getattr(self, k) is not None else None
-            state_dict = {k: v for k, v in state_dict.items() if v is not None}
+            both = b is not None and self.bias is not None
+            full_b = b if both else None
+            if self.bias is not None and b is None:  # (the dict lacks it: this one stays)
+                full_b = self.bias.new_zeros(self.out_features)
+                full_b[self._block_slices()[0]] = self.bias
+            self.load_full(w, full_b)
+            # torch loads the shards now in place (copies of themselves); a bias the layer lacks
+            # stays in (unexpected, as for nn.Linear) and one the dict lacks stays missing
+            state_dict = {**state_dict, prefix + "weight": self.weight}
+            if both:
+                state_dict[prefix + "bias"] = self.bias
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         self._tag_parameters()  # (load_state_dict(assign=True) puts in new Parameter objects)
@@ -948,6 +957,7 @@ class _GatherBias(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         g = g.contiguous().clone()
         comm.all_reduce(g, group=ctx.gin)

@@ -2,13 +2,13 @@
 materialising the full logits (docs/layers.md#vocabulary-parallel-cross-entropy)."""
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from . import validate
-from .autograd_comm import PLANE, all_reduce_, group_index, groups_size
+from .autograd_comm import PLANE, all_reduce_, first_order_only, group_index, groups_size
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -42,6 +42,7 @@ class _VocabParallelCE(torch.autograd.Function):
         return loss.to(logits.dtype)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         softmax, idx, mine, keep = ctx.saved_tensors
         g = torch.where(keep, g.float(), torch.zeros_like(g, dtype=torch.float32))
@@ -66,13 +67,17 @@ def _check_target(target: Tensor, rows: int, vocab: int, ignore_index: int) -> N
 
 def parallel_cross_entropy(logits_shard: Tensor, target: Tensor, ignore_index: int = -100,
                            reduction: str = "mean",
-                           groups: Union[str, Sequence[str]] = PLANE) -> Tensor:
+                           groups: Union[str, Sequence[str]] = PLANE,
+                           vocab_size: Optional[int] = None) -> Tensor:
     """torch.nn.functional.cross_entropy(full_logits, target, ...) computed from this rank's
     vocabulary shard `logits_shard [..., V/n]` (n: the ranks of `groups`; shard i holds the
     words [i*V/n, (i+1)*V/n), i = row_rank*G_intra_c + col_rank for the default plane). Every
     member must hold the same rows (tokens) and the same `target [...]`; every member gets the
     same result. Words a vocabulary padding added must have logit -inf (Embedding.logits does
-    that). Collective over `groups`."""
+    that); `vocab_size` (the real vocabulary, without the padding) refuses targets in the
+    padding, as F.cross_entropy refuses targets past the full logits (without it only targets
+    past the padded size are refused: one in the padding would give an infinite loss).
+    Collective over `groups`."""
     groups = (groups,) if isinstance(groups, str) else tuple(groups)
     validate.check_tensor("parallel_cross_entropy: logits_shard", logits_shard, 1)
     validate.check_tensor("parallel_cross_entropy: target", target, 0)
@@ -84,7 +89,11 @@ def parallel_cross_entropy(logits_shard: Tensor, target: Tensor, ignore_index: i
                         f"{logits_shard.dtype}")
     n_local = logits_shard.shape[-1]
     logits = logits_shard.reshape(-1, n_local)
-    _check_target(target, logits.shape[0], n_local * groups_size(groups), ignore_index)
+    padded = n_local * groups_size(groups)
+    if vocab_size is not None:
+        validate.check_int("parallel_cross_entropy: vocab_size", vocab_size, 1, padded)
+    _check_target(target, logits.shape[0], padded if vocab_size is None else vocab_size,
+                  ignore_index)
     flat_target = target.reshape(-1).long()
     loss = _VocabParallelCE.apply(logits, flat_target, groups, int(ignore_index))
     return reduce_loss(loss, flat_target != ignore_index, reduction, target.shape)

@@ -292,7 +292,8 @@ class GPT(nn.Module):
         logits, _ = emb._logits(h, emb._out_of_range(flat, -100))
         logits = logits.view(b, s, -1)
         loss = parallel_cross_entropy(logits[:, :-1].reshape(b * (s - 1), -1),
-                                      labels[:, 1:].reshape(-1), ignore_index=-100)
+                                      labels[:, 1:].reshape(-1), ignore_index=-100,
+                                      vocab_size=emb.num_embeddings)
         return CausalLMOutput(loss, logits)
 
     # ---------------------------------------------------------------- serial state dicts

@@ -15,6 +15,11 @@ from .autograd_comm import AllReduceSum, gather_rows
 from .state import grid, group_size, microbatch_active, session
 
 
+def _wide(x: Tensor) -> Tensor:
+    """x in float32 when it is a half type (the statistics' accumulation type), else x."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class _SplitNorm(nn.Module):
     """What both norms share: the (1-D) normalised shape, the hidden group, the parameter
     shards and their gradient groups, full <-> shard conversion."""
@@ -150,16 +155,18 @@ class LayerNorm(_SplitNorm):
         self._check_input(x)
         if not self._split():
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        # two passes (mean, then the centred squares), as the serial kernel: no cancellation
-        mean = self._sum_hidden(x) / self.hidden
-        xc = x - mean
+        # two passes (mean, then the centred squares), as the serial kernel: no cancellation;
+        # in float32 for half types, as torch's kernels accumulate (fp16 squares overflow)
+        xf = _wide(x)
+        mean = self._sum_hidden(xf) / self.hidden
+        xc = xf - mean
         var = self._sum_hidden(xc * xc) / self.hidden
         y = xc * torch.rsqrt(var + self.eps)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
-        return y
+        return y.to(x.dtype)  # (torch's norms: the input's dtype, whatever the weight's)
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine="
@@ -181,9 +188,11 @@ class RMSNorm(_SplitNorm):
         self._check_input(x)
         if not self._split():
             return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        y = x * torch.rsqrt(self._sum_hidden(x * x) / self.hidden + eps)
-        return y * self.weight if self.weight is not None else y
+        xf = _wide(x)  # (as LayerNorm)
+        # (torch's kernel: the default eps of the type it computes in, float32 for half inputs)
+        eps = self.eps if self.eps is not None else torch.finfo(xf.dtype).eps
+        y = xf * torch.rsqrt(self._sum_hidden(xf * xf) / self.hidden + eps)
+        return (y * self.weight if self.weight is not None else y).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine="

@@ -255,28 +255,40 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
     that serial model's state dict instead. Collective: call on every rank."""
     sd = validate.check_module("full_state_dict: model", model).state_dict(prefix=prefix)
     full = OrderedDict()
-    layers = {prefix + name: m for name, m in model.named_modules()
-              if isinstance(m, Linear) and "_axonn_tied" not in m.__dict__}
     gathered: Dict[str, Tensor] = {}
-    for name, m in layers.items():  # named_modules order: the same on every rank
-        key = name + "." if name else ""
-        gathered[key + "weight"] = m.full_weight()
-        if m.bias is not None:
-            gathered[key + "bias"] = m.full_bias()
-    for name, m in model.named_modules():
+    done: Dict[int, Dict[str, Tensor]] = {}  # id(module) -> its full tensors by local name
+    # every name of a module used under several (state_dict lists each), each module gathered
+    # once, on its first name: the same order on every rank
+    for name, m in model.named_modules(remove_duplicate=False):
+        mine = done.get(id(m))
+        if mine is None:
+            mine = done[id(m)] = _full_tensors_of(m)
         key = prefix + (name + "." if name else "")
-        if isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
-            gathered.update(m.full_tensors(key))
-        elif "_axonn_tied" in m.__dict__:  # an output layer tied to an Embedding
-            gathered[key + "weight"] = m._axonn_tied[0].full_weight()
-            if isinstance(m, Linear) and m.bias is not None:
-                gathered[key + "bias"] = m.full_bias()
+        gathered.update({key + k: v for k, v in mine.items()})
     for k, v in sd.items():
         full[k] = gathered.get(k, v)
     # a model that is a known serial one in other coordinates (axonn_c.models.GPT: transformers'
     # names and Conv1D orientation) turns the gathered tensors into that model's state dict
     to_serial = getattr(model, "_axonn_to_serial", None)
     return to_serial(full) if to_serial is not None else full
+
+
+def _full_tensors_of(m: nn.Module) -> Dict[str, Tensor]:
+    """{"weight": ..., "bias": ...} of a sharded layer's own parameters in their serial shapes
+    (collective over its groups); {} for any other module."""
+    if "_axonn_tied" in m.__dict__:  # an output layer tied to an Embedding
+        out = {"weight": m._axonn_tied[0].full_weight()}
+        if isinstance(m, Linear) and m.bias is not None:
+            out["bias"] = m.full_bias()
+        return out
+    if isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
+        return dict(m.full_tensors(""))
+    if isinstance(m, Linear):
+        out = {"weight": m.full_weight()}
+        if m.bias is not None:
+            out["bias"] = m.full_bias()
+        return out
+    return {}
 
 
 # ------------------------------------------------------------------------- optimize_communication

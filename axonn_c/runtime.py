@@ -124,12 +124,15 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
             or not 1 <= concurrent_microbatches <= 8):
         raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "
                          f"{concurrent_microbatches!r}")
-    session.overlap_defaults.update(overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
-                            overlap_all_gather=overlap, overlap_data=overlap,
-                            defer_wgrad=overlap, fwd_chunks=fwd_chunks or (0 if overlap else 1))
-    knobs_changed()  # (after the change)
-    session.bucket_bytes = bucket_size
-    _C.grad_bucket_bytes(bucket_size)  # (the gradient hooks' buckets, in C)
+    def apply_settings():  # (once the grid stands: a refused init changes nothing)
+        session.overlap_defaults.update(
+            overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
+            overlap_all_gather=overlap, overlap_data=overlap, defer_wgrad=overlap,
+            fwd_chunks=fwd_chunks or (0 if overlap else 1))
+        knobs_changed()  # (after the change)
+        session.bucket_bytes = bucket_size
+        _C.grad_bucket_bytes(bucket_size)  # (the gradient hooks' buckets, in C)
+
     sched_cfg = (prefetch, prefetch_budget or 0, cache_weights)
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
@@ -158,6 +161,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
                 G_inter=G_inter, backend=backend, job_id="", timeout=timeout, cuda_device=-1,
                 store_set=None, store_get=None,
                 channels=_channels(concurrent_microbatches))  # same: no-op; different: raises
+        apply_settings()
         configure_scheduler(*sched_cfg)
         _set_placement()
         compression_policy.apply(policy)
@@ -197,6 +201,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         raise
     session.epoch += 1
     session.microbatches = concurrent_microbatches
+    apply_settings()
     _set_placement()
     grads.reset()
     compression_policy.apply(policy)

@@ -165,13 +165,30 @@ def export(path: str) -> str:
     return out
 
 
+def _read_trace(path: str) -> dict:
+    """One trace file as export() writes it (Chrome's object form), or a ValueError naming the
+    file and what it holds instead."""
+    try:
+        with open(path) as f:
+            t = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a JSON trace file ({e})") from None
+    if not isinstance(t, dict) or not isinstance(t.get("traceEvents", []), list) or not all(
+            isinstance(e, dict) for e in t.get("traceEvents", [])):
+        raise ValueError(f"{path}: expected a trace object {{\"traceEvents\": [event objects], "
+                         f"...}} as axonn_c.timeline.export writes, got {type(t).__name__}")
+    other = t.get("otherData", {})
+    if not isinstance(other, dict):
+        raise ValueError(f"{path}: \"otherData\" must be an object, got {type(other).__name__}")
+    return t
+
+
 def merge(paths: Iterable[str], out: str) -> str:
     """Combines per-rank trace files into one. Each file's times are relative to its own first
     span; they are re-based on the earliest one (ranks on one node share the monotonic clock)."""
     traces = []
     for p in paths:
-        with open(p) as f:
-            traces.append(json.load(f))
+        traces.append(_read_trace(p))
     if not traces:
         raise ValueError("merge: no input files")
     bases = [t.get("otherData", {}).get("t0_ns") for t in traces]
@@ -204,7 +221,11 @@ def main(argv=None) -> int:
     m.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "merge":
-        merge(args.inputs, args.output)
+        try:
+            merge(args.inputs, args.output)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         print(f"wrote {args.output} ({len(args.inputs)} files)")
     return 0
 

@@ -181,3 +181,17 @@ def test_build_info_reports_what_was_compiled():
     assert info["torch"] == torch.__version__
     if not torch.cuda.is_available():
         assert "unavailable" in str(info["cuda_runtime"])
+
+
+def test_refused_reinit_changes_no_setting():
+    from axonn_c.state import session
+
+    axonn_c.init()
+    defaults, buckets = dict(session.overlap_defaults), session.bucket_bytes
+    c_buckets = axonn_c._C.grad_bucket_bytes()
+    with pytest.raises(RuntimeError, match="already initialised"):
+        axonn_c.init(G_data=2, overlap=True, bucket_size=123)
+    assert session.overlap_defaults == defaults and session.bucket_bytes == buckets
+    assert axonn_c._C.grad_bucket_bytes() == c_buckets
+    axonn_c.init(overlap=True, bucket_size=1 << 20)  # the same grid: the new settings apply
+    assert session.overlap_defaults["overlap_data"] and session.bucket_bytes == 1 << 20

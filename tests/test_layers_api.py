@@ -172,3 +172,22 @@ def test_refused_on_micro_batch_threads():
     emb = axonn_c.Embedding(7, 4)
     with pytest.raises(RuntimeError, match="micro-batch threads"):
         axonn_c.run_concurrent(lambda ids: emb(ids), torch.tensor([1, 2, 3, 4]))
+
+
+def test_full_state_dict_shared_module_and_root_layer_prefix():
+    with axonn_c.auto_parallelize():
+        lin = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(lin, torch.nn.GELU(), lin)  # one module under two names
+    sd = axonn_c.full_state_dict(model)
+    assert sd["0.weight"].shape == sd["2.weight"].shape == (4, 4)
+    assert torch.equal(sd["0.weight"], sd["2.weight"])
+    sd = axonn_c.full_state_dict(lin, prefix="p.")
+    assert sd["p.weight"].shape == (4, 4) and torch.equal(sd["p.weight"], lin.full_weight())
+
+
+def test_auto_parallelize_leaves_non_int_sizes_to_torch():
+    with axonn_c.auto_parallelize():
+        with pytest.raises(TypeError):
+            torch.nn.Linear(8.5, 4)  # (as serial torch)
+        lin = torch.nn.Linear(8, 4, bias=None)  # (serial torch: no bias)
+    assert isinstance(lin, axonn_c.Linear) and lin.bias is None

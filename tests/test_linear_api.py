@@ -203,3 +203,43 @@ def test_forward_backward_equals_one_backward_and_checks_its_inputs():
         axonn_c.forward_backward(ours, (), loss_fn)
     with pytest.raises(TypeError, match="loss_fn must return a one-element tensor"):
         axonn_c.forward_backward(ours, x, lambda y: y)
+
+
+def test_double_backward_raises_instead_of_detached_gradients():
+    # the layer's backward is C: its gradients cannot be differentiated again (a gradient
+    # penalty through it would silently lose its term), so torch's once_differentiable error
+    ours, ref = pair(in_f=4, out_f=3)
+    for layer, raises in ((ref, False), (ours, True)):
+        x = torch.randn(2, 4, requires_grad=True)
+        y = layer(x)
+        (dx,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)  # (first order: fine)
+        if raises:
+            with pytest.raises(RuntimeError, match="once_differentiable"):
+                (y.sum() + dx.pow(2).sum()).backward()
+        else:
+            (y.sum() + dx.pow(2).sum()).backward()
+    # a first-order backward is unchanged
+    x = torch.randn(2, 4, requires_grad=True)
+    ours.zero_grad()
+    ref.zero_grad()
+    ours(x).sum().backward()
+    ref(x).sum().backward()
+    torch.testing.assert_close(ours.full_weight(), ref.weight.detach())
+    torch.testing.assert_close(ours.weight.grad.view(3, 4), ref.weight.grad)
+
+
+def test_serial_state_dict_bias_mismatch_reported_as_nn_linear():
+    with_bias = torch.nn.Linear(4, 3).state_dict()
+    no_bias = torch.nn.Linear(4, 3, bias=False).state_dict()
+    for sd, kw, key in ((with_bias, {"bias": False}, "unexpected"), (no_bias, {}, "missing")):
+        ref = torch.nn.Linear(4, 3, **kw)
+        ours = axonn_c.Linear(4, 3, **kw)
+        for layer in (ref, ours):  # strict: both refuse it
+            with pytest.raises(RuntimeError, match=f"{key.capitalize()} key"):
+                layer.load_state_dict(sd)
+        before = None if ours.bias is None else ours.bias.detach().clone()
+        got, exp = ours.load_state_dict(sd, strict=False), ref.load_state_dict(sd, strict=False)
+        assert got.missing_keys == exp.missing_keys and got.unexpected_keys == exp.unexpected_keys
+        assert torch.equal(ours.full_weight(), sd["weight"])  # the weight is loaded
+        if before is not None:  # (the dict had none: the layer's own stays)
+            assert torch.equal(ours.bias, before)

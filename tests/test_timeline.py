@@ -152,7 +152,9 @@ def test_two_ranks_overlap_and_exposed(tmp_path):
         # (under load the gap before the wait can be a sizeable part of a 0.5 ms call)
         assert 0.25 * w["comm_s"] <= w["exposed_s"] <= w["comm_s"] + 1e-12
         assert s["exposed_comm_s"] == pytest.approx(w["exposed_s"], rel=1e-6)
-        assert s["wait_spans"] >= 3 and s["wait_s"] >= w["exposed_s"] - 1e-12
+        # (a call that ended before its wait began, the thread descheduled under load, has no
+        # wait span)
+        assert s["wait_spans"] >= 1 and s["wait_s"] >= w["exposed_s"] - 1e-12
         assert s["dropped"] == 0
         assert [c[0] for c in r["compute"]] == ["matmul_loop"]
 
@@ -185,3 +187,13 @@ def test_two_ranks_overlap_and_exposed(tmp_path):
                        env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert p.returncode == 0, p.stderr
     assert json.load(open(cli_out))["traceEvents"] == tr["traceEvents"]
+    assert "RuntimeWarning" not in p.stderr  # (import axonn_c does not import the module first)
+    # files that are not traces: one line naming the file, no traceback
+    (tmp_path / "bad.json").write_text("nope")
+    (tmp_path / "arr.json").write_text("[]")
+    for bad in ("missing.json", "bad.json", "arr.json"):
+        p = subprocess.run([sys.executable, "-m", "axonn_c.timeline", "merge",
+                            str(tmp_path / bad), "-o", str(tmp_path / "x.json")],
+                           capture_output=True, text=True, env=dict(os.environ))
+        assert p.returncode == 1 and p.stderr.startswith("error:") and bad in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr

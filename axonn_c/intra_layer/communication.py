@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..autograd_comm import first_order_only
+
 __all__ = ["_drop", "_gather", "Drop", "Gather"]
 
 
@@ -56,6 +58,7 @@ class Drop(torch.autograd.Function):
         return _drop(input_, dim, process_group)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, grad_output):
         return _gather(grad_output, ctx.dim, ctx.process_group), None, None
 
@@ -69,5 +72,6 @@ class Gather(torch.autograd.Function):
         return _gather(input_, dim, process_group)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, grad_output):
         return _drop(grad_output, ctx.dim, ctx.process_group), None, None

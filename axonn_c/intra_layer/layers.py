@@ -10,6 +10,7 @@ from torch import Tensor, nn
 import axonn_c as _pkg
 
 from .. import comm
+from ..autograd_comm import first_order_only
 from ..conv import Conv2d as _Conv2d
 from ..embedding import Embedding as _Embedding
 from ..state import group_size
@@ -88,6 +89,7 @@ class _Scatter(torch.autograd.Function):
         return _split_dim(x, dim, group).contiguous()
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return _join_dim(g, ctx.dim, ctx.group), None, None
 
@@ -101,6 +103,7 @@ class _Join(torch.autograd.Function):
         return _join_dim(x, dim, group)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, g):
         return _split_dim(g, ctx.dim, ctx.group).contiguous(), None, None
 

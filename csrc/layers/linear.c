@@ -474,7 +474,7 @@ static axc_status forward_body(ctx *pc, fwd_bufs *pf, const void *w)
     /* yr: my gout group's tokens (gout source, token), my output block; give each its tokens */
     const void *yrecv;
     AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_TO_ALL, yr, f.yrecv, rows * Nl, &yrecv));
-    for (int k = 0; k < G_out; k++)
+    for (int k = 0; k < G_out && io->rows > 0; k++) /* (no rows: y is NULL) */
         AXC_TRY(copy_rows(&c, at(io->y, k * Nl, c.es), N, at((void *)yrecv, k * rows * Nl, c.es),
                           Nl, Nl, io->rows));
     return AXC_OK;
@@ -640,7 +640,7 @@ static axc_status dw_task_run(void *arg)
  * computes dW in the call, which the caller's deferred bookkeeping allows). */
 static int defers_dw(const ctx *c)
 {
-    return c->io->defer && c->io->dx && !c->io->hold_result &&
+    return c->io->defer && !c->io->skip_dx && !c->io->hold_result &&
            defers_gemm_on(axc_comm_grid(c->comm), c->d);
 }
 
@@ -685,7 +685,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         axc_work *ar[64] = {0};
         int64_t n = 1;
         axc_status st = AXC_OK;
-        if (!io->dx) { /* the input needs no gradient */
+        if (io->skip_dx) { /* the input needs no gradient */
             n = 0;
         } else if (s->gout_size == 1) {
             st = gemm(&c, 0, 0, rows, Kl, Nl, io->dy, Nl, wt, Kl, io->dx, Kl, NULL);
@@ -718,7 +718,9 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
     /* dY's output block k, for my tokens, goes to gout peer k (padded rows are zero) */
     for (int k = 0; k < G_out; k++) {
         void *piece = at(w.dypack, k * rows * Nl, c.es);
-        AXC_TRY(copy_rows(&c, piece, Nl, at((void *)io->dy, k * Nl, c.es), N, Nl, io->rows));
+        if (io->rows > 0) /* (no rows: dy may be NULL) */
+            AXC_TRY(copy_rows(&c, piece, Nl, at((void *)io->dy, k * Nl, c.es), N, Nl,
+                              io->rows));
         if (rows > io->rows)
             AXC_TRY(axc_zero(io->device, io->stream, at(piece, io->rows * Nl, c.es),
                              (size_t)((rows - io->rows) * Nl) * c.es));
@@ -727,7 +729,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
     AXC_TRY(through(&c, s->gout, AXC_COLL_ALL_TO_ALL, w.dypack, w.dyr, rows * Nl, &dyr));
     AXC_TRY(through(&c, s->gin, AXC_COLL_ALL_GATHER, dyr, w.dye, grows * Nl, &dye));
     /* dye rows match `saved`: (gin source, gout source, token) */
-    if (!io->dx) { /* the input needs no gradient: dW and db only (never deferred) */
+    if (io->skip_dx) { /* the input needs no gradient: dW and db only (never deferred) */
         AXC_TRY(dw_gemm(&c, &w, dye, io->saved, P_rows));
         return dw_finish(&c, &w, dye, P_rows, NULL, 0);
     }
@@ -774,7 +776,7 @@ static axc_status backward_body(ctx *pc, bwd_bufs *pw, const void *wt)
         st = bias_flush_finish(&c, dye, P_rows, !flush_rs && G_in > 1, &a2a, 1);
     else
         st = dw_finish(&c, &w, dye, P_rows, &a2a, 1);
-    for (int i = 0; i < G_in && st == AXC_OK; i++)
+    for (int i = 0; i < G_in && st == AXC_OK && io->rows > 0; i++) /* (no rows: dx is NULL) */
         st = copy_rows(&c, at(io->dx, i * Kl, c.es), K, at((void *)dxrecv, i * rows * Kl, c.es),
                        Kl, Kl, io->rows);
     return st;

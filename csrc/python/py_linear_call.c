@@ -504,6 +504,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     io.w = ptr_of(w, &err);
     io.dy = ptr_of(dy, &err);
     io.dx = opt_ptr(dx, &err);
+    io.skip_dx = !need_dx; /* (not from dx: a rank without tokens has a NULL one) */
     io.dw = ptr_of(dw, &err);
     io.db = opt_ptr(db, &err);
     io.workspace = opt_ptr(ws, &err);

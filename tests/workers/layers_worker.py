@@ -120,6 +120,15 @@ def check_loss(g, V, H, expert, seed):
             got.sum().backward()
             close(h.grad, hidden_block(hr.grad, g, expert, False),
                   f"{what} parallel_cross_entropy {reduction} dh")
+        padded = emb.vocab_local * g.G_intra_r * g.G_intra_c
+        if padded > V:  # a target in the vocabulary padding: refused given the real size
+            bad = targets[me].clone()
+            bad[0] = padded - 1
+            try:
+                axonn_c.parallel_cross_entropy(emb.logits(h), bad, vocab_size=V)
+                raise AssertionError(f"{what}: a target in the padding was not refused")
+            except IndexError as e:
+                assert f"[0, {V})" in str(e), e
 
 
 def check_norm(g, kind, H, expert, transpose, seed):
@@ -150,6 +159,47 @@ def check_norm(g, kind, H, expert, transpose, seed):
     sd = axonn_c.full_state_dict(norm)
     for k, v in ref.state_dict().items():
         close(sd[k], v, f"{what} full_state_dict {k}", 0)
+
+
+def check_norm_half_input(g, kind, H, expert, dtype, seed):
+    """A float16/bfloat16 input to float32 norm parameters: the statistics are accumulated in
+    float32 as torch's kernels do (float16 squares of values near 60 overflow), so the result
+    is the serial norm's, in the input's dtype (as torch's)."""
+    what = (f"{kind}({H}) {dtype} input grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x"
+            f"{g.G_intra_d} expert={expert} rank {g.rank}")
+    gen = torch.Generator().manual_seed(seed)
+    ref = getattr(torch.nn, kind)(H)
+    norm = getattr(axonn_c, kind)(H, expert_mode=expert)
+    norm.load_state_dict(ref.state_dict())
+    # values near 60 (float16 squares overflow) and near 0.01 (the default eps matters)
+    for scale, shift in ((2, 60), (0.01, 0)):
+        x = (torch.randn(4, H, generator=gen) * scale + shift).to(dtype)
+        want = ref(x)
+        got = norm(hidden_block(x, g, expert, False))
+        assert got.dtype == dtype, f"{what}: result dtype {got.dtype}"
+        close(got, hidden_block(want, g, expert, False), f"{what} x ~ {scale}",
+              2e-3 if dtype == torch.float16 else 1e-2)
+
+
+def check_embedding_nonfinite_row(g, V, H, expert, seed):
+    """A NaN row of the table makes NaN only the tokens that look it up (as serial): a rank
+    that does not hold a token's word must not carry its stand-in row's NaN into the sum."""
+    what = (f"Embedding({V}, {H}) NaN row grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x"
+            f"{g.G_intra_d} expert={expert} rank {g.rank}")
+    torch.manual_seed(seed)
+    ref = torch.nn.Embedding(V, H)
+    with torch.no_grad():
+        ref.weight[0] = float("nan")
+        ref.weight[V - 1, 0] = float("inf")
+    emb = axonn_c.Embedding(V, H, expert_mode=expert)
+    emb.load_state_dict(ref.state_dict())
+    ids = torch.tensor([1, 0, 2, V - 1, 3])
+    want = hidden_block(ref(ids), g, expert, False)
+    got = emb(ids)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN where serial has none"
+    assert torch.equal(got.isinf(), want.isinf()), f"{what}: Inf elsewhere than serial"
+    keep = torch.isfinite(want)
+    close(got[keep], want[keep], what)
 
 
 class TinyLM(torch.nn.Module):
@@ -222,6 +272,11 @@ def main():
                 for transpose in (False, True):
                     check_norm(g, kind, 8, expert, transpose, seed=300 + n)
                     n += 1
+                for dtype in (torch.float16, torch.bfloat16):
+                    check_norm_half_input(g, kind, 8, expert, dtype, seed=350 + n)
+                    n += 1
+            check_embedding_nonfinite_row(g, 37, 8, expert, seed=380 + n)
+            n += 1
         check_auto_parallelize_tied(g, 37, 8, seed=400 + n)
         n += 1
         axonn_c.finalize()

@@ -90,12 +90,14 @@ typedef struct axc_linear_io {
     void *saved;     /* forward: filled with the activation backward needs (easy: the gathered
                         [saved_rows, k_local] input; expert: unused, backward reads x) */
     const void *dy;  /* backward input */
-    void *dx;        /* backward outputs; dx NULL: the input needs no gradient (a first
-                        layer), so the dX GEMM and dX's collectives are skipped (every rank of
-                        the layer's groups must pass NULL alike) */
+    void *dx;        /* backward outputs (dx: NULL where it has no rows, or with skip_dx) */
     void *dw;        /* [shard] */
     void *db;        /* [n_local] or NULL */
     void *workspace; /* workspace_elems elements */
+    int skip_dx;     /* 1: the input needs no gradient (a first layer): no dX GEMM, no dX
+                        collectives, dx unused. The same on every rank of the layer's groups:
+                        not inferred from dx, which a rank without tokens may pass NULL while
+                        its peers' dX collectives need it */
     /* the scheduler (desc->scheduled) */
     axc_sched *sched;
     int layer;           /* the layer's scheduler id */
