@@ -161,14 +161,18 @@ def _model_pieces(model: nn.Module, g) -> Tuple["OrderedDict[str, _Piece]", Dict
     return out, objects
 
 
+def _extra_state_owner(model: nn.Module, key: str) -> nn.Module:
+    """The module whose extra state the checkpoint key `model.<name>._extra_state` is."""
+    return model.get_submodule(key[len(MODEL):-len(_EXTRA_STATE)].rstrip("."))
+
+
 def _set_extra_states(model: nn.Module, pieces: Dict[str, _Piece], objects: Dict[str, Any]):
     """Hands each module with extra state what was read for it (set_extra_state, as
     load_state_dict does): a tensor read into the state dict's own (which a module may have made
     for the state dict alone) or an object."""
     for key in [k for k in (*pieces, *objects) if _is_extra_state(k)]:
-        name = key[len(MODEL):-len(_EXTRA_STATE)].rstrip(".")
         value = objects[key] if key in objects else pieces[key].boxes[0][2]
-        model.get_submodule(name).set_extra_state(value)
+        _extra_state_owner(model, key).set_extra_state(value)
 
 
 def _param_names(model: nn.Module) -> Dict[int, str]:
@@ -430,8 +434,7 @@ def _check_model(model: nn.Module, pieces: Dict[str, _Piece], extra_objects: Dic
     for k in [k for k in (*pieces, *extra_objects) if k not in saved and _is_extra_state(k)]:
         # extra state that a checkpoint written before its module had any lacks: a module that
         # says it may be missing (axonn_c.models.GPT's dropout counter) keeps its own
-        owner = model.get_submodule(k[len(MODEL):-len(_EXTRA_STATE)].rstrip("."))
-        if getattr(owner, "_axonn_optional_extra_state", False):
+        if getattr(_extra_state_owner(model, k), "_axonn_optional_extra_state", False):
             pieces.pop(k, None)
             extra_objects.pop(k, None)
     missing = [k[len(MODEL):] for k in (*pieces, *extra_objects) if k not in saved]

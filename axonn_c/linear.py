@@ -681,8 +681,7 @@ class Linear(nn.Module):
         w = state_dict.get(prefix + "weight")
         if w is not None and w.dim() >= 2:  # a full serial state dict (the shard is 1-D)
             b = state_dict.get(prefix + "bias")
-            both = b is not None and self.bias is not None
-            full_b = b if both else None
+            full_b = b  # (load_full ignores it when the layer has no bias)
             if self.bias is not None and b is None:  # (the dict lacks it: this one stays)
                 full_b = self.bias.new_zeros(self.out_features)
                 full_b[self._block_slices()[0]] = self.bias
@@ -690,7 +689,7 @@ class Linear(nn.Module):
             # torch loads the shards now in place (copies of themselves); a bias the layer lacks
             # stays in (unexpected, as for nn.Linear) and one the dict lacks stays missing
             state_dict = {**state_dict, prefix + "weight": self.weight}
-            if both:
+            if b is not None and self.bias is not None:
                 state_dict[prefix + "bias"] = self.bias
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

@@ -276,19 +276,17 @@ def full_state_dict(model: nn.Module, prefix: str = "") -> "OrderedDict[str, Ten
 def _full_tensors_of(m: nn.Module) -> Dict[str, Tensor]:
     """{"weight": ..., "bias": ...} of a sharded layer's own parameters in their serial shapes
     (collective over its groups); {} for any other module."""
-    if "_axonn_tied" in m.__dict__:  # an output layer tied to an Embedding
+    if "_axonn_tied" in m.__dict__:  # an output layer tied to an Embedding: its weight
         out = {"weight": m._axonn_tied[0].full_weight()}
-        if isinstance(m, Linear) and m.bias is not None:
-            out["bias"] = m.full_bias()
-        return out
-    if isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
+    elif isinstance(m, (Embedding, LayerNorm, RMSNorm)):  # (the other sharded layers)
         return dict(m.full_tensors(""))
-    if isinstance(m, Linear):
+    elif isinstance(m, Linear):
         out = {"weight": m.full_weight()}
-        if m.bias is not None:
-            out["bias"] = m.full_bias()
-        return out
-    return {}
+    else:
+        return {}
+    if isinstance(m, Linear) and m.bias is not None:  # (a tied head's bias is its own)
+        out["bias"] = m.full_bias()
+    return out
 
 
 # ------------------------------------------------------------------------- optimize_communication
