@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
+from . import _C, validate
 
 _ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _ALL_TO_ALL, _BROADCAST, _BARRIER = range(6)
 
@@ -97,6 +97,7 @@ def all_to_all(output: torch.Tensor, input: torch.Tensor, group: str = "world",
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group: str = "world", async_op: bool = False):
     """In place: every member gets the tensor of group rank `src`."""
+    validate.check_int("broadcast src (a rank of the group)", src, 0)
     return _C.collective(_BROADCAST, group, tensor, tensor, "sum", src, _stream(tensor), async_op)
 
 

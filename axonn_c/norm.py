@@ -92,6 +92,22 @@ class _SplitNorm(nn.Module):
             raise ValueError(f"axonn_c.{type(self).__name__} expects the last input dimension "
                              f"to be {self.local} ({what}), got {list(x.shape)}")
 
+    def _out_dtype(self, x: Tensor, serial) -> torch.dtype:
+        """The dtype torch's own norm returns for x here: x's, except under an autocast that
+        runs norms in float32 (CUDA's). Asked of `serial` on one element, once per autocast
+        state and input dtype (memo on the layer)."""
+        dev = x.device.type
+        if not torch.is_autocast_enabled(dev):
+            return x.dtype
+        key = (torch.get_autocast_dtype(dev), x.dtype, dev)
+        memo = self.__dict__.get("_autocast_dtype")
+        if memo is None or memo[0] != key:
+            with torch.no_grad():
+                one = torch.ones(1, device=x.device, dtype=x.dtype)
+                w = None if self.weight is None else self.weight.detach()[:1]
+                memo = self.__dict__["_autocast_dtype"] = (key, serial(one, w).dtype)
+        return memo[1]
+
     def _sum_hidden(self, t: Tensor) -> Tensor:
         """Sum of the last dimension over the whole hidden size (all shards), kept."""
         s = t.sum(dim=-1, keepdim=True)
@@ -166,7 +182,8 @@ class LayerNorm(_SplitNorm):
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype)  # (torch's norms: the input's dtype, whatever the weight's)
+        # (torch's norms: the input's dtype, whatever the weight's; float32 under CUDA autocast)
+        return y.to(self._out_dtype(x, lambda t, w: F.layer_norm(t, (1,), w)))
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine="
@@ -192,7 +209,8 @@ class RMSNorm(_SplitNorm):
         # (torch's kernel: the default eps of the type it computes in, float32 for half inputs)
         eps = self.eps if self.eps is not None else torch.finfo(xf.dtype).eps
         y = xf * torch.rsqrt(self._sum_hidden(xf * xf) / self.hidden + eps)
-        return (y * self.weight if self.weight is not None else y).to(x.dtype)
+        y = y * self.weight if self.weight is not None else y
+        return y.to(self._out_dtype(x, lambda t, w: F.rms_norm(t, (1,), w)))
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine="

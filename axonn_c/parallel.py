@@ -203,17 +203,15 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     del foreach
     parameters = validate.check_params("clip_grad_norm_: parameters", parameters)
     validate.check_number("clip_grad_norm_: max_norm", max_norm, finite=True)
-    params = [p for p in parameters if p.grad is not None]
     norm_type = validate.check_number("clip_grad_norm_: norm_type", norm_type, positive=True)
     g = grid()
-    if params:
-        device, dtype = params[0].grad.device, torch.float32
-    else:
-        device, dtype = torch.device("cpu"), torch.float32
+    # (the device of the parameters, not of the gradients present: a rank whose gradients are
+    # all missing takes its part in the same collectives, on the same device, as the others)
+    device, dtype = (parameters[0].device if parameters else torch.device("cpu")), torch.float32
     if math.isinf(norm_type):
         local = torch.zeros((), device=device, dtype=dtype)
-        for p in params:
-            if p.grad.numel():
+        for p in parameters:
+            if p.grad is not None and p.grad.numel():
                 local = torch.maximum(local, p.grad.detach().abs().max().to(device, dtype))
         if g.world_size > 1:
             local = local.reshape(1).contiguous()
@@ -222,10 +220,12 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
         total = local
     else:
         sums: Dict[Tuple[str, ...], Tensor] = OrderedDict()
-        for p in params:
+        for p in parameters:  # (a missing gradient counts as zeros: every rank has every key)
             groups = _nontrivial(_norm_groups(p))
-            s = torch.linalg.vector_norm(p.grad.detach().float(), norm_type).to(device) ** norm_type
-            sums[groups] = sums.get(groups, torch.zeros((), device=device, dtype=dtype)) + s
+            total_g = sums.setdefault(groups, torch.zeros((), device=device, dtype=dtype))
+            if p.grad is not None:
+                s = torch.linalg.vector_norm(p.grad.detach().float(), norm_type) ** norm_type
+                sums[groups] = total_g + s.to(device)
         # the same set of group tuples on every rank: order them by name, not by encounter
         total_p = torch.zeros((), device=device, dtype=dtype)
         for groups in sorted(sums):
@@ -238,8 +238,9 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
         raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite "
                            f"({total.item()}), so it cannot be clipped")
     clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    for p in params:
-        p.grad.detach().mul_(clip_coef.to(p.grad.device, p.grad.dtype))
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.detach().mul_(clip_coef.to(p.grad.device, p.grad.dtype))
     return total
 
 

@@ -74,7 +74,9 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     without it the process is a world of one. `backend`: None picks shm for CPU tensors on one
     node and nccl for CUDA tensors; "shm" or "nccl" force one. `timeout` (seconds; env
     AXONN_C_TIMEOUT) bounds every wait for a peer. `plan="auto"` lets the communication model
-    choose the grid (see axonn_c.plan).
+    choose the grid (see axonn_c.plan). Called again on the same grid, init keeps the
+    communicators and applies the new overlap, scheduler and compression settings; another
+    grid, backend or timeout raises (finalize() first).
 
     `overlap=True` turns on every overlap of communication with computation
     (docs/ARCHITECTURE.md#one-training-step; each also settable through optimize_communication()
@@ -106,16 +108,14 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be a bool, got {overlap!r}")
-    if fwd_chunks is not None and (not isinstance(fwd_chunks, int) or not 1 <= fwd_chunks <= 64):
-        raise ValueError(f"fwd_chunks must be an int in [1, 64], got {fwd_chunks!r}")
-    if not isinstance(prefetch, int) or not 0 <= prefetch <= 64:
-        raise ValueError(f"prefetch must be an int in [0, 64] (layers ahead), got {prefetch!r}")
-    if prefetch_budget is not None and (not isinstance(prefetch_budget, int)
-                                        or prefetch_budget <= 0):
-        raise ValueError(f"prefetch_budget must be None or a positive number of bytes, got "
-                         f"{prefetch_budget!r}")
+    if fwd_chunks is not None:
+        validate.check_int("fwd_chunks", fwd_chunks, 1, 64)
+    validate.check_int("prefetch (layers ahead)", prefetch, 0, 64)
+    if prefetch_budget is not None:
+        validate.check_int("prefetch_budget (bytes, or None for no bound)", prefetch_budget, 1)
     validate.check_int("bucket_size (bytes)", bucket_size, 1, 2**40)
     policy = compression_policy.parse_policy(compression)
+    timeout_given = timeout is not None
     timeout = validate.timeout_from_env(DEFAULT_TIMEOUT_S) if timeout is None else \
         validate.check_timeout(timeout)  # before any rank touches the store (issue 28 item 1)
     if not isinstance(cache_weights, bool):
@@ -156,6 +156,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         raise ValueError(f"backend={backend!r}: expected None, 'shm' or 'nccl'")
     compression_policy.check_transport(policy, backend)
     if _C.is_initialized():
+        _check_same_transport(backend, timeout if timeout_given else None)
         _C.init(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                 G_data=G_data, G_intra_r=G_intra_r, G_intra_c=G_intra_c, G_intra_d=G_intra_d,
                 G_inter=G_inter, backend=backend, job_id="", timeout=timeout, cuda_device=-1,
@@ -201,6 +202,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         raise
     session.epoch += 1
     session.microbatches = concurrent_microbatches
+    session.transport = (backend if backend != "auto" else None, timeout)
     apply_settings()
     _set_placement()
     grads.reset()
@@ -210,6 +212,19 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     _C.grad_buckets_clear_residuals()
     configure_scheduler(*sched_cfg)
     return grid()
+
+
+def _check_same_transport(backend, timeout) -> None:
+    """A repeated init keeps the communicators: one that asks for another backend or timeout
+    (None: whatever the first chose) is refused instead of silently getting the old ones."""
+    first_backend, first_timeout = session.transport or (None, None)
+    if backend not in (None, "auto", first_backend, grid().backends):
+        raise RuntimeError(f"axonn_c is already initialised with backend={first_backend!r} "
+                           f"(in use: {grid().backends!r}); call axonn_c.finalize() before init "
+                           f"with backend={backend!r}")
+    if timeout is not None and first_timeout is not None and timeout != first_timeout:
+        raise RuntimeError(f"axonn_c is already initialised with timeout={first_timeout:g} s; "
+                           f"call axonn_c.finalize() before init with timeout={timeout:g} s")
 
 
 def _set_placement() -> None:
@@ -226,7 +241,7 @@ def finalize() -> None:
         raise RuntimeError("axonn_c.finalize() while run_concurrent runs (from fn, or on another "
                            "thread): finalize after it returns")
     session.epoch += 1
-    session.microbatches, session.placement = 1, None
+    session.microbatches, session.placement, session.transport = 1, None, None
     if is_initialized():
         try:  # what still writes into tensors grads keeps alive completes before they go
             _C.sched_finish()

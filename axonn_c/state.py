@@ -58,6 +58,7 @@ class Session:
     # depth_rank) of the current init, None without one; a plain value, so that torch.compile
     # guards on it (axonn_c/linear.py checks a layer's placement against it in compiled code)
     placement: tuple = None
+    transport: tuple = None  # (backend asked for, timeout) of the current init
     sched_config: tuple = (1, 0, False)  # prefetch, budget bytes (0: none), cache_weights
     bucket_bytes: int = 4 * 2**20  # data-parallel gradient bucket size (init(bucket_size=))
     # the compression policy in force ({dimension: (codec, block, error_feedback)}, compression.py)

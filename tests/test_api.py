@@ -76,6 +76,38 @@ def test_init_twice_same_is_noop_different_raises(monkeypatch):
                         job_id="", timeout=1.0, cuda_device=-1, store_set=None, store_get=None)
 
 
+def test_reinit_with_another_transport_raises():
+    """A repeated init keeps the communicators, so asking for another backend or timeout is an
+    error naming both (not the old ones in silence); leaving them out keeps the first's."""
+    axonn_c.init(timeout=30)
+    axonn_c.init()  # (no timeout asked for: the first's stands)
+    axonn_c.init(timeout=30, backend=axonn_c.grid().backends)
+    with pytest.raises(RuntimeError, match=r"timeout=30 s; .*finalize\(\).*timeout=60 s"):
+        axonn_c.init(timeout=60)
+    with pytest.raises(RuntimeError, match=r"backend=None \(in use: 'shm'\).*backend='nccl'"):
+        axonn_c.init(backend="nccl")
+    axonn_c.finalize()
+    axonn_c.init(timeout=60)  # (after finalize: anything)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(prefetch=True), "prefetch .* must be an int, got bool"),
+    (dict(fwd_chunks=True), "fwd_chunks must be an int, got bool"),
+    (dict(prefetch_budget=1.5), "prefetch_budget .* must be an int, got float"),
+    (dict(prefetch_budget=0), r"prefetch_budget .* must be >= 1, got 0"),
+    (dict(fwd_chunks=65), r"fwd_chunks must be in \[1, 64\], got 65")])
+def test_init_knobs_refuse_bools_and_out_of_range(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        axonn_c.init(**kw)
+    assert not axonn_c._C.is_initialized()
+
+
+def test_broadcast_src_refuses_a_bool():
+    axonn_c.init()
+    with pytest.raises(TypeError, match="broadcast src .* must be an int, got bool"):
+        axonn_c.comm.broadcast(torch.ones(2), src=True)
+
+
 def test_concurrent_init_waits_for_the_first(monkeypatch):
     """A second thread's init() while the first waits for the ranks (the C init lets go of the
     interpreter lock) waits for the first's outcome and returns the same grid; it does not

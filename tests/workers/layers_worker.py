@@ -179,6 +179,25 @@ def check_norm_half_input(g, kind, H, expert, dtype, seed):
         assert got.dtype == dtype, f"{what}: result dtype {got.dtype}"
         close(got, hidden_block(want, g, expert, False), f"{what} x ~ {scale}",
               2e-3 if dtype == torch.float16 else 1e-2)
+    # under an autocast that runs norms in float32 (CUDA's policy, stood in for on the CPU by
+    # a wrapper of torch's functional norm that both layers call), the result is float32 too
+    fn_name = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm"}[kind]
+    real = getattr(F, fn_name)
+
+    def fp32_under_autocast(t, *args, **kw):
+        out = real(t, *args, **kw)
+        return out.float() if torch.is_autocast_enabled(t.device.type) else out
+
+    setattr(F, fn_name, fp32_under_autocast)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want, got = ref(x), norm(hidden_block(x, g, expert, False))
+    finally:
+        setattr(F, fn_name, real)
+    assert got.dtype == want.dtype == torch.float32, \
+        f"{what}: under autocast {got.dtype}, serial {want.dtype}"
+    close(got, hidden_block(want, g, expert, False), f"{what} under autocast",
+          2e-3 if dtype == torch.float16 else 1e-2)
 
 
 def check_embedding_nonfinite_row(g, V, H, expert, seed):
