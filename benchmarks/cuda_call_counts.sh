@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA API calls of one axonn_c Linear forward + backward (grid 1x1x1, 4 tokens, 16 -> 16,
-# float32, bias, easy layout, after one warm-up step), counted on the CPU mocks of libcudart and
+# float32, bias, expert layout as axonn_c.Linear takes it at that grid, after one warm-up step), counted on the CPU mocks of libcudart and
 # libcublasLt: builds them and csrc/tests/mock/test_linear_mock.c, and prints
 #   API: calls per Linear forward+backward (...)
 #     <API name>   <calls>

@@ -9,7 +9,8 @@
  *
  *   test_linear_mock           the checks, with the table of every configuration
  *   test_linear_mock --table   only the table of the first configuration (4 tokens, 16 -> 16,
- *                              float32, bias, easy layout), for benchmarks/cuda_call_counts.sh;
+ *                              float32, bias, expert layout: what axonn_c.Linear runs at a grid
+ *                              of one feature shard), for benchmarks/cuda_call_counts.sh;
  *                              the exit status still says whether the checks passed */
 #include <dlfcn.h>
 #include <math.h>
@@ -284,15 +285,18 @@ int main(int argc, char **argv)
     CHECK_OK(axc_comm_create(&comm, &cfg));
     if (!comm)
         return ctest_summary("test_linear_mock");
+    /* first (the table's): what the Python layer runs at a grid of one feature shard, where
+     * it takes the expert layout (both layouts hold full features there; the expert one makes
+     * no row copies) */
     const config configs[] = {
+        {"expert layout, 4 tokens, 16 -> 16, float32, bias", AXC_LAYOUT_EXPERT, AXC_DT_F32, 1, 4,
+         16, 16},
         {"easy layout, 4 tokens, 16 -> 16, float32, bias", AXC_LAYOUT_EASY, AXC_DT_F32, 1, 4, 16,
          16},
         {"easy layout, 4 tokens, 16 -> 16, bfloat16, bias", AXC_LAYOUT_EASY, AXC_DT_BF16, 1, 4,
          16, 16},
         {"easy layout, 8 tokens, 24 -> 40, float32, no bias", AXC_LAYOUT_EASY, AXC_DT_F32, 0, 8,
          24, 40},
-        {"expert layout, 4 tokens, 16 -> 16, float32, bias", AXC_LAYOUT_EXPERT, AXC_DT_F32, 1, 4,
-         16, 16},
     };
     int n = table_only ? 1 : (int)(sizeof configs / sizeof configs[0]);
     for (int i = 0; i < n; i++)
