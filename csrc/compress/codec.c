@@ -236,6 +236,10 @@ axc_status axc_codec_encode_ef(axc_codec codec, int block, const float *in, floa
             memcpy(o + 4 * b, &s, 4);
             decode_block(codec, payload + off, s, 0, len, d, 0);
         }
+        /* a decoded value that is not finite (bf16 rounds values near FLT_MAX to inf) leaves
+         * the residual as a non-finite input does: c - inf would poison it for good */
+        for (size_t i = 0; i < len; i++)
+            finite &= axc_ce_finite(d[i]);
         if (finite)
             for (size_t i = 0; i < len; i++)
                 residual[lo + i] = AXC_FSUB(c[i], d[i]);
@@ -258,7 +262,7 @@ void axc_codec_feedback(axc_codec codec, int block, const float *x, const float 
         size_t hi = n - lo < (size_t)block ? n : lo + (size_t)block;
         int finite = 1;
         for (size_t i = lo; i < hi; i++)
-            finite &= axc_ce_finite(x[i]);
+            finite &= axc_ce_finite(x[i]) & axc_ce_finite(decoded[i]);
         if (finite)
             for (size_t i = lo; i < hi; i++)
                 residual[i] = axc_ce_add(residual[i], AXC_FMUL(AXC_FSUB(x[i], decoded[i]), mult));

@@ -93,7 +93,12 @@ AXC_HD float axc_ce_scale(axc_ce_scan s, float qmax)
         return axc_ce_float(0xff800000u);
     if (s.flags)
         return axc_ce_float(AXC_CE_NAN);
-    return AXC_FDIV(s.absmax, qmax);
+    float scale = AXC_FDIV(s.absmax, qmax);
+    /* near FLT_MAX, qmax * scale can round to inf: a smaller scale keeps every decoded value
+     * finite (the largest ones then clamp to qmax, within a few ulps) */
+    while (!axc_ce_finite(AXC_FMUL(scale, qmax)))
+        scale = axc_ce_float(axc_ce_bits(scale) - 1u);
+    return scale;
 }
 
 /* rintf (round to nearest even, the default mode). On the host, the classic add-and-subtract

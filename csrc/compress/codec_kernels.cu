@@ -83,46 +83,57 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
             memcpy(out + 4 * b, &s, 4);
     }
     float fs = axc_ce_finite(s) ? s : 0.0f;
+    /* the payload; each thread writes (and below reads back) only its own elements (int4: its
+     * pairs of elements, one byte each: blocks are even but for the last) */
     if (codec == K_INT4) {
-        /* pairs of elements: one byte each (blocks are even but for the last) */
         for (size_t j = t; 2 * j < len; j += blockDim.x) {
             size_t i = lo + 2 * j;
-            float c0 = contribution(in, residual, i);
-            unsigned v = (unsigned)axc_ce_quant(c0, fs, 7) & 0xfu;
-            float c1 = 0.0f;
-            if (2 * j + 1 < len) {
-                c1 = contribution(in, residual, i + 1);
-                v |= ((unsigned)axc_ce_quant(c1, fs, 7) & 0xfu) << 4;
-            }
+            unsigned v = (unsigned)axc_ce_quant(contribution(in, residual, i), fs, 7) & 0xfu;
+            if (2 * j + 1 < len)
+                v |= ((unsigned)axc_ce_quant(contribution(in, residual, i + 1), fs, 7) & 0xfu)
+                     << 4;
             payload[i / 2] = (unsigned char)v;
-            if (residual && finite) {
-                residual[i] = AXC_FSUB(c0, decoded(codec, payload, i, s));
-                if (2 * j + 1 < len)
-                    residual[i + 1] = AXC_FSUB(c1, decoded(codec, payload, i + 1, s));
+        }
+    } else {
+        for (size_t k = t; k < len; k += blockDim.x) {
+            size_t i = lo + k;
+            float c = contribution(in, residual, i);
+            switch (codec) {
+            case K_NONE: {
+                float v = axc_ce_canon(c);
+                memcpy(payload + 4 * i, &v, 4);
+                break;
+            }
+            case K_BF16: {
+                uint16_t h = axc_ce_bf16(c);
+                memcpy(payload + 2 * i, &h, 2);
+                break;
+            }
+            case K_INT8: payload[i] = (unsigned char)(int8_t)axc_ce_quant(c, fs, 127); break;
+            default: payload[i] = axc_ce_fp8(c, fs); break;
             }
         }
+    }
+    if (!residual || !finite)
+        return; /* (uniform over the thread block: `finite` is the block's) */
+    /* what the encoding lost, unless a decoded value is not finite (bf16 rounds values near
+     * FLT_MAX to inf): then, as for a non-finite input, the residual stays as it was */
+    unsigned bad = 0;
+    for (size_t k = t; k < len; k += blockDim.x)
+        bad |= !axc_ce_finite(decoded(codec, payload, lo + k, s));
+    __syncthreads(); /* (every thread has read s_flags[0]) */
+    s_flags[t] = bad;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if (t < w)
+            s_flags[t] |= s_flags[t + w];
+        __syncthreads();
+    }
+    if (s_flags[0])
         return;
-    }
-    for (size_t k = t; k < len; k += blockDim.x) {
-        size_t i = lo + k;
-        float c = contribution(in, residual, i);
-        switch (codec) {
-        case K_NONE: {
-            float v = axc_ce_canon(c);
-            memcpy(payload + 4 * i, &v, 4);
-            break;
-        }
-        case K_BF16: {
-            uint16_t h = axc_ce_bf16(c);
-            memcpy(payload + 2 * i, &h, 2);
-            break;
-        }
-        case K_INT8: payload[i] = (unsigned char)(int8_t)axc_ce_quant(c, fs, 127); break;
-        default: payload[i] = axc_ce_fp8(c, fs); break;
-        }
-        if (residual && finite)
-            residual[i] = AXC_FSUB(c, decoded(codec, payload, i, s));
-    }
+    for (size_t k = t; k < len; k += blockDim.x)
+        residual[lo + k] = AXC_FSUB(contribution(in, residual, lo + k),
+                                    decoded(codec, payload, lo + k, s));
 }
 
 extern "C" __global__ void __launch_bounds__(AXC_THREADS)
@@ -150,8 +161,8 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
         x[i] = axc_ce_canon(AXC_FDIV(x[i], d));
 }
 
-/* residual += mult * (x - decoded) on the codec blocks of x that are finite (one thread block per
- * codec block; the CPU's axc_codec_feedback) */
+/* residual += mult * (x - decoded) on the codec blocks where x and decoded are finite (one thread
+ * block per codec block; the CPU's axc_codec_feedback) */
 extern "C" __global__ void __launch_bounds__(AXC_THREADS)
     axc_codec_feedback_kernel(int block, const float *x, const float *decoded,
                               unsigned long long n, float mult, float *residual)
@@ -161,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
     int t = threadIdx.x;
     unsigned bad = 0;
     for (size_t i = t; i < len; i += blockDim.x)
-        bad |= !axc_ce_finite(x[lo + i]);
+        bad |= !axc_ce_finite(x[lo + i]) | !axc_ce_finite(decoded[lo + i]);
     s_bad[t] = bad;
     __syncthreads();
     for (int w = blockDim.x / 2; w > 0; w /= 2) {

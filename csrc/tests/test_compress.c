@@ -1,5 +1,6 @@
 /* The codecs (axc/compress.h): error bounds per element and block, determinism, zero blocks,
  * non-finite values, odd and short lengths, every supported block size, error feedback. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -260,6 +261,45 @@ static void test_error_feedback(void)
     }
 }
 
+/* A finite value the codec rounds to inf (bf16 above 3.3962e38) leaves the residual as a
+ * non-finite input does (was: c - inf = -inf, kept for good, so every later step of the block
+ * was -inf); the block-scaled codecs decode FLT_MAX finite (was: int8's 127 * rn(FLT_MAX / 127)
+ * rounded to inf). Plain and after-reduction feedback alike. */
+static void test_error_feedback_decoded_overflow(void)
+{
+    enum { N = 4 };
+    unsigned char enc[64];
+    float x[N], r[N], y[N];
+    for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
+        axc_codec codec = codecs[c];
+        float big = codec == AXC_CODEC_BF16 ? 3.397e38f : FLT_MAX;
+        for (int i = 0; i < N; i++)
+            x[i] = i ? 1.0f : big, r[i] = 0.25f;
+        CHECK_OK(axc_codec_encode(codec, 128, x, N, enc));
+        CHECK_OK(axc_codec_decode(codec, 128, enc, N, y, 0));
+        int inf_out = isinf(y[0]);
+        CHECK(inf_out == (codec == AXC_CODEC_BF16)); /* (only bf16 cannot represent it) */
+        CHECK_OK(axc_codec_encode_ef(codec, 128, x, r, N, enc));
+        int kept = 1, finite = 1;
+        for (int i = 0; i < N; i++)
+            kept &= r[i] == 0.25f, finite &= isfinite(r[i]);
+        CHECK(finite && kept == inf_out);
+        for (int i = 0; i < N; i++) /* the next step recovers */
+            x[i] = 1.0f;
+        CHECK_OK(axc_codec_encode_ef(codec, 128, x, r, N, enc));
+        CHECK_OK(axc_codec_decode(codec, 128, enc, N, y, 0));
+        CHECK(isfinite(y[0]) && isfinite(r[0]));
+        /* after a reduction: an owner's finite sum that decodes to inf */
+        for (int i = 0; i < N; i++)
+            x[i] = i ? 1.0f : big, y[i] = i ? 1.0f : INFINITY, r[i] = 0.25f;
+        axc_codec_feedback(codec, 128, x, y, N, 1.0f, r);
+        kept = 1;
+        for (int i = 0; i < N; i++)
+            kept &= r[i] == 0.25f;
+        CHECK(kept);
+    }
+}
+
 static void test_invalid(void)
 {
     size_t bytes;
@@ -315,6 +355,7 @@ int main(void)
     test_non_finite();
     test_e4m3();
     test_error_feedback();
+    test_error_feedback_decoded_overflow();
     test_invalid();
     return ctest_summary("test_compress");
 }

@@ -61,7 +61,8 @@ axc_status axc_codec_encoded_bytes(axc_codec codec, size_t n, int block, size_t 
 /* Encodes n fp32 values into `out` (axc_codec_encoded_bytes bytes). */
 axc_status axc_codec_encode(axc_codec codec, int block, const float *in, size_t n, void *out);
 /* Error feedback: encodes c = in + residual, then sets residual = c - decode(encode(c)). A block
- * whose c is non-finite (an overflow step) leaves its residual unchanged. `residual` has n
+ * whose c, or its decoded value, is non-finite (an overflow step; bf16 rounding a value near
+ * FLT_MAX to inf) leaves its residual unchanged. `residual` has n
  * values; it may not alias `in`. */
 axc_status axc_codec_encode_ef(axc_codec codec, int block, const float *in, float *residual,
                                size_t n, void *out);
@@ -71,7 +72,8 @@ axc_status axc_codec_decode(axc_codec codec, int block, const void *in, size_t n
                             int accumulate);
 
 /* Error feedback of a value encoded after a reduction (the owner's sum in a compressed
- * all_reduce): residual += mult * (x - decoded), for the blocks of x that are finite. */
+ * all_reduce): residual += mult * (x - decoded), for the blocks where x and decoded are
+ * finite. */
 void axc_codec_feedback(axc_codec codec, int block, const float *x, const float *decoded,
                         size_t n, float mult, float *residual);
 
