@@ -331,7 +331,8 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                                                                               compression)
     saved = dict(session.overlap_overrides)
     saved_sched = tuple(session.sched_config)
-    epoch = session.epoch  # an init() inside the context sets its own policy: not undone
+    # an init() inside the context, also a repeated one, sets its own policy: not undone
+    version = session.settings_version
     try:  # (everything set here is undone on exit, also when setting it fails part-way)
         session.overlap_overrides.update(overlap_all_reduce=overlap_all_reduce,
                                          overlap_reduce_scatter=overlap_reduce_scatter,
@@ -348,11 +349,11 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
         yield
     finally:
         try:
-            if policy is not None and is_initialized() and session.epoch == epoch:
+            if policy is not None and is_initialized() and session.settings_version == version:
                 compression_policy.apply(saved_policy)
         finally:
             session.overlap_overrides.clear()
             session.overlap_overrides.update(saved)
             knobs_changed()  # (after the change: a memo made meanwhile is not kept)
-            if is_initialized() and session.epoch == epoch:
+            if is_initialized() and session.settings_version == version:
                 configure_scheduler(*saved_sched)

@@ -125,6 +125,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
         raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "
                          f"{concurrent_microbatches!r}")
     def apply_settings():  # (once the grid stands: a refused init changes nothing)
+        session.settings_version += 1
         session.overlap_defaults.update(
             overlap_all_reduce=overlap, overlap_reduce_scatter=overlap,
             overlap_all_gather=overlap, overlap_data=overlap, defer_wgrad=overlap,

@@ -47,6 +47,9 @@ class Session:
     # C init lets go of the interpreter lock while it waits for the ranks)
     init_lock: threading.RLock = field(default_factory=threading.RLock)
     epoch: int = 0  # changes at every init/finalize: keys caches that depend on the grid
+    # changes at every init(), a repeated one on the same grid too: what a context set and
+    # restores on exit (optimize_communication) is not restored over a newer init's settings
+    settings_version: int = 0
     overlap_defaults: dict = field(default_factory=_knobs_off)
     overlap_overrides: dict = field(default_factory=dict)
     # changes whenever overlap_defaults or overlap_overrides do: keys what a layer decided from

@@ -108,6 +108,22 @@ def test_broadcast_src_refuses_a_bool():
         axonn_c.comm.broadcast(torch.ones(2), src=True)
 
 
+def test_init_inside_a_context_is_not_undone_on_exit():
+    """A repeated init() on the same grid inside optimize_communication sets its own settings;
+    the context's exit does not put the ones from before it back (was: only a new grid's init
+    counted, so the inner init's compression and scheduler settings were undone)."""
+    from axonn_c.state import session
+
+    axonn_c.init(compression=None, prefetch=1)
+    with axonn_c.optimize_communication(compression={"data": "int4"}):
+        axonn_c.init(compression={"data": "int8", "depth": "bf16"}, prefetch=3)
+    assert session.compression["data"][0] == "int8" and session.compression["depth"][0] == "bf16"
+    assert session.sched_config[0] == 3
+    with axonn_c.optimize_communication(compression={"data": "int4"}):
+        assert session.compression["data"][0] == "int4"
+    assert session.compression["data"][0] == "int8"  # (no init inside: restored)
+
+
 def test_concurrent_init_waits_for_the_first(monkeypatch):
     """A second thread's init() while the first waits for the ranks (the C init lets go of the
     interpreter lock) waits for the first's outcome and returns the same grid; it does not
