@@ -181,7 +181,10 @@ def compression_state(model=None) -> dict:
 
     - "residuals": the compressed data-parallel gradient sums'. A slot is (the pass within the
       step, the bucket's position in the pass, the group's position), kept across steps:
-      sync_gradients ends a step; a residual whose bucket changes size starts again from zeros.
+      sync_gradients ends a step; a residual whose bucket changes size or holds other
+      gradients (a parameter bucketed from a later step on shifts the rest) starts again from
+      zeros, so no gradient gets another's residual. A loaded residual is taken by the first
+      bucket at its slot.
     - "depth" (with `model`): {module name: residual} of its axonn_c.Linear layers whose depth dW
       reduce-scatter keeps one (compressed with error feedback, after their first backward),
       named by module so that another process building the same model finds them. Without

@@ -2,6 +2,7 @@
 #include "axc/buckets.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@ typedef struct bucket {
     int holds;        /* chunk records still accumulating into it */
     enum bucket_state state;
     int closed;       /* retired by axc_buckets_close_all: its pass's sums started */
+    uint64_t print;   /* fingerprint of its pieces (tags and sizes, in order); never 0 */
 } bucket;
 
 struct axc_buckets {
@@ -37,10 +39,23 @@ struct axc_buckets {
         void *data, *owner;
         int device;
         size_t elems;
+        uint64_t print; /* the fingerprint of the bucket it last served; 0: none yet */
     } *res;
     int nres;
     int pass; /* passes with buckets since the last axc_buckets_new_step */
 };
+
+/* one piece into a bucket's fingerprint (FNV-1a over the tag and size; never 0) */
+static uint64_t print_add(uint64_t h, uint64_t tag, size_t n)
+{
+    uint64_t words[2] = {tag, (uint64_t)n};
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < 64; i += 8) {
+            h ^= (words[w] >> i) & 0xffu;
+            h *= 0x100000001b3ull;
+        }
+    return h ? h : 1;
+}
 
 int axc_bucket_key_same(const axc_bucket_key *a, const axc_bucket_key *b)
 {
@@ -174,7 +189,7 @@ static void retire(axc_buckets *b, int i, enum why_retired why)
 }
 
 axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, size_t want,
-                            void *arg, int *bucket_out, size_t *offset, void **owner)
+                            void *arg, uint64_t tag, int *bucket_out, size_t *offset, void **owner)
 {
     AXC_TRY(check_key(key));
     int open = -1;
@@ -204,7 +219,8 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
         if (want && want < per)
             per = want;
         size_t elems = n > per ? n : per;
-        bucket k = {.key = *key, .cap = elems, .state = BUCKET_OPEN};
+        bucket k = {.key = *key, .cap = elems, .state = BUCKET_OPEN,
+                    .print = 0xcbf29ce484222325ull};
         AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, arg, &k.data, &k.owner));
         open = b->n++;
         b->v[open] = k;
@@ -215,6 +231,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
     *offset = k->used;
     *owner = k->owner;
     k->used += n;
+    k->print = print_add(k->print, tag, n);
     return AXC_OK;
 }
 
@@ -335,26 +352,28 @@ axc_status axc_buckets_set_residual(axc_buckets *b, long long key, void *data, v
     }
     if (r->owner)
         b->ops.release(b->ops.ctx, r->owner);
-    *r = (struct residual){key, data, owner, device, elems};
+    *r = (struct residual){key, data, owner, device, elems, 0}; /* (adopted by its next bucket) */
     return AXC_OK;
 }
 
-/* The residual of (this pass, bucket i, group position): kept when its size and device
- * match, else new zeros. */
+/* The residual of (this pass, bucket i, group position): kept when its size and device match
+ * and it last served the same pieces (or came from a checkpoint), else new zeros. */
 static float *residual_for(axc_buckets *b, long long key, const bucket *k)
 {
     struct residual *r = residual_slot(b, key);
     if (!r)
         return NULL;
-    if (!r->owner || r->elems != k->used || r->device != k->key.device) {
+    if (!r->owner || r->elems != k->used || r->device != k->key.device ||
+        (r->print && r->print != k->print)) {
         void *data, *owner;
         if (b->ops.alloc_residual(b->ops.ctx, k->owner, k->key.device, k->used, &data, &owner) !=
             AXC_OK)
             return NULL;
         if (r->owner)
             b->ops.release(b->ops.ctx, r->owner);
-        *r = (struct residual){key, data, owner, k->key.device, k->used};
+        *r = (struct residual){key, data, owner, k->key.device, k->used, 0};
     }
+    r->print = k->print;
     return r->data;
 }
 

@@ -91,10 +91,12 @@ int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key);
  * `bytes` a bucket unless one piece is larger, and at most `want` (0: unknown) elements, what
  * the caller still puts into this key's buckets (axc_buckets_take): the bucket's flat buffer (a
  * new reference; NULL with an exception), its number and the piece's offset in it; the sums
- * that came due are started */
+ * that came due are started. `tag` names the piece's gradient for the error-feedback
+ * residuals' fingerprints (the same in every step: axc_buckets_take). */
 PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t want,
-                             size_t bytes, int *bucket, size_t *offset);
-/* py_grads.c: as axc_py_bucket_take, the piece itself (flat.narrow(0, offset, n)) */
+                             size_t bytes, uint64_t tag, int *bucket, size_t *offset);
+/* py_grads.c: as axc_py_bucket_take, the piece itself (flat.narrow(0, offset, n)), tagged by
+ * `like` (the parameter whose gradient it takes) */
 PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
                               int *bucket);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */

@@ -100,6 +100,7 @@ typedef struct piece {
     size_t off, n;  /* the piece: elements [off, off + n) of flat */
     axc_bucket_key key;
     size_t want; /* elements of its key the call packs from this piece on */
+    uint64_t tag; /* its position in the call's list, the same in every step */
 } piece;
 
 static PyTypeObject *g_tensor_type, *g_param_type;
@@ -218,7 +219,8 @@ static int pack(PyObject *t, size_t bytes, piece *pc)
     if (!mem && !src)
         return -1;
     int bucket;
-    pc->flat = axc_py_bucket_take(t, &pc->key, pc->n, pc->want, bytes, &bucket, &pc->off);
+    pc->flat = axc_py_bucket_take(t, &pc->key, pc->n, pc->want, bytes, pc->tag, &bucket,
+                                  &pc->off);
     if (!pc->flat) {
         Py_XDECREF(src);
         return -1;
@@ -430,6 +432,7 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
     size_t i;
     for (i = 0; i < n; i++) {
         pcs[i].key = key;
+        pcs[i].tag = i; /* (a .grad may be a new tensor every step: its place in the list is not) */
         if (describe(tensors[i], &pcs[i]) < 0) /* (nothing packed yet) */
             goto out;
     }

@@ -79,12 +79,12 @@ int main(void)
     /* a) pieces share the open bucket of their key; a full bucket's sum is due once written;
      * the take that makes a bucket hands its argument to alloc */
     int like1, like2;
-    CHECK_OK(axc_buckets_take(b, &data, 10, 0, &like1, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 10, 0, &like1, 0, &id, &off, &owner));
     CHECK(id == 0 && off == 0 && log.allocs == 1 && log.last_elems == 16);
     CHECK(log.last_arg == &like1);
     CHECK_OK(axc_buckets_written(b, id));
     CHECK(drain(b, sums, 16) == 0); /* not full: nothing due */
-    CHECK_OK(axc_buckets_take(b, &data, 6, 0, &like2, &id2, &off, &owner2));
+    CHECK_OK(axc_buckets_take(b, &data, 6, 0, &like2, 0, &id2, &off, &owner2));
     CHECK(id2 == 0 && off == 10 && owner2 == owner);
     CHECK(log.allocs == 1 && log.last_arg == &like1); /* (no new bucket: no alloc) */
     CHECK(drain(b, sums, 16) == 0); /* full, but the piece is not written yet */
@@ -95,9 +95,9 @@ int main(void)
 
     /* b) another key gets its own bucket; a piece that does not fit retires the open one (its
      * sums in the key's group order) and a piece larger than a bucket gets one of its size */
-    CHECK_OK(axc_buckets_take(b, &two, 4, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 4, 0, NULL, 0, &id, &off, &owner));
     CHECK(id == 1 && off == 0);
-    CHECK_OK(axc_buckets_take(b, &two, 40, 0, NULL, &id2, &off, &owner2));
+    CHECK_OK(axc_buckets_take(b, &two, 40, 0, NULL, 0, &id2, &off, &owner2));
     CHECK(id2 == 2 && off == 0 && log.last_elems == 40 && owner2 != owner);
     CHECK(drain(b, sums, 16) == 2 && sums[0].group == AXC_GROUP_DEPTH &&
           sums[1].group == AXC_GROUP_DATA && sums[0].count == 4 && sums[1].data == owner);
@@ -105,11 +105,11 @@ int main(void)
     CHECK(drain(b, sums, 16) == 2 && sums[0].count == 40);
 
     /* c) a held bucket parks when it retires and starts its sums at the last unhold */
-    CHECK_OK(axc_buckets_take(b, &data, 8, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 8, 0, NULL, 0, &id, &off, &owner));
     CHECK(id == 3);
     CHECK_OK(axc_buckets_hold(b, id));
     CHECK_OK(axc_buckets_hold(b, id));
-    CHECK_OK(axc_buckets_take(b, &data, 12, 0, NULL, &id2, &off, &owner2)); /* no room: 3 parks */
+    CHECK_OK(axc_buckets_take(b, &data, 12, 0, NULL, 0, &id2, &off, &owner2)); /* no room: 3 parks */
     CHECK(id2 == 4 && drain(b, sums, 16) == 0 && axc_buckets_open(b) == 2);
     CHECK_OK(axc_buckets_unhold(b, id));
     CHECK(drain(b, sums, 16) == 0);
@@ -119,7 +119,7 @@ int main(void)
     CHECK(strstr(axc_last_error(), "no hold") != NULL);
     /* a held bucket that fills retires at its last unhold */
     CHECK_OK(axc_buckets_hold(b, id2));
-    CHECK_OK(axc_buckets_take(b, &data, 4, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 4, 0, NULL, 0, &id, &off, &owner));
     CHECK(id == id2 && off == 12);
     CHECK_OK(axc_buckets_written(b, id)); /* full, held: parks */
     CHECK(drain(b, sums, 16) == 0);
@@ -130,10 +130,10 @@ int main(void)
     /* d) the end of a pass: parked buckets first, then open ones in the order they were made */
     axc_bucket_key half = key_of(AXC_DT_BF16, 1, AXC_GROUP_WORLD, 0);
     int a, p, c;
-    CHECK_OK(axc_buckets_take(b, &half, 3, 0, NULL, &a, &off, &owner)); /* open, bf16 */
-    CHECK_OK(axc_buckets_take(b, &data, 5, 0, NULL, &p, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &half, 3, 0, NULL, 0, &a, &off, &owner)); /* open, bf16 */
+    CHECK_OK(axc_buckets_take(b, &data, 5, 0, NULL, 0, &p, &off, &owner));
     CHECK_OK(axc_buckets_hold(b, p));
-    CHECK_OK(axc_buckets_take(b, &data, 16, 0, NULL, &c, &off, &owner)); /* p parks; c open */
+    CHECK_OK(axc_buckets_take(b, &data, 16, 0, NULL, 0, &c, &off, &owner)); /* p parks; c open */
     CHECK(drain(b, sums, 16) == 0 && axc_buckets_open(b) == 3);
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 3 && sums[0].count == 5 && sums[1].count == 3 &&
@@ -149,7 +149,7 @@ int main(void)
     /* e) reset releases every buffer of the pass; numbering goes on, so a piece taken before
      * the pass ended (another thread's finish between a deferred gradient's take and its
      * record) is refused, not written into the later pass's bucket of the same position */
-    CHECK_OK(axc_buckets_take(b, &data, 1, 0, NULL, &id2, &off, &owner)); /* taken, not yet written */
+    CHECK_OK(axc_buckets_take(b, &data, 1, 0, NULL, 0, &id2, &off, &owner)); /* taken, not yet written */
     int made = axc_buckets_count(b);
     CHECK(made == log.allocs && log.releases == 0 && id2 == made - 1);
     axc_buckets_close_all(b);
@@ -159,7 +159,7 @@ int main(void)
     CHECK(drain(b, sums, 16) == 1);
     axc_buckets_reset(b);
     CHECK(log.releases == made && axc_buckets_count(b) == 0);
-    CHECK_OK(axc_buckets_take(b, &data, 1, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 1, 0, NULL, 0, &id, &off, &owner));
     CHECK(id == made && off == 0 && id != id2);
     CHECK(axc_buckets_written(b, id2) == AXC_ERR_STATE);
     CHECK(strstr(axc_last_error(), "earlier pass") != NULL);
@@ -174,15 +174,15 @@ int main(void)
 
     /* f) bad input and a failing allocator */
     axc_bucket_key bad = key_of(AXC_DT_F32, 0, 0, 0);
-    CHECK(axc_buckets_take(b, &bad, 1, 0, NULL, &id, &off, &owner) == AXC_ERR_INVALID);
+    CHECK(axc_buckets_take(b, &bad, 1, 0, NULL, 0, &id, &off, &owner) == AXC_ERR_INVALID);
     CHECK(strstr(axc_last_error(), "expected 1 to 4") != NULL);
     bad = key_of(AXC_DT_F32, 1, (axc_group_kind)99, 0);
-    CHECK(axc_buckets_take(b, &bad, 1, 0, NULL, &id, &off, &owner) == AXC_ERR_INVALID);
+    CHECK(axc_buckets_take(b, &bad, 1, 0, NULL, 0, &id, &off, &owner) == AXC_ERR_INVALID);
     CHECK(axc_buckets_written(b, 700) == AXC_ERR_INVALID);
     CHECK(strstr(axc_last_error(), "no gradient bucket 700") != NULL);
     CHECK(axc_buckets_written(b, -1) == AXC_ERR_INVALID);
     log.fail_next = 1;
-    CHECK(axc_buckets_take(b, &data, 1, 0, NULL, &id, &off, &owner) == AXC_ERR_NOMEM);
+    CHECK(axc_buckets_take(b, &data, 1, 0, NULL, 0, &id, &off, &owner) == AXC_ERR_NOMEM);
     CHECK(axc_buckets_count(b) == 0); /* nothing half-made */
     CHECK(axc_buckets_set_bytes(b, 0) == AXC_ERR_INVALID);
     /* g) compression: float32 sums over a compressed group carry the codec and, with error
@@ -196,8 +196,8 @@ int main(void)
     axc_buckets_new_step(b); /* (the passes above counted) */
     for (int pass = 0; pass < 3; pass++) {
         size_t n = pass < 2 ? 6 : 5;
-        CHECK_OK(axc_buckets_take(b, &two, n, 0, NULL, &id, &off, &owner));    /* depth, data */
-        CHECK_OK(axc_buckets_take(b, &half, n, 0, NULL, &id2, &off, &owner2)); /* bf16 over world */
+        CHECK_OK(axc_buckets_take(b, &two, n, 0, NULL, 0, &id, &off, &owner));    /* depth, data */
+        CHECK_OK(axc_buckets_take(b, &half, n, 0, NULL, 0, &id2, &off, &owner2)); /* bf16 over world */
         axc_buckets_close_all(b);
         CHECK(drain(b, sums, 16) == 3);
         CHECK(sums[0].group == AXC_GROUP_DEPTH && sums[0].codec == AXC_CODEC_NONE &&
@@ -222,11 +222,11 @@ int main(void)
     axc_buckets_residual(b, 1, &key, &res_owner, &res_elems);
     CHECK(res_owner == NULL && res_elems == 0 && key == -1);
     /* two passes in one step (two synchronous sums): bucket 0 of each has its own residual */
-    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 0, &id, &off, &owner));
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual == last_residual);
     axc_buckets_reset(b);
-    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 0, &id, &off, &owner));
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual && sums[1].residual != last_residual);
     axc_buckets_reset(b);
@@ -235,9 +235,29 @@ int main(void)
     float *mine = calloc(5, sizeof(float));
     log.allocs++; /* (released by the engine from now on) */
     CHECK_OK(axc_buckets_set_residual(b, 1, mine, mine, -1, 5));
-    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 0, &id, &off, &owner));
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual == mine); /* adopted */
+    axc_buckets_reset(b);
+    /* the slot's fingerprint: another gradient of the same size at its position (a parameter
+     * first bucketed in a later step shifts the rest) starts from zeros, it does not get the
+     * first one's residual; the same gradient again keeps it */
+    axc_buckets_new_step(b);
+    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 7, &id, &off, &owner)); /* (was tag 0) */
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual && sums[1].residual != mine);
+    float *tag7 = sums[1].residual;
+    axc_buckets_reset(b);
+    axc_buckets_new_step(b);
+    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 7, &id, &off, &owner));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual == tag7); /* the same pieces: kept */
+    axc_buckets_reset(b);
+    axc_buckets_new_step(b); /* two pieces of 2 + 3 (same size in all): other contents */
+    CHECK_OK(axc_buckets_take(b, &two, 2, 0, NULL, 7, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &two, 3, 0, NULL, 8, &id, &off, &owner));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual && sums[1].residual != tag7);
     axc_buckets_reset(b);
     axc_bucket_codec none = {AXC_CODEC_NONE, 0, 0};
     CHECK_OK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &none));
@@ -246,17 +266,17 @@ int main(void)
 
     /* h) `want`: a new bucket holds what the caller still puts in (fewer than a bucket's
      * elements), never less than the piece, never more than a bucket */
-    CHECK_OK(axc_buckets_take(b, &data, 3, 7, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(b, &data, 3, 7, NULL, 0, &id, &off, &owner));
     CHECK(log.last_elems == 7 && off == 0);
     CHECK_OK(axc_buckets_written(b, id));
-    CHECK_OK(axc_buckets_take(b, &data, 4, 4, NULL, &id2, &off, &owner2));
+    CHECK_OK(axc_buckets_take(b, &data, 4, 4, NULL, 0, &id2, &off, &owner2));
     CHECK(id2 == id && off == 3); /* (fits: 7 of 7, full) */
     CHECK_OK(axc_buckets_written(b, id2));
     CHECK(drain(b, sums, 16) == 1 && sums[0].count == 7);
-    CHECK_OK(axc_buckets_take(b, &data, 5, 2, NULL, &id, &off, &owner)); /* want < n */
+    CHECK_OK(axc_buckets_take(b, &data, 5, 2, NULL, 0, &id, &off, &owner)); /* want < n */
     CHECK(log.last_elems == 5);
     CHECK_OK(axc_buckets_written(b, id));
-    CHECK_OK(axc_buckets_take(b, &data, 1, 1000, NULL, &id, &off, &owner)); /* want > bucket */
+    CHECK_OK(axc_buckets_take(b, &data, 1, 1000, NULL, 0, &id, &off, &owner)); /* want > bucket */
     CHECK(log.last_elems == 16);
     CHECK_OK(axc_buckets_written(b, id));
     axc_buckets_close_all(b);

@@ -14,6 +14,7 @@
 #define AXC_BUCKETS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "axc/comm.h"
 #include "axc/grid.h"
@@ -54,7 +55,11 @@ typedef struct axc_bucket_ops {
  * (pass of the step, bucket's position in the pass, group position) keeps a float32 residual across steps
  * (what encoding lost, added to the same gradients' next contribution): the caller marks each
  * step's start (axc_buckets_new_step; a pass is the buckets between two resets). A residual
- * whose size or device differs from the bucket's starts from zeros. */
+ * whose size or device differs from the bucket's starts from zeros, and so does one that last
+ * served other contents: the slot keeps a fingerprint of its bucket's pieces (their tags and
+ * sizes, in order), so a gradient that moves to another position (a parameter first bucketed
+ * in a later step shifts the rest) never gets another's residual. A residual set from outside
+ * (axc_buckets_set_residual: a checkpoint) has no fingerprint: its next bucket adopts it. */
 typedef struct axc_bucket_codec {
     axc_codec codec;
     int block; /* 0: the codec's default */
@@ -110,9 +115,11 @@ void axc_buckets_clear_residuals(axc_buckets *b);
  * piece included (a synchronous sum knows it: a small model's sum then takes no more memory
  * than its gradients), and never fewer than n. Out: the bucket's number (numbers go on across
  * passes: one taken before its pass ended is refused afterwards, see axc_buckets_check), the
- * piece's offset in elements, and the buffer's owner handle. */
+ * piece's offset in elements, and the buffer's owner handle. `tag` names the piece's gradient
+ * (the same gradient, the same tag, in every step: axonn_c uses its parameter) for the
+ * residuals' fingerprints. */
 axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, size_t want,
-                            void *arg, int *bucket, size_t *offset, void **owner);
+                            void *arg, uint64_t tag, int *bucket, size_t *offset, void **owner);
 /* Whether a piece taken from `bucket` may still be written and recorded: AXC_ERR_STATE once its
  * pass ended (axc_buckets_reset) or its end-of-pass sums started (axc_buckets_close_all), e.g.
  * another thread's end of pass between a piece's take and its record: the piece is then not in
