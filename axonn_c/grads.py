@@ -54,7 +54,7 @@ from torch import Tensor
 from torch.autograd.graph import get_gradient_edge
 
 from . import _C
-from .state import first_hook, group_size, is_initialized
+from .state import first_hook, forget_hook, group_size, is_initialized
 
 
 # A .grad already summed over ranks (an overlapped backward, or run_concurrent's reducer) cannot
@@ -183,9 +183,11 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     """Sums param's gradient over `groups` during backward (when the data overlap is on):
     registered once per parameter; `groups` can be changed later (param._axonn_hook_groups).
     Not in a world of one, where it would never have anything to do: a layer registers it when
-    it first runs on a larger grid (Linear._check_placement), sync_gradients on its next call."""
+    it first runs on a larger grid (Linear._check_placement), sync_gradients on its next call.
+    Not on a frozen parameter (torch refuses a hook there): the first call after it is
+    unfrozen registers it."""
     param._axonn_hook_groups = tuple(groups)
-    if not is_initialized() or group_size("world") == 1:
+    if not is_initialized() or group_size("world") == 1 or not param.requires_grad:
         return
     if first_hook(param, "grad"):
         # the gradient of the pass (all its uses summed, before autograd accumulates it) goes
@@ -193,7 +195,11 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
         # is left to autograd: decided and done in C (csrc/python/py_grad_hook.c, the decision
         # csrc/grads/grad_policy.c), which asks `accumulates` only when it matters; holds param
         # weakly
-        param.register_hook(_C.GradHook(param, accumulates))
+        try:
+            param.register_hook(_C.GradHook(param, accumulates))
+        except BaseException:
+            forget_hook(param, "grad")  # (the next call tries again)
+            raise
 
 
 idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad

@@ -123,8 +123,8 @@ def _open_call(model: Optional[nn.Module], n: int, owner: object) -> tuple:
     caller ends with _C.microbatch_end(owner), which ends the call only if this opened it (an
     exception taken as the C call returns, an interrupt, looks raised by it)."""
     params, replicated = (), ()
-    if model is not None:
-        params = list(model.parameters())
+    if model is not None:  # (a frozen parameter has no gradient to sum, and takes no hook)
+        params = [p for p in model.parameters() if p.requires_grad]
         replicated = _replicated_groups(_model_expert_mode(model, None))
     order = _C.microbatch_begin(owner, n, params, replicated, session.bucket_bytes,
                                 SCATTER_BLOCKS_IN_FLIGHT)
@@ -135,6 +135,11 @@ def _open_call(model: Optional[nn.Module], n: int, owner: object) -> tuple:
             except BaseException:
                 forget_hook(p, "arrivals")  # (the next call tries again)
                 raise
+        # the reducer marks .grad summed: a later ordinary backward into it must take its share
+        # back out (the gradient hook does, as after sync_gradients; was: a replicated
+        # parameter had none before its first sync_gradients, and was left half summed)
+        if not getattr(p, "_axonn_deferred", False):
+            grads.hook(p, getattr(p, "_axonn_grad_groups", replicated))
     return order
 
 

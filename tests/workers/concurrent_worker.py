@@ -185,6 +185,36 @@ def check_accumulation(g, n):
         close(m.bias.grad, r.bias.grad[rows], torch.float32, f"{what} db")
 
 
+def check_then_plain_backward(g, n, overlap):
+    """A fresh model's first step: run_concurrent(model=) (its reducer sums and marks every
+    .grad), then an ordinary backward into the same .grads, then sync_gradients: the serial
+    gradient of both batches, replicated parameters included (was: a LayerNorm had no gradient
+    hook before its first sync_gradients, so the plain backward's unsummed part was skipped,
+    ~0.6x the gradient). A frozen parameter in the model is left alone (was: the reducer's hook
+    registration raised on it)."""
+    what = f"then-plain overlap={overlap} rank {g.rank}"
+    W = g.world_size
+    torch.manual_seed(5)
+    ref = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    torch.manual_seed(5)
+    par = torch.nn.Sequential(torch.nn.LayerNorm(8), axonn_c.Linear(8, 8), torch.nn.LayerNorm(8))
+    for m in (ref, par):
+        m[2].weight.requires_grad_(False)
+    gen = torch.Generator().manual_seed(6)
+    xa, xb = torch.randn(W * 2 * n, 8, generator=gen), torch.randn(W * 2 * n, 8, generator=gen)
+    mine = slice(g.rank * 2 * n, (g.rank + 1) * 2 * n)
+    (ref(xa) ** 2).sum().backward()
+    (ref(xb) ** 2).sum().backward()
+    axonn_c.run_concurrent(lambda x: (par(x) ** 2).sum().backward(), xa[mine], model=par)
+    (par(xb[mine]) ** 2).sum().backward()
+    axonn_c.sync_gradients(par)
+    got, want = dict(par.named_parameters()), dict(ref.named_parameters())
+    assert got["2.weight"].grad is None, f"{what}: the frozen weight has a gradient"
+    for name in ("0.weight", "0.bias", "1.weight", "1.bias", "2.bias"):
+        close(got[name].grad, want[name].grad.reshape(got[name].grad.shape), torch.float32,
+              f"{what} {name}")
+
+
 def check_scatter_blocks_bounded(sizes, n):
     """Each shared dW reduce-scatter holds a summed, unsharded dW block. A finished one releases
     it at the next reduce-scatter of the call (not at the end of the call, which would hold the
@@ -275,6 +305,8 @@ def main():
                 check_shared_gathers(g, n)
             if n == 2 and not overlap:
                 check_autocast(g, n)
+            if n == 2 and g.G_data == g.world_size:
+                check_then_plain_backward(g, n, overlap)
             if n == 2 and overlap:
                 check_accumulation(g, n)
             if overlap:
