@@ -106,6 +106,9 @@ int axc_py_keep_alive(axc_keep_kind kind, uint64_t number, PyObject *obj);
 
 /* py_records.c: the records of pending gradients and the summed-over marks */
 int axc_py_grad_summed(PyObject *p, axc_groups *out); /* p.grad's mark (none when stale) */
+/* the mark for a copy of p.grad under another attribute (main_grad): as axc_py_grad_summed,
+ * and also when p.grad was set to None after the copy */
+int axc_py_grad_copy_summed(PyObject *p, axc_groups *out);
 int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g (none forgets) */
 /* a pending gradient of p (keep may be NULL), then its bucket (-1: none) written */
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,

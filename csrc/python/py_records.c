@@ -81,8 +81,10 @@ static PyObject *referent(PyObject *wr)
 #endif
 }
 
-/* p's marked groups when the mark still names p.grad, else none; -1 with an exception */
-static int summed_of(PyObject *p, axc_groups *out)
+/* p's marked groups when the mark still names p.grad (or, with `dropped_ok`, p.grad is None
+ * since: a copy under another attribute was made from the marked one), else none; -1 with an
+ * exception */
+static int summed_of(PyObject *p, int dropped_ok, axc_groups *out)
 {
     void *stamp = NULL;
     if (intern() < 0)
@@ -98,8 +100,8 @@ static int summed_of(PyObject *p, axc_groups *out)
         return 0;
     }
     PyObject *t = (PyObject *)stamp;
-    if (grad == Py_None || referent(PyTuple_GET_ITEM(t, 0)) != p ||
-        referent(PyTuple_GET_ITEM(t, 1)) != grad)
+    if (referent(PyTuple_GET_ITEM(t, 0)) != p ||
+        (grad == Py_None ? !dropped_ok : referent(PyTuple_GET_ITEM(t, 1)) != grad))
         out->n = 0;
     Py_DECREF(grad);
     return 0;
@@ -155,7 +157,7 @@ static PyObject *py_summed_over(PyObject *self, PyObject *p)
 {
     (void)self;
     axc_groups g;
-    if (intern() < 0 || summed_of(p, &g) < 0)
+    if (intern() < 0 || summed_of(p, 0, &g) < 0)
         return NULL;
     return groups_tuple(&g);
 }
@@ -180,7 +182,8 @@ static PyObject *py_marks(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(axc_records_marks(recs()));
 }
 
-int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, out); }
+int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, 0, out); }
+int axc_py_grad_copy_summed(PyObject *p, axc_groups *out) { return summed_of(p, 1, out); }
 int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g); }
 
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
@@ -347,7 +350,7 @@ static int apply(const axc_grad_record *r)
         rc = PyObject_SetAttr(p, s_grad, view);
     } else { /* (added to a .grad summed like it: its groups join the mark's) */
         axc_groups now;
-        PyObject *sum = summed_of(p, &now) < 0 ? NULL : PyObject_CallMethodOneArg(cur, s_add_, view);
+        PyObject *sum = summed_of(p, 0, &now) < 0 ? NULL : PyObject_CallMethodOneArg(cur, s_add_, view);
         axc_groups_union(&now, &r->groups);
         g = now;
         rc = sum ? 0 : -1;

@@ -557,7 +557,8 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
     if (names_to_groups(groups_obj, "a parameter's _axonn_grad_groups", &groups) < 0)
         goto drop;
     if (axc_records_marks(axc_runtime_records(axc_py_runtime()))) { /* (else no mark to read) */
-        if (axc_py_grad_summed(p, &done) < 0)
+        /* (main_grad: a copy made from the marked .grad, which may be dropped since) */
+        if ((a->marks_grad ? axc_py_grad_summed : axc_py_grad_copy_summed)(p, &done) < 0)
             goto drop;
     }
     axc_sync_decide(&groups, &done, a->several, a->only, a->marks_grad, c);

@@ -338,6 +338,20 @@ def check_main_grad(g):
     for p in par.parameters():
         p.grad = p.main_grad
     compare_grads(par, ser, "main_grad")
+    # the same with .grad dropped after the copy (Megatron's and AxoNN's pattern: the copy
+    # is the gradient from then on; was: a dropped .grad counted as not summed, so the copy
+    # was summed a second time), and a next step after it sums what its backward did not
+    for step, seed in enumerate((5, 6)):
+        for m in (par, ser):
+            m.zero_grad(set_to_none=True)
+        with axonn_c.optimize_communication(overlap_data=True):
+            backward_both(par, ser, g, seed)
+        for p in par.parameters():
+            p.main_grad, p.grad = p.grad.clone(), None
+        axonn_c.sync_gradients(par, gradient_attr_name="main_grad")
+        for p in par.parameters():
+            p.grad = p.main_grad
+        compare_grads(par, ser, f"main_grad with .grad dropped (step {step})")
 
 
 def check_copies(g):
