@@ -127,6 +127,9 @@ def _sync(model: nn.Module, mean: bool, expert_mode: Optional[bool], gradient_at
     what = "sync_gradients" if only is None else "sync_gradients_depth_parallel"
     validate.check_grad_attr(validate.check_module(f"{what}: model", model),
                              gradient_attr_name)
+    validate.check_bool(f"{what}: mean", mean)
+    validate.check_bool(f"{what}: vectorize", vectorize)
+    validate.check_bool(f"{what}: expert_mode", expert_mode, none_ok=True)
     grid()  # raises before init(): without a grid nothing would be summed
     if not _C.grad_sync_enabled():
         return
@@ -320,12 +323,9 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
                         ("overlap_reduce_scatter", overlap_reduce_scatter),
                         ("overlap_all_gather", overlap_all_gather),
                         ("cache_weights", cache_weights)):
-        if not isinstance(value, bool):
-            raise TypeError(f"optimize_communication: {name} must be a bool, got {value!r}")
+        validate.check_bool(f"optimize_communication: {name}", value)
     for name, value in (("overlap_data", overlap_data), ("defer_wgrad", defer_wgrad)):
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"optimize_communication: {name} must be a bool or None, got "
-                            f"{value!r}")
+        validate.check_bool(f"optimize_communication: {name}", value, none_ok=True)
     saved_policy = dict(session.compression)
     policy = None if compression is None else compression_policy.merge_policy(saved_policy,
                                                                               compression)

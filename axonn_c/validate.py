@@ -24,6 +24,14 @@ def check_int(name: str, value, lo: int = 1, hi: int | None = None) -> int:
     return value
 
 
+def check_bool(name: str, value, none_ok: bool = False):
+    """`value` as a bool (or None, with none_ok): anything else, "False" and 0 too, is a
+    TypeError (a truthy string would silently mean True)."""
+    if isinstance(value, bool) or (none_ok and value is None):
+        return value
+    raise TypeError(f"{name} must be a bool{' or None' if none_ok else ''}, got {value!r}")
+
+
 def check_timeout(timeout, name: str = "timeout") -> float:
     """A wait bound in seconds: a finite number in (0, MAX_TIMEOUT_S]."""
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):

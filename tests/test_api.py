@@ -102,6 +102,17 @@ def test_init_knobs_refuse_bools_and_out_of_range(kw, match):
     assert not axonn_c._C.is_initialized()
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(expert_mode="False"), "sync_gradients: expert_mode must be a bool or None, got 'False'"),
+    (dict(mean="no"), "sync_gradients: mean must be a bool, got 'no'"),
+    (dict(vectorize=1), "sync_gradients: vectorize must be a bool, got 1")])
+def test_sync_gradients_refuses_non_bool_flags(kw, match):
+    """(was: bool(value), so the string "False" chose the expert layout)"""
+    axonn_c.init()
+    with pytest.raises(TypeError, match=match):
+        axonn_c.sync_gradients(torch.nn.Linear(2, 2), **kw)
+
+
 def test_broadcast_src_refuses_a_bool():
     axonn_c.init()
     with pytest.raises(TypeError, match="broadcast src .* must be an int, got bool"):
