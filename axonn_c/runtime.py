@@ -277,7 +277,9 @@ def scheduler_stats(reset: bool = False) -> dict:
     order), deferred collectives, alive/peak gathered-weight bytes and buffers, order_len,
     pending; and the gradient buckets': buckets (made), buckets_early (whose sums started
     during backward), buckets_after_holds (of those, at the last chunk of a pass),
-    buckets_at_end (started when backward ended); and what is kept alive for work in flight:
+    buckets_at_end (started when backward ended), ef_cutoffs (steps whose passes went past 64
+    without sync_gradients, so later passes had no error feedback: warned); and what is kept
+    alive for work in flight:
     kept_tasks, kept_results, kept_outputs; and the pending gradient records: grad_records (of
     this pass), chunk_records_open (chunk records still waiting for calls), summed_marks
     (parameters whose .grad is marked summed). `reset` zeroes the counters (peaks restart from

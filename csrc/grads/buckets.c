@@ -43,6 +43,7 @@ struct axc_buckets {
     } *res;
     int nres;
     int pass; /* passes with buckets since the last axc_buckets_new_step */
+    int cut;  /* this step's passes went past the error-feedback limit (counted once) */
 };
 
 /* one piece into a bucket's fingerprint (FNV-1a over the tag and size; never 0) */
@@ -123,7 +124,7 @@ void axc_buckets_reset(axc_buckets *b)
 void axc_buckets_new_step(axc_buckets *b)
 {
     if (b)
-        b->pass = 0;
+        b->pass = b->cut = 0;
 }
 
 void axc_buckets_clear_residuals(axc_buckets *b)
@@ -394,6 +395,11 @@ int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum)
          * every step; past AXC_BUCKET_MAX_EF_PASSES passes without a new step, none */
         long long key = ((long long)b->pass << 32) | (long long)(i * AXC_BUCKET_MAX_GROUPS +
                                                                   b->next_group);
+        if (c->error_feedback && b->ops.alloc_residual && b->pass >= AXC_BUCKET_MAX_EF_PASSES &&
+            !b->cut) {
+            b->cut = 1;
+            b->stats.ef_cutoffs++;
+        }
         if (c->error_feedback && b->ops.alloc_residual && b->pass < AXC_BUCKET_MAX_EF_PASSES &&
             !(sum->residual = residual_for(b, key, k)))
             return -1;

@@ -116,12 +116,25 @@ void axc_py_grads_runtime_ops(axc_runtime_ops *ops)
 /* Starts every sum that came due, in the engine's order; -1 with the exception set. */
 static int start_due(void)
 {
+    axc_bucket_stats before = {0}, after = {0};
+    if (buckets())
+        axc_buckets_stats(buckets(), &before);
     axc_status st = axc_runtime_start_due_sums(axc_py_runtime());
     if (st != AXC_OK) {
         if (!PyErr_Occurred()) /* (an allocation's Python error is already set) */
             axc_py_raise(st);
         return -1;
     }
+    if (buckets())
+        axc_buckets_stats(buckets(), &after);
+    if (after.ef_cutoffs > before.ef_cutoffs && !PyErr_Occurred())
+        return PyErr_WarnFormat(
+            PyExc_RuntimeWarning, 1,
+            "axonn_c: %d backward passes summed compressed gradients without a call to "
+            "sync_gradients, which ends a training step: each pass kept its own error-feedback "
+            "residuals (one more set of the gradients' size per pass), and later passes get "
+            "none. Call axonn_c.sync_gradients(model) once per step (with init(overlap=True) it "
+            "only scales), or accumulate inside axonn_c.no_sync()", AXC_BUCKET_MAX_EF_PASSES);
     return 0;
 }
 
@@ -334,8 +347,9 @@ static PyObject *py_stats(PyObject *self, PyObject *args)
         if (reset)
             axc_buckets_zero_stats(buckets());
     }
-    return Py_BuildValue("{sLsLsLsL}", "buckets", st.made, "buckets_early", st.early,
-                         "buckets_after_holds", st.after_holds, "buckets_at_end", st.at_end);
+    return Py_BuildValue("{sLsLsLsLsL}", "buckets", st.made, "buckets_early", st.early,
+                         "buckets_after_holds", st.after_holds, "buckets_at_end", st.at_end,
+                         "ef_cutoffs", st.ef_cutoffs);
 }
 
 /* grad_buckets_set_codec(group, codec, block, error_feedback): how later sums over `group`

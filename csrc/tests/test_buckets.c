@@ -259,6 +259,25 @@ int main(void)
     axc_buckets_close_all(b);
     CHECK(drain(b, sums, 16) == 2 && sums[1].residual && sums[1].residual != tag7);
     axc_buckets_reset(b);
+    /* past AXC_BUCKET_MAX_EF_PASSES passes without a new step: no residual, and the cutoff
+     * counted once per step (the Python layer warns on it) */
+    axc_buckets_stats(b, &stats);
+    long long cutoffs = stats.ef_cutoffs;
+    axc_buckets_new_step(b);
+    for (int pass = 0; pass < AXC_BUCKET_MAX_EF_PASSES + 2; pass++) {
+        CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 9, &id, &off, &owner));
+        axc_buckets_close_all(b);
+        CHECK(drain(b, sums, 16) == 2 &&
+              (sums[1].residual != NULL) == (pass < AXC_BUCKET_MAX_EF_PASSES));
+        axc_buckets_reset(b);
+    }
+    axc_buckets_stats(b, &stats);
+    CHECK(stats.ef_cutoffs == cutoffs + 1);
+    axc_buckets_new_step(b);
+    CHECK_OK(axc_buckets_take(b, &two, 5, 0, NULL, 9, &id, &off, &owner));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 2 && sums[1].residual != NULL);
+    axc_buckets_reset(b);
     axc_bucket_codec none = {AXC_CODEC_NONE, 0, 0};
     CHECK_OK(axc_buckets_set_codec(b, AXC_GROUP_DATA, &none));
     axc_buckets_clear_residuals(b);

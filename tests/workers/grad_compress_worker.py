@@ -10,6 +10,7 @@ Usage: torchrun --nproc_per_node N grad_compress_worker.py --grid D,R,C,Z [--ove
 """
 import argparse
 import os
+import warnings
 
 import torch
 from torch import nn
@@ -103,6 +104,25 @@ def train(args, sizes, compression):
     return sum(losses[-10:]) / 10, stats, state["residuals"]
 
 
+def check_pass_limit_warning(sizes):
+    """Backward passes with compressed, error-fed sums and no sync_gradients (which ends a
+    step) keep a residual set per pass; past 64 passes later ones get none: said once, as a
+    RuntimeWarning naming the remedy (was: silent)."""
+    axonn_c.init(*sizes, overlap=True, compression="int8")
+    model = model_of(16)
+    x = torch.randn(4, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(66):
+            model(x).sum().backward()
+    said = [str(w.message) for w in caught
+            if w.category is RuntimeWarning and "64 backward passes" in str(w.message)]
+    assert len(said) == 1 and "sync_gradients" in said[0], [str(w.message) for w in caught]
+    assert axonn_c.scheduler_stats()["ef_cutoffs"] == 1
+    axonn_c.sync_gradients(model)
+    axonn_c.finalize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", required=True)
@@ -145,6 +165,8 @@ def main():
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"grid {args.grid} overlap {args.overlap} {name}: final loss {loss:.5f} "
                   f"(uncompressed {base:.5f}); compressed groups {layer_groups}", flush=True)
+    if sizes[0] > 1 and args.overlap:
+        check_pass_limit_warning(sizes)
     print(f"grid {args.grid} overlap {args.overlap}: compressed gradients ok", flush=True)
 
 

@@ -88,6 +88,9 @@ typedef struct axc_bucket_stats {
     long long early;        /* retired during the pass: full, or no room for the next piece */
     long long after_holds;  /* of those, retired at the last release of their holds */
     long long at_end;       /* retired by axc_buckets_close_all */
+    /* steps whose passes went past AXC_BUCKET_MAX_EF_PASSES with error feedback on: later
+     * passes' sums had none (the caller marks no step's start: axc_buckets_new_step) */
+    long long ef_cutoffs;
 } axc_bucket_stats;
 
 axc_status axc_buckets_create(axc_buckets **out, const axc_bucket_ops *ops, size_t bucket_bytes);
