@@ -179,16 +179,22 @@ def accumulates(param: Tensor) -> bool:
 
 # ----------------------------------------------------------------- parameters with a grad hook
 
-def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
+def hook(param: Tensor, groups: Tuple[str, ...]) -> bool:
     """Sums param's gradient over `groups` during backward (when the data overlap is on):
     registered once per parameter; `groups` can be changed later (param._axonn_hook_groups).
     Not in a world of one, where it would never have anything to do: a layer registers it when
     it first runs on a larger grid (Linear._check_placement), sync_gradients on its next call.
-    Not on a frozen parameter (torch refuses a hook there): the first call after it is
-    unfrozen registers it."""
+    Not on a frozen parameter (torch refuses a hook there): returns True then, and the first
+    call after it is unfrozen registers it (sync_gradients calls again for every parameter but
+    a Linear weight, whose layer calls again while this is pending: Linear._shapes)."""
     param._axonn_hook_groups = tuple(groups)
-    if not is_initialized() or group_size("world") == 1 or not param.requires_grad:
-        return
+    if not is_initialized() or group_size("world") == 1:
+        return False
+    if not param.requires_grad:  # (pending unless a call before it was frozen registered it)
+        pending = first_hook(param, "grad")
+        if pending:
+            forget_hook(param, "grad")
+        return pending
     if first_hook(param, "grad"):
         # the gradient of the pass (all its uses summed, before autograd accumulates it) goes
         # into a bucket with the .grad so far folded in, is recorded after a pending record, or
@@ -200,6 +206,7 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
         except BaseException:
             forget_hook(param, "grad")  # (the next call tries again)
             raise
+    return False
 
 
 idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad

@@ -83,8 +83,8 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
             memcpy(out + 4 * b, &s, 4);
     }
     float fs = axc_ce_finite(s) ? s : 0.0f;
-    /* the payload; each thread writes (and below reads back) only its own elements (int4: its
-     * pairs of elements, one byte each: blocks are even but for the last) */
+    /* the payload (int4: each thread a pair of elements, one byte; blocks are even but for the
+     * last) */
     if (codec == K_INT4) {
         for (size_t j = t; 2 * j < len; j += blockDim.x) {
             size_t i = lo + 2 * j;
@@ -118,10 +118,11 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
         return; /* (uniform over the thread block: `finite` is the block's) */
     /* what the encoding lost, unless a decoded value is not finite (bf16 rounds values near
      * FLT_MAX to inf): then, as for a non-finite input, the residual stays as it was */
+    __syncthreads(); /* (the payload is written: int4's bytes by other threads than the reads
+                      * below; and every thread has read s_flags[0]) */
     unsigned bad = 0;
     for (size_t k = t; k < len; k += blockDim.x)
         bad |= !axc_ce_finite(decoded(codec, payload, lo + k, s));
-    __syncthreads(); /* (every thread has read s_flags[0]) */
     s_flags[t] = bad;
     __syncthreads();
     for (int w = blockDim.x / 2; w > 0; w /= 2) {

@@ -109,6 +109,9 @@ int axc_py_grad_summed(PyObject *p, axc_groups *out); /* p.grad's mark (none whe
 /* the mark for a copy of p.grad under another attribute (main_grad): as axc_py_grad_summed,
  * and also when p.grad was set to None after the copy */
 int axc_py_grad_copy_summed(PyObject *p, axc_groups *out);
+/* a gradient reaches p while p.grad is None: the mark of a .grad dropped since (zero_grad
+ * without a sync between) is forgotten, so no copy made later is taken for summed by it */
+int axc_py_grad_forget_dropped(PyObject *p);
 int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g (none forgets) */
 /* a pending gradient of p (keep may be NULL), then its bucket (-1: none) written */
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
@@ -126,8 +129,10 @@ int axc_py_grad_check_unsynced(PyObject *p);
 /* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
  * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the
  * caller) and copied back, as _C.grad_reduce_now; an interrupt while it waits aborts the job's
- * collectives (run_concurrent's reducer); -1 with an exception */
-int axc_py_grad_reduce(PyObject *const *tensors, size_t n, const axc_groups *g, size_t bytes);
+ * collectives (run_concurrent's reducer); params[i], the parameter whose gradient tensors[i]
+ * is, tags its piece (the residuals' fingerprints); -1 with an exception */
+int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, size_t n,
+                       const axc_groups *g, size_t bytes);
 /* py_grad_hook.c: numel elements of the open bucket over `groups` for gradients like p's (the
  * runtime's bucket size) and the bucket's number */
 PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_groups *groups,

@@ -420,7 +420,9 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     int own;
     axc_groups groups;
-    int rc = hook_settings(p, &own, &groups);
+    int rc = axc_py_grad_forget_dropped(p);
+    if (rc == 0)
+        rc = hook_settings(p, &own, &groups);
     if (rc == 0 && axc_runtime_grad_needs_work(axc_py_runtime(), own, &groups)) {
         g_works++;
         rc = take_grad(h, p, g, own, &groups);

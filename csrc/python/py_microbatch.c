@@ -308,7 +308,7 @@ static int reduce_bucket(axc_mb *mb, PyObject *order, int first, int count,
     axc_groups groups = {.n = key->ngroups};
     memcpy(groups.g, key->groups, (size_t)key->ngroups * sizeof key->groups[0]);
     if (rc == 0 && k)
-        rc = axc_py_grad_reduce(grads, k, &groups, bytes);
+        rc = axc_py_grad_reduce(grads, have, k, &groups, bytes); /* (tagged by parameter) */
     /* (only after the sum succeeded) each one, also past a mark that failed: the first error
      * kept */
     axc_py_first_error err = {0};

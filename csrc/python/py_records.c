@@ -184,6 +184,21 @@ static PyObject *py_marks(PyObject *self, PyObject *noargs)
 
 int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, 0, out); }
 int axc_py_grad_copy_summed(PyObject *p, axc_groups *out) { return summed_of(p, 1, out); }
+
+int axc_py_grad_forget_dropped(PyObject *p)
+{
+    if (!axc_records_marks(recs()) || !axc_records_marked(recs(), key_of(p), NULL, NULL))
+        return 0; /* (the common case: no mark, no attribute read) */
+    if (intern() < 0)
+        return -1;
+    PyObject *grad = PyObject_GetAttr(p, s_grad);
+    if (!grad)
+        return -1;
+    if (grad == Py_None)
+        axc_records_mark(recs(), key_of(p), NULL, NULL);
+    Py_DECREF(grad);
+    return 0;
+}
 int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g); }
 
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,

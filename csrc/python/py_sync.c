@@ -100,7 +100,7 @@ typedef struct piece {
     size_t off, n;  /* the piece: elements [off, off + n) of flat */
     axc_bucket_key key;
     size_t want; /* elements of its key the call packs from this piece on */
-    uint64_t tag; /* its position in the call's list, the same in every step */
+    uint64_t tag; /* its gradient's name in the residuals' fingerprints (axc_buckets_take) */
 } piece;
 
 static PyTypeObject *g_tensor_type, *g_param_type;
@@ -404,9 +404,11 @@ static int finish_interruptibly(void)
 /* Sums tensors[0 .. n) in place over `g` (in this order) and multiplies them by `scale`
  * (NULL: not), waiting for the result: packed into gradient buckets of `bytes` (the same ones
  * as backward's, emptied first by the caller) and copied back; `interruptible`: waits as
- * finish_interruptibly. -1 with an exception. */
-static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObject *scale,
-                  size_t bytes, int interruptible)
+ * finish_interruptibly. owners[i] (the parameter whose gradient tensors[i] is: the same object
+ * in every step, where a .grad may be a new tensor) tags its piece; NULL: the tensors tag
+ * themselves. -1 with an exception. */
+static int reduce(PyObject *const *tensors, PyObject *const *owners, size_t n,
+                  const axc_groups *g, PyObject *scale, size_t bytes, int interruptible)
 {
     if (!g->n) {
         for (size_t i = 0; scale && i < n; i++)
@@ -432,7 +434,7 @@ static int reduce(PyObject *const *tensors, size_t n, const axc_groups *g, PyObj
     size_t i;
     for (i = 0; i < n; i++) {
         pcs[i].key = key;
-        pcs[i].tag = i; /* (a .grad may be a new tensor every step: its place in the list is not) */
+        pcs[i].tag = (uint64_t)(uintptr_t)(owners ? owners[i] : tensors[i]);
         if (describe(tensors[i], &pcs[i]) < 0) /* (nothing packed yet) */
             goto out;
     }
@@ -464,9 +466,10 @@ out:
     return rc;
 }
 
-int axc_py_grad_reduce(PyObject *const *tensors, size_t n, const axc_groups *g, size_t bytes)
+int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, size_t n,
+                       const axc_groups *g, size_t bytes)
 {
-    return intern() < 0 ? -1 : reduce(tensors, n, g, NULL, bytes, 1);
+    return intern() < 0 ? -1 : reduce(tensors, params, n, g, NULL, bytes, 1);
 }
 
 /* None -> NULL, else the number itself (borrowed); -1 with an exception */
@@ -510,8 +513,8 @@ static PyObject *py_reduce_now(PyObject *self, PyObject *args)
     PyObject *seq = PySequence_Tuple(tensors);
     if (!seq)
         return NULL;
-    int rc = reduce(PySequence_Fast_ITEMS(seq), (size_t)PySequence_Fast_GET_SIZE(seq), &g, scale,
-                    (size_t)bytes, 1);
+    int rc = reduce(PySequence_Fast_ITEMS(seq), NULL, (size_t)PySequence_Fast_GET_SIZE(seq), &g,
+                    scale, (size_t)bytes, 1);
     Py_DECREF(seq);
     if (rc < 0)
         return NULL;
@@ -587,25 +590,29 @@ static int mark_summed(PyObject *p, const axc_sync_choice *c)
 static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_choice *choices,
                     PyObject *const *grads, PyObject *scale, int vectorize, size_t bytes)
 {
-    PyObject **set = PyMem_Calloc(plan->n ? plan->n : 1, sizeof *set);
+    /* the set's gradients, then their parameters (the tags of their pieces) */
+    PyObject **set = PyMem_Calloc(plan->n ? 2 * plan->n : 1, sizeof *set);
     if (!set) {
         PyErr_NoMemory();
         return -1;
     }
+    PyObject **owners = set + plan->n;
     int rc = 0;
     for (int s = 0; rc == 0 && s < plan->nsets; s++) {
         const axc_sync_set *ss = &plan->sets[s];
-        for (size_t k = 0; k < ss->count; k++)
+        for (size_t k = 0; k < ss->count; k++) {
             set[k] = grads[plan->order[ss->first + k]];
+            owners[k] = PyList_GET_ITEM(params, plan->order[ss->first + k]);
+        }
         if (vectorize)
-            rc = reduce(set, ss->count, &ss->groups, scale, bytes, 0);
+            rc = reduce(set, owners, ss->count, &ss->groups, scale, bytes, 0);
         /* a packed set summed: every one of it marked, also past a mark that failed (the
          * first error kept); one by one, a failed mark stops before the next sum */
         axc_py_first_error err = {0};
         for (size_t k = 0; rc == 0 && k < ss->count && !(err.failed && !vectorize); k++) {
             size_t i = plan->order[ss->first + k];
             if (!vectorize)
-                rc = reduce(&set[k], 1, &ss->groups, scale, bytes, 0);
+                rc = reduce(&set[k], &owners[k], 1, &ss->groups, scale, bytes, 0);
             if (rc == 0 && mark_summed(PyList_GET_ITEM(params, i), &choices[i]) < 0)
                 axc_py_first_error_take(&err);
         }

@@ -151,7 +151,7 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
         int id;
         size_t off;
         void *owner;
-        CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 16, 0, NULL, &id, &off, &owner));
+        CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, 16, 0, NULL, 0, &id, &off, &owner));
         data[k] = (float *)owner + off;
         /* a bucket still taking gradients: every gradient needs the gradient code */
         axc_groups none = {.n = 0};
@@ -206,7 +206,8 @@ static int take_data_bucket(axc_runtime *rt, size_t elems, float **values)
     int id = -1;
     size_t off = 0;
     void *owner = NULL;
-    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, elems, 0, NULL, &id, &off, &owner));
+    CHECK_OK(axc_buckets_take(axc_runtime_buckets(rt), &key, elems, 0, NULL, 0, &id, &off,
+                              &owner));
     *values = owner ? (float *)owner + off : NULL;
     return id;
 }

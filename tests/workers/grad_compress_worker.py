@@ -104,6 +104,32 @@ def train(args, sizes, compression):
     return sum(losses[-10:]) / 10, stats, state["residuals"]
 
 
+def check_sync_fingerprints(sizes):
+    """sync_gradients' buckets (one parameter each here; vectorize=False: one pass each): a
+    parameter without a gradient in the second step moves the others up a place, and none of
+    them takes the residual of the one that was there (they start from zeros: their zero
+    gradients sum to exactly zero; was: each got the previous parameter's residual)."""
+    for vectorize in (False, True):
+        g = axonn_c.init(*sizes, compression={"data": "int8"}, bucket_size=64 * 64 * 4)
+        model = nn.Sequential(*[nn.Linear(64, 64, bias=False) for _ in range(3)])
+        ps = list(model.parameters())
+        for p in ps:
+            p._axonn_grad_groups = ("data",)
+        gen = torch.Generator().manual_seed(1 + g.rank)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=gen)
+        axonn_c.sync_gradients(model, vectorize=vectorize)
+        assert axonn_c.compression_state()["residuals"], "no residuals kept"
+        ps[0].grad = None
+        for p in ps[1:]:
+            p.grad = torch.zeros(p.shape)
+        axonn_c.sync_gradients(model, vectorize=vectorize)
+        for i, p in enumerate(ps[1:], 1):
+            assert not p.grad.any(), (f"vectorize={vectorize}: parameter {i} got another's "
+                                      f"residual: max |grad| {p.grad.abs().max().item():.3e}")
+        axonn_c.finalize()
+
+
 def check_pass_limit_warning(sizes):
     """Backward passes with compressed, error-fed sums and no sync_gradients (which ends a
     step) keep a residual set per pass; past 64 passes later ones get none: said once, as a
@@ -165,6 +191,8 @@ def main():
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"grid {args.grid} overlap {args.overlap} {name}: final loss {loss:.5f} "
                   f"(uncompressed {base:.5f}); compressed groups {layer_groups}", flush=True)
+    if sizes[0] > 1:
+        check_sync_fingerprints(sizes)
     if sizes[0] > 1 and args.overlap:
         check_pass_limit_warning(sizes)
     print(f"grid {args.grid} overlap {args.overlap}: compressed gradients ok", flush=True)

@@ -352,6 +352,45 @@ def check_main_grad(g):
         for p in par.parameters():
             p.grad = p.main_grad
         compare_grads(par, ser, f"main_grad with .grad dropped (step {step})")
+    # an overlapped backward thrown away (no sync_gradients), its .grads dropped, then a step
+    # whose backward sums nothing (overlap off): its copies are summed by the sync (was: the
+    # thrown-away pass's marks outlived their .grads and were taken for the copies')
+    for m in (par, ser):
+        m.zero_grad(set_to_none=True)
+    with axonn_c.optimize_communication(overlap_data=True):
+        backward_both(par, ser, g, 7)
+    for m in (par, ser):
+        m.zero_grad(set_to_none=True)
+    with axonn_c.optimize_communication(overlap_data=False):
+        backward_both(par, ser, g, 8)
+    for p in par.parameters():
+        p.main_grad, p.grad = p.grad.clone(), None
+    axonn_c.sync_gradients(par, gradient_attr_name="main_grad")
+    for p in par.parameters():
+        p.grad = p.main_grad
+    compare_grads(par, ser, "main_grad after a thrown-away overlapped backward")
+
+
+def check_unfrozen_copy(g):
+    """A Linear frozen when its hooks were set (here: a deep copy of a frozen layer), unfrozen
+    later, trains with the data overlap like one never frozen, a second use of its weight (an
+    L2 term: summed by its gradient hook) included (was: the weight never got its hook)."""
+    results = []
+    for freeze in (False, True):
+        torch.manual_seed(0)
+        base = axonn_c.Linear(16, 16, bias=False)
+        base.weight.requires_grad_(not freeze)
+        lin = copy.deepcopy(base)
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(10 + g.rank))
+        with torch.no_grad():
+            lin(x)
+        lin.weight.requires_grad_(True)
+        lin.zero_grad(set_to_none=True)
+        with axonn_c.optimize_communication(overlap_data=True):
+            (lin(x).square().sum() + 3.0 * lin.weight.square().sum()).backward()
+        axonn_c.sync_gradients(lin)
+        results.append(lin.weight.grad.clone())
+    close(results[1], results[0], "an unfrozen copy's weight gradient vs a never-frozen one's")
 
 
 def check_copies(g):
@@ -487,6 +526,7 @@ def main():
         check_copies(g)
         check_saved_mid_step(g)
         check_main_grad(g)
+        check_unfrozen_copy(g)
         check_sync_memory(g)
         if stale is not None:
             check_stale_layer(*stale)
