@@ -50,6 +50,21 @@ __device__ static float decoded(int codec, const unsigned char *payload, size_t 
     }
 }
 
+/* The OR of every thread's `v` over the thread block, through `s` (a shared array of blockDim.x
+ * entries that no thread still reads), for every thread; called by all of the block's threads. */
+__device__ static unsigned block_or(unsigned *s, unsigned v)
+{
+    int t = threadIdx.x;
+    s[t] = v;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if (t < w)
+            s[t] |= s[t + w];
+        __syncthreads();
+    }
+    return s[0];
+}
+
 extern "C" __global__ void __launch_bounds__(AXC_THREADS)
     axc_codec_encode_kernel(int codec, int block, const float *in, float *residual,
                             unsigned long long n, unsigned char *out)
@@ -123,14 +138,7 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
     unsigned bad = 0;
     for (size_t k = t; k < len; k += blockDim.x)
         bad |= !axc_ce_finite(decoded(codec, payload, lo + k, s));
-    s_flags[t] = bad;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if (t < w)
-            s_flags[t] |= s_flags[t + w];
-        __syncthreads();
-    }
-    if (s_flags[0])
+    if (block_or(s_flags, bad))
         return;
     for (size_t k = t; k < len; k += blockDim.x)
         residual[lo + k] = AXC_FSUB(contribution(in, residual, lo + k),
@@ -174,14 +182,7 @@ extern "C" __global__ void __launch_bounds__(AXC_THREADS)
     unsigned bad = 0;
     for (size_t i = t; i < len; i += blockDim.x)
         bad |= !axc_ce_finite(x[lo + i]) | !axc_ce_finite(decoded[lo + i]);
-    s_bad[t] = bad;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if (t < w)
-            s_bad[t] |= s_bad[t + w];
-        __syncthreads();
-    }
-    if (s_bad[0])
+    if (block_or(s_bad, bad))
         return;
     for (size_t i = t; i < len; i += blockDim.x)
         residual[lo + i] = axc_ce_add(residual[lo + i],

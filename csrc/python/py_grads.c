@@ -116,17 +116,18 @@ void axc_py_grads_runtime_ops(axc_runtime_ops *ops)
 /* Starts every sum that came due, in the engine's order; -1 with the exception set. */
 static int start_due(void)
 {
+    axc_buckets *b = buckets();
     axc_bucket_stats before = {0}, after = {0};
-    if (buckets())
-        axc_buckets_stats(buckets(), &before);
+    if (b)
+        axc_buckets_stats(b, &before);
     axc_status st = axc_runtime_start_due_sums(axc_py_runtime());
     if (st != AXC_OK) {
         if (!PyErr_Occurred()) /* (an allocation's Python error is already set) */
             axc_py_raise(st);
         return -1;
     }
-    if (buckets())
-        axc_buckets_stats(buckets(), &after);
+    if (b)
+        axc_buckets_stats(b, &after);
     if (after.ef_cutoffs > before.ef_cutoffs && !PyErr_Occurred())
         return PyErr_WarnFormat(
             PyExc_RuntimeWarning, 1,
