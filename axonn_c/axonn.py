@@ -92,7 +92,8 @@ def init(G_inter: int = 1, G_data: int = 1, G_intra_r: int = 1, G_intra_c: int =
     """axonn.axonn.init: the product of the sizes must equal the world size; G_inter (pipeline
     parallelism) must be 1. Extra keyword arguments go to axonn_c.init (backend, timeout).
     Called again with other sizes, it finalises the old grid and builds the new one (AxoNN
-    re-initialises too); with the same sizes it keeps the grid. Either way `comm_handle` is
+    re-initialises too); with the same sizes it keeps the grid (asking for another backend or
+    timeout then raises, as axonn_c.init does). Either way `comm_handle` is
     new (its groups are made again on first use: torch's groups may have been destroyed)."""
     del gpus_per_node, enable_internal_timers
     global is_initialized, comm_handle
