@@ -193,6 +193,51 @@ def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
     return timer.total / iters
 
 
+def _spin(layer, x, g, seconds: float) -> None:
+    t0 = time.perf_counter()
+    calls = 0
+    while time.perf_counter() < t0 + seconds:
+        per_call(layer, x, g, 100)
+        calls += 100
+    name = sys._getframe(1).f_code.co_name
+    print(f"{name}: {calls} calls, {1e6 * (time.perf_counter() - t0) / calls:.1f} us each "
+          "(wall, under the profiler)", flush=True)
+
+
+# one loop per layer and overlap setting: a profiler's stacks name the loop they sampled
+def spin_axonn_c_overlap_off(layer, x, g, seconds: float) -> None:
+    _spin(layer, x, g, seconds)
+
+
+def spin_axonn_c_overlap_on(layer, x, g, seconds: float) -> None:
+    _spin(layer, x, g, seconds)
+
+
+def spin_nn_linear(layer, x, g, seconds: float) -> None:
+    _spin(layer, x, g, seconds)
+
+
+def spin(args) -> None:
+    """Only the calls, no timing: `seconds` of axonn_c.Linear then of nn.Linear, per overlap
+    setting, for a sampling profiler (py-spy record --native) to compare the two (the loops'
+    function names tell them apart in its stacks)."""
+    for overlap in (False, True):
+        axonn_c.init(overlap=overlap)
+        torch.manual_seed(0)
+        ours = stack(lambda i, o: axonn_c.Linear(i, o, device=args.device), args.fin, args.fout,
+                     args.layers)
+        ref = stack(lambda i, o: torch.nn.Linear(i, o, device=args.device), args.fin, args.fout,
+                    args.layers)
+        x = torch.randn(args.tokens, args.fin, device=args.device, requires_grad=True)
+        g = torch.randn(args.tokens, args.fout, device=args.device)
+        for _ in range(3):
+            per_call(ours, x, g, 50)
+            per_call(ref, x, g, 50)
+        (spin_axonn_c_overlap_on if overlap else spin_axonn_c_overlap_off)(ours, x, g, args.spin)
+        spin_nn_linear(ref, x, g, args.spin)
+        axonn_c.finalize()
+
+
 def run_here(args) -> list:
     rows = []
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # (the DDP baseline; axonn_c uses its store)
@@ -234,6 +279,9 @@ def main() -> None:
     ap.add_argument("--clock", default=None, choices=("process", "wall"),
                     help="CPU time of this process, or wall time (default: process on CPU, "
                          "wall on CUDA, whose driver threads would count in the process's time)")
+    ap.add_argument("--spin", type=float, default=0.0,
+                    help="only run the calls for this many seconds per layer and overlap "
+                         "setting, untimed, for a sampling profiler (world of one)")
     args = ap.parse_args()
     if args.layers < 1:
         ap.error(f"--layers {args.layers}: expected at least 1")
@@ -241,6 +289,9 @@ def main() -> None:
     if args.clock is None:
         args.clock = "wall" if args.device == "cuda" else "process"
     clock = time.process_time if args.clock == "process" else time.perf_counter
+    if args.spin > 0:
+        spin(args)
+        return
     if args.ranks > 1 and "RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                str(args.ranks), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),

@@ -18,6 +18,9 @@
 #   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py)
 #   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone and
 #              per layer of a stack of 8 (bench_host.py)
+#   profile    a sampling profile (py-spy --native, from .whl/py_spy-*.whl when it is not installed)
+#              of bench_host.py --spin on CUDA: axonn_c.Linear (overlap off, on) against nn.Linear,
+#              summarised by profile_summary.py into host_profile.txt (the raw stacks in the logs)
 #   nccl       per-call cost of a one-rank NCCL all-reduce, axonn_c against torch.distributed
 #              (bench_nccl_world1.py)
 #
@@ -38,7 +41,7 @@ SUMMARY="$OUT/summary.txt"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 FAILED=0
-ALL_STAGES="ctest gpu linear multirank bench capture train codec host nccl"
+ALL_STAGES="ctest gpu linear multirank bench capture train codec host profile nccl"
 STAGES="${*:-$ALL_STAGES}"
 for st in $STAGES; do
     case " build $ALL_STAGES " in
@@ -197,6 +200,24 @@ if want host; then
     # per layer of a stack of 8 (a step's fixed work shared, as in a model)
     step host_cuda_stack 180 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --layers 8 \
         --rounds 30 --json "$OUT/host_cuda_stack.json"
+fi
+if want profile; then
+    PYSPY="$(command -v py-spy || true)"
+    if [ -z "$PYSPY" ] && ls "$REPO"/.whl/py_spy-*.whl > /dev/null 2>&1; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pyspy \
+            "$REPO"/.whl/py_spy-*.whl > "$LOGS/pyspy_install.log" 2>&1 && PYSPY=/tmp/pyspy/bin/py-spy
+    fi
+    if [ -n "$PYSPY" ]; then
+        # (py-spy may report an error on its child's exit: the step passes when it wrote stacks)
+        step host_profile 150 sh -c "'$PYSPY' record --native --rate 500 --format raw \
+            -o '$LOGS/host_profile_raw.txt' -- '$PY' '$REPO/benchmarks/bench_host.py' \
+            --device cuda --spin 8; test -s '$LOGS/host_profile_raw.txt'"
+        step host_profile_summary 60 sh -c "'$PY' '$REPO/benchmarks/profile_summary.py' \
+            '$LOGS/host_profile_raw.txt' --top 60 > '$OUT/host_profile.txt'"
+    else
+        echo "FAIL host_profile (no py-spy: carry .whl with py_spy-*.whl)" | tee -a "$SUMMARY"
+        FAILED=1
+    fi
 fi
 if want nccl; then
     step nccl_world1 300 "$PY" "$REPO/benchmarks/bench_nccl_world1.py" --csv "$OUT/bench_nccl_world1.csv"
