@@ -6,7 +6,8 @@
 #   build      pip install --no-build-isolation --no-deps . and build_info() (always runs first)
 #   ctest      the C test of the CUDA loader + a one-rank nccl communicator, built with the
 #              CUDA/NCCL headers
-#   gpu        pytest -m gpu tests/test_gpu.py (nccl at world size 1; shm with CUDA tensors)
+#   gpu        pytest -m gpu tests/test_gpu.py (nccl at world size 1; shm with CUDA tensors), and
+#              the bias gradient on CUDA (tests/test_gemm.py -k "bias_grad and cuda")
 #   linear     the GEMM and Linear on CUDA (cuBLASLt; CUDA-graph capture), bench_linear on cuda
 #   multirank  the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU,
 #              shm backend), and init(overlap=True) training steps with CUDA tensors at 2 and 4
@@ -197,8 +198,8 @@ if want codec; then
 fi
 if want host; then
     step host_cuda 240 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda.json"
-    # per layer of a stack of 8 (a step's fixed work shared, as in a model)
-    step host_cuda_stack 180 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --layers 8 \
+    # per layer of a stack of 8 (a step's fixed work shared, as in a model; HOST_STACK=0 skips)
+    [ "${HOST_STACK:-1}" = 0 ] || step host_cuda_stack 180 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --layers 8 \
         --rounds 30 --json "$OUT/host_cuda_stack.json"
 fi
 if want profile; then
@@ -227,6 +228,9 @@ if want gpu; then
     # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
     step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
         --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py" "$REPO/tests/test_linear_gpu.py"
+    # the bias gradient on CUDA: the small-M kernel and the cuBLASLt GEMV, against float64 sums
+    step pytest_bias_grad_cuda 300 "$PY" -m pytest -q -rs -p no:cacheprovider \
+        "$REPO/tests/test_gemm.py" -k "bias_grad and cuda"
 fi
 
 if want linear; then

@@ -143,7 +143,9 @@ def test_gemm_rejects_bad_arguments(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("M,N,pad", [(1, 1, 0), (7, 13, 2), (300, 513, 5), (0, 4, 0)])
+# (on CUDA up to 1024 rows take the bias-gradient kernel, more the cuBLASLt GEMV)
+@pytest.mark.parametrize("M,N,pad", [(1, 1, 0), (7, 13, 2), (300, 513, 5), (0, 4, 0),
+                                     (1024, 40, 1), (1500, 33, 3)])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_bias_grad(device, dtype, M, N, pad, accumulate):
     gen = torch.Generator().manual_seed(3)

@@ -817,6 +817,13 @@ axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const 
         }
         return axc_cuda_device_leave(api, device, prev, st);
     }
+    /* a few rows: one kernel launch costs the host less than the GEMV below */
+    if (M <= AXC_BIAS_GRAD_KERNEL_MAX_ROWS &&
+        (axc_bias_grad_kernel_ready(0) ||
+         (!lt_capturing(api, stream) && axc_bias_grad_kernel_ready(1)))) {
+        st = axc_bias_grad_kernel(stream, dt, dY, M, N, ld, db, accumulate);
+        return axc_cuda_device_leave(api, device, prev, st);
+    }
     /* db (N x 1) = dY^T (the column-major view of dY: N x M, ld) @ ones (M x 1) [+ db] */
     const void *ones = NULL;
     st = lt_const_vector(api, device, stream, dt, 1, M, &ones);
