@@ -7,7 +7,8 @@
 #   ctest      the C test of the CUDA loader + a one-rank nccl communicator, built with the
 #              CUDA/NCCL headers
 #   gpu        pytest -m gpu tests/test_gpu.py (nccl at world size 1; shm with CUDA tensors), and
-#              the bias gradient on CUDA (tests/test_gemm.py -k "bias_grad and cuda")
+#              the bias gradient on CUDA (tests/test_gemm.py -k "bias_grad and cuda"), also with
+#              AXONN_C_BIAS_GRAD_KERNEL=1 (and test_linear_gpu.py with it)
 #   linear     the GEMM and Linear on CUDA (cuBLASLt; CUDA-graph capture), bench_linear on cuda
 #   multirank  the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU,
 #              shm backend), and init(overlap=True) training steps with CUDA tensors at 2 and 4
@@ -17,8 +18,8 @@
 #   train      bf16 GPT training throughput and MFU at a world of one: axonn_c against plain
 #              PyTorch eager and torch.compile (bench_train_gpu.py; TRAIN_PRESET, TRAIN_VARIANTS)
 #   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py)
-#   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone and
-#              per layer of a stack of 8 (bench_host.py)
+#   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone (also
+#              with AXONN_C_BIAS_GRAD_KERNEL=1) and per layer of a stack of 8 (bench_host.py)
 #   profile    a sampling profile (py-spy --native, from .whl/py_spy-*.whl when it is not installed)
 #              of bench_host.py --spin on CUDA: axonn_c.Linear (overlap off, on) against nn.Linear,
 #              summarised by profile_summary.py into host_profile.txt (the raw stacks in the logs)
@@ -198,6 +199,9 @@ if want codec; then
 fi
 if want host; then
     step host_cuda 240 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda.json"
+    # the same with the bias gradient's small-M kernel (AXONN_C_BIAS_GRAD_KERNEL=1), for the A/B
+    step host_cuda_bias_kernel 240 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" \
+        "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda_bias_kernel.json"
     # per layer of a stack of 8 (a step's fixed work shared, as in a model; HOST_STACK=0 skips)
     [ "${HOST_STACK:-1}" = 0 ] || step host_cuda_stack 180 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --layers 8 \
         --rounds 30 --json "$OUT/host_cuda_stack.json"
@@ -228,9 +232,15 @@ if want gpu; then
     # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
     step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
         --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py" "$REPO/tests/test_linear_gpu.py"
-    # the bias gradient on CUDA: the small-M kernel and the cuBLASLt GEMV, against float64 sums
+    # the bias gradient on CUDA against float64 sums: the cuBLASLt GEMV, and with
+    # AXONN_C_BIAS_GRAD_KERNEL=1 the small-M kernel (opt-in until this step has passed on a GPU),
+    # also through the Linear tests
     step pytest_bias_grad_cuda 300 "$PY" -m pytest -q -rs -p no:cacheprovider \
         "$REPO/tests/test_gemm.py" -k "bias_grad and cuda"
+    step pytest_bias_grad_kernel_cuda 300 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" -m pytest -q -rs \
+        -p no:cacheprovider "$REPO/tests/test_gemm.py" -k "bias_grad and cuda"
+    step pytest_linear_gpu_bias_kernel 600 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" -m pytest -q -rs \
+        -m gpu -p no:cacheprovider "$REPO/tests/test_linear_gpu.py"
 fi
 
 if want linear; then

@@ -1,11 +1,13 @@
 /* Launches the small-M bias-gradient kernel (bias_grad_kernels.cu). setup.py embeds its fatbin
  * when nvcc is present (AXC_HAVE_BIAS_GRAD_FATBIN); it is loaded once through the CUDA runtime's
  * library API. Without it (no nvcc at build time, the CUDA mocks, a runtime older than 12) the
- * caller keeps the cuBLASLt GEMV (axc_cublaslt_bias_grad). */
+ * caller keeps the cuBLASLt GEMV (axc_cublaslt_bias_grad). Opt-in (AXONN_C_BIAS_GRAD_KERNEL=1)
+ * until the GPU suite has run it on a GPU: it was written in a session without one. */
 #include <pthread.h>
-#include <stdio.h>
+#include <string.h>
 
 #include "axc/cuda_rt.h"
+#include "axc/env.h"
 #include "axc/gemm.h"
 
 #ifdef AXC_HAVE_BIAS_GRAD_FATBIN
@@ -20,6 +22,9 @@ static void *kernel_; /* NULL: not available */
 static void load_kernel(void)
 {
 #ifdef AXC_HAVE_BIAS_GRAD_FATBIN
+    const char *on = axc_env_str("AXONN_C_BIAS_GRAD_KERNEL");
+    if (!on || strcmp(on, "1") != 0) /* (opt-in until a GPU run has validated it) */
+        return;
     const axc_cuda_api *api = NULL;
     if (axc_cuda_load(&api) != AXC_OK || !api->LibraryLoadData || !api->LibraryGetKernel ||
         !api->LaunchKernel)
