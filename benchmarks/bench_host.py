@@ -283,6 +283,8 @@ def main() -> None:
                     help="only run the calls for this many seconds per layer and overlap "
                          "setting, untimed, for a sampling profiler (world of one)")
     args = ap.parse_args()
+    if args.spin > 0 and args.ranks != 1:
+        ap.error("--spin runs at a world of one: leave --ranks at 1")
     if args.layers < 1:
         ap.error(f"--layers {args.layers}: expected at least 1")
     global clock

@@ -229,18 +229,18 @@ if want nccl; then
 fi
 
 if want gpu; then
-    # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
-    step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
-        --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py" "$REPO/tests/test_linear_gpu.py"
     # the bias gradient on CUDA against float64 sums: the cuBLASLt GEMV, and with
-    # AXONN_C_BIAS_GRAD_KERNEL=1 the small-M kernel (opt-in until this step has passed on a GPU),
-    # also through the Linear tests
+    # AXONN_C_BIAS_GRAD_KERNEL=1 the small-M kernel (opt-in until these steps have passed on a
+    # GPU), also through the Linear tests; first, as they are short
     step pytest_bias_grad_cuda 300 "$PY" -m pytest -q -rs -p no:cacheprovider \
         "$REPO/tests/test_gemm.py" -k "bias_grad and cuda"
     step pytest_bias_grad_kernel_cuda 300 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" -m pytest -q -rs \
         -p no:cacheprovider "$REPO/tests/test_gemm.py" -k "bias_grad and cuda"
     step pytest_linear_gpu_bias_kernel 600 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" -m pytest -q -rs \
         -m gpu -p no:cacheprovider "$REPO/tests/test_linear_gpu.py"
+    # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
+    step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
+        --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py" "$REPO/tests/test_linear_gpu.py"
 fi
 
 if want linear; then

@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     total = collections.Counter()
+    other = collections.Counter()
     incl = {k: collections.Counter() for k in LOOPS}
     leaf = {k: collections.Counter() for k in LOOPS}
     for line in open(args.profile):
@@ -34,6 +35,9 @@ def main() -> None:
         frames = [frame_name(f) for f in stack.split(";")]
         loop = next((k for k in LOOPS for f in frames if f.startswith(k + " ")), None)
         if loop is None:
+            # another thread's (on CUDA the autograd engine's device thread runs the backward;
+            # its samples name no loop), or start-up
+            other[frames[-1] if frames else "?"] += int(count)
             continue
         n = int(count)
         total[loop] += n
@@ -42,6 +46,10 @@ def main() -> None:
             incl[loop][f] += n
         if after:
             leaf[loop][after[-1]] += n
+    n_other = sum(other.values())
+    print(f"samples on no loop's stack (other threads, start-up): {n_other}; their top leaves:")
+    for f, n in other.most_common(8):
+        print(f"   {n:7d}  {f}")
     for loop in LOOPS:
         if not total[loop]:
             continue

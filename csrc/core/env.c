@@ -33,12 +33,16 @@ static const axc_env_setting settings[] = {
      "benchmarks only: `comm` makes collectives complete at once, `compute` makes GEMMs return "
      "at once (results are garbage)"},
     {"AXONN_C_BIAS_GRAD_KERNEL", "`csrc/device/bias_grad_cuda.c`", "unset",
-     "`1`: the CUDA bias gradient of up to 1024 rows is one kernel launch (`csrc/device/bias_grad_kernels.cu`) instead of the cuBLASLt GEMV, less host time per Linear backward; off until `benchmarks/gpu_suite.sh` has run it on a GPU (read once, at the first bias gradient)"},
+     "`1`: the CUDA bias gradient of up to 1024 rows is one kernel launch "
+     "(`csrc/device/bias_grad_kernels.cu`) instead of the cuBLASLt GEMV, less host time per "
+     "Linear backward; off until `benchmarks/gpu_suite.sh` has run it on a GPU (read once, at "
+     "the first CUDA bias gradient of up to 1024 rows outside a graph capture)"},
     {"AXONN_C_CPU_ONLY", "`setup.py`", "unset", "`1`: build without the CUDA parts"},
     {"AXONN_C_CUDA_INCLUDE", "`setup.py`", "none",
      "extra directories (`:`-separated) to look for CUDA/NCCL/cuBLASLt headers in"},
     {"AXONN_C_CUDA_ARCHS", "`setup.py`", "`80,90`",
-     "the GPU architectures the CUDA kernels (codecs, bias gradient) are compiled for (plus PTX for newer ones)"},
+     "the GPU architectures the CUDA kernels (codecs, bias gradient) are compiled for (plus PTX "
+     "for newer ones)"},
     {"AXONN_C_SANITIZE", "`setup.py`", "unset",
      "`address`: an AddressSanitizer build (`tests/run_asan_workers.sh`)"},
     {"AXONN_C_PRINT_CFLAGS", "`setup.py`", "unset",

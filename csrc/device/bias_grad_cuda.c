@@ -27,33 +27,43 @@ static void load_kernel(void)
         return;
     const axc_cuda_api *api = NULL;
     if (axc_cuda_load(&api) != AXC_OK || !api->LibraryLoadData || !api->LibraryGetKernel ||
-        !api->LaunchKernel)
+        !api->LaunchKernel) {
+        axc_log(2, "AXONN_C_BIAS_GRAD_KERNEL=1: no CUDA runtime with cudaLibraryLoadData (CUDA "
+                   ">= 12): the bias gradient stays a cuBLASLt GEMV");
         return;
+    }
     void *lib = NULL, *k = NULL;
-    if (api->LibraryLoadData(&lib, axc_bias_grad_fatbin, NULL, NULL, 0, NULL, NULL, 0) !=
-            AXC_CUDA_SUCCESS ||
-        api->LibraryGetKernel(&k, lib, "axc_bias_grad_kernel") != AXC_CUDA_SUCCESS)
-        return; /* (the GEMV serves: nothing is lost but the host time) */
+    int err = api->LibraryLoadData(&lib, axc_bias_grad_fatbin, NULL, NULL, 0, NULL, NULL, 0);
+    if (err == AXC_CUDA_SUCCESS)
+        err = api->LibraryGetKernel(&k, lib, "axc_bias_grad_kernel");
+    if (err != AXC_CUDA_SUCCESS) { /* (the GEMV serves: nothing is lost but the host time) */
+        axc_log(2, "AXONN_C_BIAS_GRAD_KERNEL=1: loading the bias-gradient kernel failed (%s, "
+                   "cudaError %d): the bias gradient stays a cuBLASLt GEMV",
+                api->GetErrorString ? api->GetErrorString(err) : "?", err);
+        return;
+    }
     cu_ = api;
     kernel_ = k;
 #endif
 }
 
-static _Atomic int tried_; /* load_kernel has run */
+/* -1: not tried yet, 0: not available, 1: loaded */
+static _Atomic int state_ = -1;
 
 int axc_bias_grad_kernel_ready(int may_load)
 {
-    if (!tried_ && !may_load)
-        return 0;
+    int s = state_;
+    if (s >= 0 || !may_load)
+        return s;
     pthread_once(&once_, load_kernel);
-    tried_ = 1;
-    return kernel_ != NULL;
+    state_ = s = kernel_ != NULL;
+    return s;
 }
 
 axc_status axc_bias_grad_kernel(void *stream, axc_dtype dt, const void *dY, int64_t M, int64_t N,
                                 int64_t ld, void *db, int accumulate)
 {
-    if (!axc_bias_grad_kernel_ready(1))
+    if (axc_bias_grad_kernel_ready(1) != 1)
         return axc_fail(AXC_ERR_UNAVAILABLE, "axc_bias_grad: the bias-gradient kernel is not "
                                              "loaded");
     if (dt != AXC_DT_F32 && dt != AXC_DT_BF16 && dt != AXC_DT_F16)

@@ -29,8 +29,9 @@ __device__ static void store(void *p, long long i, float v, int dt)
         ((float *)p)[i] = v;
 }
 
-extern "C" __global__ void axc_bias_grad_kernel(const void *dy, void *db, long long M,
-                                                long long N, long long ld, int dt, int accumulate)
+extern "C" __global__ void __launch_bounds__(1024)
+    axc_bias_grad_kernel(const void *dy, void *db, long long M, long long N, long long ld, int dt,
+                         int accumulate)
 {
     __shared__ float part[32][33];
     long long j = (long long)blockIdx.x * 32 + threadIdx.x;

@@ -818,9 +818,10 @@ axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const 
         return axc_cuda_device_leave(api, device, prev, st);
     }
     /* a few rows: one kernel launch costs the host less than the GEMV below */
-    if (M <= AXC_BIAS_GRAD_KERNEL_MAX_ROWS &&
-        (axc_bias_grad_kernel_ready(0) ||
-         (!lt_capturing(api, stream) && axc_bias_grad_kernel_ready(1)))) {
+    int kernel = M <= AXC_BIAS_GRAD_KERNEL_MAX_ROWS ? axc_bias_grad_kernel_ready(0) : 0;
+    if (kernel < 0) /* (first use: loaded on a stream that is not capturing) */
+        kernel = lt_capturing(api, stream) ? 0 : axc_bias_grad_kernel_ready(1);
+    if (kernel == 1) {
         st = axc_bias_grad_kernel(stream, dt, dY, M, N, ld, db, accumulate);
         return axc_cuda_device_leave(api, device, prev, st);
     }

@@ -73,9 +73,10 @@ axc_status axc_cublaslt_bias_grad(int device, void *stream, axc_dtype dt, const 
                                   int64_t M, int64_t N, int64_t ld, void *db, int accumulate);
 /* The bias gradient at small token counts (csrc/device/bias_grad_cuda.c): one kernel launch,
  * for M <= AXC_BIAS_GRAD_KERNEL_MAX_ROWS, on the current device; the cuBLASLt GEMV otherwise
- * and where the kernel is not available (axc_bias_grad_kernel_ready 0: a build without nvcc,
- * the CUDA mocks, AXONN_C_BIAS_GRAD_KERNEL not 1). ready(0) does not load it (a capturing
- * stream: loading a library is no stream operation and could invalidate the capture). */
+ * and where the kernel is not available (a build without nvcc, the CUDA mocks,
+ * AXONN_C_BIAS_GRAD_KERNEL not 1). axc_bias_grad_kernel_ready: 1 loaded, 0 not available, -1
+ * not tried yet; may_load 0 does not try (a capturing stream: loading a library is no stream
+ * operation and could invalidate the capture). */
 enum { AXC_BIAS_GRAD_KERNEL_MAX_ROWS = 1024 };
 int axc_bias_grad_kernel_ready(int may_load);
 axc_status axc_bias_grad_kernel(void *stream, axc_dtype dt, const void *dY, int64_t M, int64_t N,
