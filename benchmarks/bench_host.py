@@ -194,12 +194,13 @@ def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
 
 
 def _spin(layer, x, g, seconds: float) -> None:
+    name = sys._getframe(1).f_code.co_name
+    print(f"spinning {name}", flush=True)  # (a profiler attaches once it reads this)
     t0 = time.perf_counter()
     calls = 0
     while time.perf_counter() < t0 + seconds:
         per_call(layer, x, g, 100)
         calls += 100
-    name = sys._getframe(1).f_code.co_name
     print(f"{name}: {calls} calls, {1e6 * (time.perf_counter() - t0) / calls:.1f} us each "
           "(wall, under the profiler)", flush=True)
 
@@ -217,11 +218,19 @@ def spin_nn_linear(layer, x, g, seconds: float) -> None:
     _spin(layer, x, g, seconds)
 
 
+SPIN_LOOPS = ("axonn_c_off", "axonn_c_on", "nn_linear")
+
+
 def spin(args) -> None:
-    """Only the calls, no timing: `seconds` of axonn_c.Linear then of nn.Linear, per overlap
-    setting, for a sampling profiler (py-spy record --native) to compare the two (the loops'
-    function names tell them apart in its stacks)."""
-    for overlap in (False, True):
+    """Only the calls, no timing: `seconds` of each loop (--spin-loop: all, or one of them) for a
+    sampling profiler (py-spy record --native; benchmarks/profile_host.sh profiles one loop per
+    process, all its threads: on CUDA the backward runs on autograd's device thread)."""
+    loops = SPIN_LOOPS if args.spin_loop == "all" else (args.spin_loop,)
+    for overlap in (False, True):  # (nn.Linear's loop: under either)
+        mine = [lp for lp in loops if lp in (("axonn_c_on", "nn_linear") if overlap
+                                            else ("axonn_c_off",))]
+        if not mine:
+            continue
         axonn_c.init(overlap=overlap)
         torch.manual_seed(0)
         ours = stack(lambda i, o: axonn_c.Linear(i, o, device=args.device), args.fin, args.fout,
@@ -233,8 +242,13 @@ def spin(args) -> None:
         for _ in range(3):
             per_call(ours, x, g, 50)
             per_call(ref, x, g, 50)
-        (spin_axonn_c_overlap_on if overlap else spin_axonn_c_overlap_off)(ours, x, g, args.spin)
-        spin_nn_linear(ref, x, g, args.spin)
+        for lp in mine:
+            if lp == "nn_linear":
+                spin_nn_linear(ref, x, g, args.spin)
+            elif overlap:
+                spin_axonn_c_overlap_on(ours, x, g, args.spin)
+            else:
+                spin_axonn_c_overlap_off(ours, x, g, args.spin)
         axonn_c.finalize()
 
 
@@ -280,8 +294,10 @@ def main() -> None:
                     help="CPU time of this process, or wall time (default: process on CPU, "
                          "wall on CUDA, whose driver threads would count in the process's time)")
     ap.add_argument("--spin", type=float, default=0.0,
-                    help="only run the calls for this many seconds per layer and overlap "
-                         "setting, untimed, for a sampling profiler (world of one)")
+                    help="only run the calls for this many seconds per loop, untimed, for a "
+                         "sampling profiler (world of one)")
+    ap.add_argument("--spin-loop", default="all", choices=("all",) + SPIN_LOOPS,
+                    help="with --spin: the loop to run")
     args = ap.parse_args()
     if args.spin > 0 and args.ranks != 1:
         ap.error("--spin runs at a world of one: leave --ranks at 1")

@@ -21,8 +21,9 @@
 #   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone (also
 #              with AXONN_C_BIAS_GRAD_KERNEL=1) and per layer of a stack of 8 (bench_host.py)
 #   profile    a sampling profile (py-spy --native, from .whl/py_spy-*.whl when it is not installed)
-#              of bench_host.py --spin on CUDA: axonn_c.Linear (overlap off, on) against nn.Linear,
-#              summarised by profile_summary.py into host_profile.txt (the raw stacks in the logs)
+#              of bench_host.py --spin on CUDA, one process per loop (profile_host.sh): axonn_c.Linear
+#              (overlap off, on) and nn.Linear, summarised by profile_summary.py into
+#              host_profile.txt (the raw stacks in the logs)
 #   nccl       per-call cost of a one-rank NCCL all-reduce, axonn_c against torch.distributed
 #              (bench_nccl_world1.py)
 #
@@ -213,12 +214,14 @@ if want profile; then
             "$REPO"/.whl/py_spy-*.whl > "$LOGS/pyspy_install.log" 2>&1 && PYSPY=/tmp/pyspy/bin/py-spy
     fi
     if [ -n "$PYSPY" ]; then
-        # (py-spy may report an error on its child's exit: the step passes when it wrote stacks)
-        step host_profile 150 sh -c "'$PYSPY' record --native --rate 500 --format raw \
-            -o '$LOGS/host_profile_raw.txt' -- '$PY' '$REPO/benchmarks/bench_host.py' \
-            --device cuda --spin 8; test -s '$LOGS/host_profile_raw.txt'"
+        # one process per loop, every thread, py-spy attached after the start-up
+        for loop in axonn_c_off axonn_c_on nn_linear; do
+            step "host_profile_$loop" 150 env PY="$PY" PYSPY="$PYSPY" bash \
+                "$REPO/benchmarks/profile_host.sh" "$loop" "$LOGS/host_profile_$loop.txt" 6 \
+                --device cuda
+        done
         step host_profile_summary 60 sh -c "'$PY' '$REPO/benchmarks/profile_summary.py' \
-            '$LOGS/host_profile_raw.txt' --top 60 > '$OUT/host_profile.txt'"
+            '$LOGS'/host_profile_*.txt --top 60 > '$OUT/host_profile.txt'"
     else
         echo "FAIL host_profile (no py-spy: carry .whl with py_spy-*.whl)" | tee -a "$SUMMARY"
         FAILED=1

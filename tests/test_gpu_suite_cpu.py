@@ -62,3 +62,20 @@ def test_suite_refuses_an_unknown_stage(tmp_path):
     proc = subprocess.run(["bash", str(BENCH / "gpu_suite.sh"), "hots"], capture_output=True,
                           text=True, timeout=60, env=dict(os.environ, OUT=str(tmp_path)))
     assert proc.returncode == 2 and "unknown stage 'hots'" in proc.stderr, proc.stderr
+
+
+def test_profile_stage_tools_on_cpu(tmp_path):
+    # the profile stage's pieces: bench_host.py --spin runs one loop and says when it starts (the
+    # profiler attaches then), and profile_summary.py reads py-spy's raw stacks, one loop per file
+    out = run([BENCH / "bench_host.py", "--spin", "0.2", "--spin-loop", "axonn_c_on"])
+    assert out.splitlines()[0] == "spinning spin_axonn_c_overlap_on", out
+    assert "spin_axonn_c_overlap_on:" in out and "spin_nn_linear" not in out, out
+    raw = tmp_path / "host_profile_axonn_c_on.txt"
+    raw.write_text("main (a.py:1);spin_axonn_c_overlap_on (b.py:2);call_forward (c.c:3) 3\n"
+                   "main (a.py:1);spin_axonn_c_overlap_on (b.py:2);gemm (g.c:9) 1\n"
+                   "thread_main (libtorch_cpu.so);PyNode::apply (libtorch_python.so) 4\n")
+    summary = run([BENCH / "profile_summary.py", raw, "--top", "10"])
+    assert "host_profile_axonn_c_on.txt: 8 samples" in summary, summary
+    lines = summary.splitlines()
+    assert "50.0  main (a.py)" in [line.strip() for line in lines], summary
+    assert "37.5  call_forward (c.c)" in [line.strip() for line in lines], summary
