@@ -19,7 +19,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from . import _C
+from . import _C, validate
 from .comm import CODECS
 from .state import knobs_changed, session
 
@@ -51,8 +51,7 @@ def _spec(dim: str, value) -> Optional[Tuple[str, int, bool]]:
         raise TypeError(f"compression[{dim!r}]: block must be an int, got {block!r}")
     # error feedback by default where quantisation loses most: int8 and int4 gradients
     ef = spec.get("error_feedback", codec in ("int8", "int4") and dim in GRADIENT_DIMENSIONS)
-    if not isinstance(ef, bool):
-        raise TypeError(f"compression[{dim!r}]: error_feedback must be a bool, got {ef!r}")
+    ef = validate.check_bool(f"compression[{dim!r}]: error_feedback", ef)
     if codec == "none":
         return None
     _C.codec_encoded_bytes(codec, 1, block)  # raises for a block size the codec cannot take

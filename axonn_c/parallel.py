@@ -127,9 +127,9 @@ def _sync(model: nn.Module, mean: bool, expert_mode: Optional[bool], gradient_at
     what = "sync_gradients" if only is None else "sync_gradients_depth_parallel"
     validate.check_grad_attr(validate.check_module(f"{what}: model", model),
                              gradient_attr_name)
-    validate.check_bool(f"{what}: mean", mean)
-    validate.check_bool(f"{what}: vectorize", vectorize)
-    validate.check_bool(f"{what}: expert_mode", expert_mode, none_ok=True)
+    mean = validate.check_bool(f"{what}: mean", mean)
+    vectorize = validate.check_bool(f"{what}: vectorize", vectorize)
+    expert_mode = validate.check_bool(f"{what}: expert_mode", expert_mode, none_ok=True)
     grid()  # raises before init(): without a grid nothing would be summed
     if not _C.grad_sync_enabled():
         return
@@ -319,13 +319,14 @@ def optimize_communication(overlap_all_reduce: bool = False, overlap_reduce_scat
     "none" turns one off), the others stay (docs/compression.md). Restored on exit.
     A layer's own attributes override the context."""
     del args, kwargs, model_object_for_overlapping_allgathers
-    for name, value in (("overlap_all_reduce", overlap_all_reduce),
-                        ("overlap_reduce_scatter", overlap_reduce_scatter),
-                        ("overlap_all_gather", overlap_all_gather),
-                        ("cache_weights", cache_weights)):
-        validate.check_bool(f"optimize_communication: {name}", value)
-    for name, value in (("overlap_data", overlap_data), ("defer_wgrad", defer_wgrad)):
-        validate.check_bool(f"optimize_communication: {name}", value, none_ok=True)
+    what = "optimize_communication: "
+    overlap_all_reduce = validate.check_bool(what + "overlap_all_reduce", overlap_all_reduce)
+    overlap_reduce_scatter = validate.check_bool(what + "overlap_reduce_scatter",
+                                                 overlap_reduce_scatter)
+    overlap_all_gather = validate.check_bool(what + "overlap_all_gather", overlap_all_gather)
+    cache_weights = validate.check_bool(what + "cache_weights", cache_weights)
+    overlap_data = validate.check_bool(what + "overlap_data", overlap_data, none_ok=True)
+    defer_wgrad = validate.check_bool(what + "defer_wgrad", defer_wgrad, none_ok=True)
     saved_policy = dict(session.compression)
     policy = None if compression is None else compression_policy.merge_policy(saved_policy,
                                                                               compression)

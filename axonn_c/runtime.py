@@ -106,7 +106,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     int8 and int4 on "data"). "data": the gradient sums; "depth", "row", "col": the layers' own
     float32 collectives over that group (no error feedback).
     """
-    validate.check_bool("overlap", overlap)
+    overlap = validate.check_bool("overlap", overlap)
     if fwd_chunks is not None:
         validate.check_int("fwd_chunks", fwd_chunks, 1, 64)
     validate.check_int("prefetch (layers ahead)", prefetch, 0, 64)
@@ -117,7 +117,7 @@ def init(G_data: int = 1, G_intra_r: int = 1, G_intra_c: int = 1, G_intra_d: int
     timeout_given = timeout is not None
     timeout = validate.timeout_from_env(DEFAULT_TIMEOUT_S) if timeout is None else \
         validate.check_timeout(timeout)  # before any rank touches the store (issue 28 item 1)
-    validate.check_bool("cache_weights", cache_weights)
+    cache_weights = validate.check_bool("cache_weights", cache_weights)
     if (not isinstance(concurrent_microbatches, int) or isinstance(concurrent_microbatches, bool)
             or not 1 <= concurrent_microbatches <= 8):
         raise ValueError(f"concurrent_microbatches must be an int in [1, 8], got "

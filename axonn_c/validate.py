@@ -26,9 +26,12 @@ def check_int(name: str, value, lo: int = 1, hi: int | None = None) -> int:
 
 def check_bool(name: str, value, none_ok: bool = False):
     """`value` as a bool (or None, with none_ok): anything else, "False" and 0 too, is a
-    TypeError (a truthy string would silently mean True)."""
+    TypeError (a truthy string would silently mean True). A numpy bool (a config read into an
+    array) is a bool."""
     if isinstance(value, bool) or (none_ok and value is None):
         return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
     raise TypeError(f"{name} must be a bool{' or None' if none_ok else ''}, got {value!r}")
 
 

@@ -113,6 +113,18 @@ def test_sync_gradients_refuses_non_bool_flags(kw, match):
         axonn_c.sync_gradients(torch.nn.Linear(2, 2), **kw)
 
 
+def test_bool_flags_take_numpy_bools():
+    """A numpy bool (a flag read from a config array) is a bool; a numpy int is not."""
+    import numpy as np
+
+    axonn_c.init()
+    model = torch.nn.Linear(2, 2)
+    model(torch.ones(1, 2)).sum().backward()
+    axonn_c.sync_gradients(model, mean=np.bool_(True), vectorize=np.bool_(False))
+    with pytest.raises(TypeError, match="sync_gradients: mean must be a bool, got"):
+        axonn_c.sync_gradients(model, mean=np.int64(1))
+
+
 def test_broadcast_src_refuses_a_bool():
     axonn_c.init()
     with pytest.raises(TypeError, match="broadcast src .* must be an int, got bool"):
