@@ -210,10 +210,13 @@ def _tie_on_registration(module, name, param):
     Embedding's output layer, sharing its one sharded weight. Assigning another sharded weight
     (an axonn_c.Linear's, Conv2d's, Conv1D's) is kept as it is when the module is a layer of the
     same shard shape, and refused otherwise: a torch layer would compute with a flat shard."""
-    if param is None or not hasattr(param, "_axonn_norm_groups"):
-        return None  # (a replicated parameter, or one being built)
-    if session.thread.auto is None:
-        return None  # (another thread, outside the context: not watched)
+    if param is None or session.thread.auto is None:
+        return None  # (a parameter being built; another thread, outside the context: unwatched)
+    if not hasattr(param, "_axonn_norm_groups"):  # a replicated parameter
+        if name == "weight" and type(module) is Linear and tuple(param.shape) == (
+                module.out_features, module.in_features):
+            _replicate_tied_head(module)  # tied to a replicated table: replicated as well
+        return None
     emb = getattr(param, "_axonn_table", None)
     if emb is None:
         old = module._parameters.get(name)
@@ -244,6 +247,29 @@ def _tie_on_registration(module, name, param):
     module.__class__ = kind
     module.out_features = emb.num_embeddings
     return None
+
+
+# what an nn.Linear instance holds (the rest of an axonn_c.Linear's state is dropped); (not from
+# an nn.Linear built here: its initialisation would draw from torch's generator on import)
+_TORCH_LINEAR_KEYS = frozenset(nn.Module().__dict__) | {"in_features", "out_features"}
+
+
+def _replicate_tied_head(layer: Linear) -> None:
+    """An axonn_c.Linear whose weight is being assigned a replicated [out, in] parameter (a
+    language-model head tied to an embedding that stayed torch's: auto_parallelize() without
+    embeddings=True) becomes the torch nn.Linear serial code meant, replicated like the table
+    it shares: its bias (if any) gathered whole. (A sharded layer would take the whole table
+    for its flat shard.)"""
+    bias = layer._parameters.get("bias")
+    full = None
+    if bias is not None:
+        with torch.no_grad():
+            full = nn.Parameter(layer._full_bias_for_output(bias).detach().clone(),
+                                requires_grad=bias.requires_grad)
+    for key in [k for k in layer.__dict__ if k not in _TORCH_LINEAR_KEYS]:
+        del layer.__dict__[key]
+    layer.__class__ = _TorchLinear
+    layer._parameters["bias"] = full
 
 
 def _report_left(left: "OrderedDict") -> None:
@@ -286,9 +312,10 @@ def auto_parallelize(embeddings: bool = False):
     (`head.weight = emb.weight`, a tied language-model head) shares it (docs/training.md).
     Off by default: a model that re-initialises its embedding in place (`nn.init.normal_(
     emb.weight, std=0.02)`, as GPT-2 does) would draw on each rank's shard, and the layer does
-    not run on run_concurrent's micro-batch threads yet. Any other assignment of a sharded
-    weight to a module (a tie) is kept when the module is a layer of the same shard, else
-    refused (ValueError).
+    not run on run_concurrent's micro-batch threads yet. An output layer tied to an embedding
+    that stays torch's (the default) stays a replicated torch nn.Linear sharing it. Any other
+    assignment of a sharded weight to a module (a tie) is kept when the module is a layer of
+    the same shard, else refused (ValueError).
 
     Inside the context, isinstance(m, nn.Linear) (nn.Conv2d, nn.Embedding) is true for both
     kinds of layer; afterwards torch's classes are back and an axonn_c layer is not an instance

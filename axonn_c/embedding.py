@@ -212,8 +212,9 @@ class Embedding(nn.Module):
                             f"{ids.dtype}")
         flat = ids.reshape(-1).long()
         t_max = self._rows_info(flat.shape[0], self._out_of_range(flat), "")
-        table = self._table(torch.get_autocast_dtype(self.weight.device.type)
-                            if torch.is_autocast_enabled(self.weight.device.type) else None)
+        # (the table's own dtype under autocast too: a lookup is no autocast op, nn.Embedding
+        # returns its weight's rows exactly, and a model's residual stream starts from them)
+        table = self._table()
         if self.expert_mode:  # the plane holds the same ids: a partial sum, then my block
             out = ScatterHidden.apply(self._lookup(flat, table), self.hidden_group,
                                       self.other_group)
@@ -286,6 +287,9 @@ class Embedding(nn.Module):
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"cross_entropy: reduction must be one of ['mean', 'sum', 'none'], "
                              f"got {reduction!r}")
+        if target.dtype not in (torch.int64, torch.int32):  # (a float one: not truncated)
+            raise TypeError(f"cross_entropy: target must be an int64 or int32 tensor of class "
+                            f"indices, got {target.dtype}")
         if target.numel() != hidden.numel() // hidden.shape[-1]:
             raise ValueError(f"cross_entropy: target has {target.numel()} elements, expected "
                              f"one per hidden row ({hidden.numel() // hidden.shape[-1]})")

@@ -86,6 +86,9 @@ class _SplitNorm(nn.Module):
             raise RuntimeError(f"axonn_c.{type(self).__name__}(expert_mode=True) does not run on "
                                "run_concurrent's micro-batch threads yet")
         validate.check_tensor(f"{type(self).__name__}: input", x, 1)
+        if not x.is_floating_point():  # (as torch's norms: an integer input is refused)
+            raise TypeError(f"axonn_c.{type(self).__name__} expects a floating-point input, got "
+                            f"{x.dtype}")
         if x.shape[-1] != self.local:
             what = (f"expert layout: {self.hidden}/{group_size(self.group)} over the "
                     f"{self.group} group" if self._split() else "normalized_shape")

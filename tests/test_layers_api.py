@@ -39,6 +39,16 @@ def test_embedding_equals_nn_embedding_with_padding_idx():
     assert not ours.weight.grad.view(11, 6)[3].any()  # the padding row learns nothing
 
 
+def test_embedding_under_autocast_returns_the_tables_rows():
+    """A lookup is no autocast op: as nn.Embedding, the rows in the table's dtype, exactly (was:
+    the table cast to the autocast dtype first, so a model's residual stream started in bf16)."""
+    ours, ref = pair()
+    ids = torch.tensor([[1, 2, 10]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, want = ours(ids), ref(ids)
+    assert y.dtype == want.dtype == torch.float32 and torch.equal(y, want)
+
+
 def test_tied_loss_equals_serial():
     ours, ref = pair()
     h = torch.randn(5, 6)
@@ -108,6 +118,11 @@ def test_bad_inputs_raise_clear_errors():
         axonn_c.parallel_cross_entropy(torch.randn(2, 3), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="one per logits row"):
         axonn_c.parallel_cross_entropy(torch.randn(2, 3), torch.tensor([0]))
+    with pytest.raises(TypeError, match="target must be an int64 or int32 tensor"):
+        emb.cross_entropy(torch.randn(3, 6), torch.tensor([1.7, 2.2, 3.9]))  # (not truncated)
+    for norm in (axonn_c.LayerNorm(4), axonn_c.RMSNorm(4)):  # (as torch's norms)
+        with pytest.raises(TypeError, match="expects a floating-point input, got torch.int64"):
+            norm(torch.ones(2, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match="normalises one"):
         axonn_c.LayerNorm((2, 3))
     with pytest.raises(ValueError, match="last input dimension to be 10"):

@@ -2,7 +2,8 @@
 every Conv1D an axonn_c.Conv1D, the token embedding an axonn_c.Embedding, lm_head tied to it;
 loaded with the serial model's state dict and trained 10 AdamW steps, every rank its own
 sequences: each step's loss equals serial training's within 1e-4 (tests/test_conv_multiproc.py).
-The same for a tiny Llama with tied embeddings (every nn.Linear an axonn_c.Linear).
+The same for a tiny Llama with tied embeddings (every nn.Linear an axonn_c.Linear), and both
+under auto_parallelize() without embeddings=True (a replicated embedding and tied head).
 """
 import argparse
 import os
@@ -74,6 +75,26 @@ def check_gpt2(g, seed, steps=10):
     load_and_train(g, ref, par, what, seed, steps)
 
 
+def check_replicated_heads(g, seed, steps=3):
+    """auto_parallelize() without embeddings=True: the embedding stays torch's, and the output
+    layer tied to it (transformers' tie_weights assigns it the table) becomes a replicated torch
+    nn.Linear sharing it (was: an axonn_c.Linear holding the whole table as its flat shard, whose
+    load_state_dict and forward failed)."""
+    for name, model in (("GPT-2", lambda: GPT2LMHeadModel(config())),
+                        ("Llama", lambda: LlamaForCausalLM(llama_config()))):
+        what = (f"{name} (replicated embedding) grid {g.G_data}x{g.G_intra_r}x{g.G_intra_c}x"
+                f"{g.G_intra_d} rank {g.rank}")
+        torch.manual_seed(seed)
+        ref = model()
+        with axonn_c.auto_parallelize():
+            par = model()
+        emb = par.get_input_embeddings()
+        if type(par.lm_head) is not torch.nn.Linear or par.lm_head.weight is not emb.weight:
+            raise AssertionError(f"{what}: lm_head is {type(par.lm_head).__name__}, tied: "
+                                 f"{par.lm_head.weight is emb.weight}")
+        load_and_train(g, ref, par, what, seed, steps)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grids", required=True, help="G_data x r x c x d items: 1x2x2x1,...")
@@ -84,6 +105,7 @@ def main():
                          G_intra_d=sizes[3])
         check_gpt2(g, seed=500 + n)
         check_llama(g, seed=600 + n)
+        check_replicated_heads(g, seed=700 + n)
         axonn_c.finalize()
     if int(os.environ["RANK"]) == 0:
         print(f"world {os.environ['WORLD_SIZE']}: {len(todo)} grids, GPT-2 and Llama train as "
