@@ -13,7 +13,7 @@ from . import grads, replicate, validate
 from .autograd_comm import (PLANE, GatherDepth, GatherHidden, GatherRows, OwnRows, ScatterHidden,
                             ScatterRows, all_reduce_, gather_rows, group_index, groups_size)
 from .linear import flat_block_boxes
-from .loss import _VocabParallelCE, reduce_loss
+from .loss import _VocabParallelCE, check_loss_args, reduce_loss
 from .state import grid, group_size, microbatch_active, session
 
 
@@ -284,15 +284,8 @@ class Embedding(nn.Module):
         tied output layer and its loss in one call; both layouts). Easy layout: each rank's
         loss covers its own tokens, as a serial loss on them would (so sync_gradients(mean=True)
         gives the global mean's gradient); expert layout: the plane's shared tokens."""
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"cross_entropy: reduction must be one of ['mean', 'sum', 'none'], "
-                             f"got {reduction!r}")
-        if target.dtype not in (torch.int64, torch.int32):  # (a float one: not truncated)
-            raise TypeError(f"cross_entropy: target must be an int64 or int32 tensor of class "
-                            f"indices, got {target.dtype}")
-        if target.numel() != hidden.numel() // hidden.shape[-1]:
-            raise ValueError(f"cross_entropy: target has {target.numel()} elements, expected "
-                             f"one per hidden row ({hidden.numel() // hidden.shape[-1]})")
+        check_loss_args("cross_entropy", target, hidden.numel() // hidden.shape[-1],
+                        "hidden row", reduction)
         flat = target.reshape(-1).long()
         logits, t_max = self._logits(hidden, self._out_of_range(flat, ignore_index))
         pooled = flat

@@ -51,13 +51,23 @@ class _VocabParallelCE(torch.autograd.Function):
         return d.to(ctx.dtype), None, None, None
 
 
-def _check_target(target: Tensor, rows: int, vocab: int, ignore_index: int) -> None:
+def check_loss_args(what: str, target: Tensor, rows: int, per: str, reduction: str) -> None:
+    """A class-index target with one entry per row (`per` names a row in the message; a float
+    target is refused, not truncated) and a reduction F.cross_entropy knows."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{what}: reduction must be one of {list(_REDUCTIONS)}, got "
+                         f"{reduction!r}")
     if target.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"parallel_cross_entropy: target must be an int64 tensor of class "
-                        f"indices, got {target.dtype}")
+        raise TypeError(f"{what}: target must be an int64 or int32 tensor of class indices, got "
+                        f"{target.dtype}")
     if target.numel() != rows:
-        raise ValueError(f"parallel_cross_entropy: target has {target.numel()} elements, "
-                         f"expected one per logits row ({rows})")
+        raise ValueError(f"{what}: target has {target.numel()} elements, expected one per {per} "
+                         f"({rows})")
+
+
+def _check_target(target: Tensor, rows: int, vocab: int, ignore_index: int,
+                  reduction: str) -> None:
+    check_loss_args("parallel_cross_entropy", target, rows, "logits row", reduction)
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
     if bool(bad.any()):  # (the same targets on every member: every member raises)
         raise IndexError(f"parallel_cross_entropy: target {int(target[bad][0])} is out of "
@@ -81,9 +91,6 @@ def parallel_cross_entropy(logits_shard: Tensor, target: Tensor, ignore_index: i
     groups = (groups,) if isinstance(groups, str) else tuple(groups)
     validate.check_tensor("parallel_cross_entropy: logits_shard", logits_shard, 1)
     validate.check_tensor("parallel_cross_entropy: target", target, 0)
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"parallel_cross_entropy: reduction must be one of {list(_REDUCTIONS)}, "
-                         f"got {reduction!r}")
     if not logits_shard.is_floating_point():
         raise TypeError(f"parallel_cross_entropy: logits_shard must be floating point, got "
                         f"{logits_shard.dtype}")
@@ -93,7 +100,7 @@ def parallel_cross_entropy(logits_shard: Tensor, target: Tensor, ignore_index: i
     if vocab_size is not None:
         validate.check_int("parallel_cross_entropy: vocab_size", vocab_size, 1, padded)
     _check_target(target, logits.shape[0], padded if vocab_size is None else vocab_size,
-                  ignore_index)
+                  ignore_index, reduction)
     flat_target = target.reshape(-1).long()
     loss = _VocabParallelCE.apply(logits, flat_target, groups, int(ignore_index))
     return reduce_loss(loss, flat_target != ignore_index, reduction, target.shape)

@@ -63,29 +63,41 @@ def test_peer_failure_raises_on_every_rank(mode, world):
     assert_no_shm_leftovers(tag, f"the {mode} job")
 
 
-def test_ranks_out_of_step_raise_at_once():
-    """Ranks whose collectives differ (here a layer's forward all-reduce, 4 tokens on rank 0 and
-    6 on rank 1) raise CommError on every rank, naming both calls, long before the timeout."""
-    procs = launch(2, "out_of_step", 300.0)
-    for p in procs:
-        out, _ = p.communicate(timeout=120)  # (the timeout would take 300 s)
+def comm_errors(mode):
+    """Runs `mode` on 2 ranks (a timeout of 300 s, which must not be what fires) and returns
+    each rank's CommError message."""
+    messages = []
+    for p in launch(2, mode, 300.0):
+        out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
         m = re.search(r"RAISED (\w+): (.*)", out)
         assert m and m.group(1) == "CommError", out
-        assert "out of step on the col group" in m.group(2), out
-        assert re.search(r"all_reduce of \d+ float32", m.group(2)), out
+        messages.append(m.group(2))
+    return messages
+
+
+def test_ranks_out_of_step_raise_at_once():
+    """Ranks whose collectives differ (here a layer's forward all-reduce, 4 tokens on rank 0 and
+    6 on rank 1) raise CommError on every rank, naming both calls, long before the timeout."""
+    for msg in comm_errors("out_of_step"):
+        assert "out of step on the col group" in msg, msg
+        assert re.search(r"all_reduce of \d+ float32", msg), msg
 
 
 def test_same_ranks_other_group_raise_at_once():
     """Issue 28 item 11: a collective over the col group on one rank and over the world group
     (the same two ranks) on the other raises CommError on both, naming both calls and groups,
     long before the timeout."""
-    procs = launch(2, "other_group", 300.0)
-    for p in procs:
-        out, _ = p.communicate(timeout=120)  # (the timeout would take 300 s)
-        assert p.returncode == 0, out
-        m = re.search(r"RAISED (\w+): (.*)", out)
-        assert m and m.group(1) == "CommError", out
-        assert "which have the same ranks" in m.group(2), out
-        assert "all_reduce of 16 float32 (sum) as its collective 1 on the col group" in m.group(2), out
-        assert "all_reduce of 16 float32 (sum) as its collective 2 on the world group" in m.group(2), out
+    for msg in comm_errors("other_group"):
+        assert "which have the same ranks" in msg, msg
+        assert "all_reduce of 16 float32 (sum) as its collective 1 on the col group" in msg, msg
+        assert "all_reduce of 16 float32 (sum) as its collective 2 on the world group" in msg, msg
+
+
+def test_ranks_summing_other_gradients_raise_at_once():
+    """Ranks with gradients for different parameters of the same total size (sync_gradients
+    packs them into buckets of equal length) raise CommError on every rank, saying so, instead
+    of summing one parameter's gradient into another's."""
+    for msg in comm_errors("other_grads"):
+        assert "out of step on the world group" in msg, msg
+        assert "packed different gradients into one sum" in msg, msg

@@ -55,13 +55,20 @@ def test_a_marked_grad_or_a_microbatch_thread_calls_the_gradient_code():
     other = torch.nn.Parameter(torch.zeros(2))
     other.grad = torch.ones(2)
     works = _C.grad_hook_works()
-    grads.mark_summed(other, ("data",))
+    grads.mark_summed(other, ("data",))  # another parameter's mark changes nothing for p
+    try:
+        (p * 2).sum().backward()
+    finally:
+        grads.mark_summed(other, ())
+    assert _C.grad_hook_works() == works
+    p.grad = torch.zeros(3)
+    grads.mark_summed(p, ("data",))  # its own does
     try:
         (p * 2).sum().backward()
         hook = next(iter(p._backward_hooks.values()))
         assert hook(None) is None  # (a deferred Linear weight: nothing reached autograd)
     finally:
-        grads.mark_summed(other, ())
+        grads.mark_summed(p, ())
     # past the fast path; not initialised: nothing more to ask (accumulates is not called)
     assert _C.grad_hook_works() == works + 1 and calls == []
     assert torch.equal(p.grad, torch.full((3,), 2.0))

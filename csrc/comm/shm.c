@@ -61,6 +61,7 @@ typedef struct shm_call {
     uint32_t kind, dtype, op;
     int32_t root;
     uint32_t codec, block; /* compressed collectives (axc_coll.codec, .block) */
+    uint64_t check;        /* axc_coll.check */
 } shm_call;
 
 typedef struct shm_group {
@@ -272,7 +273,7 @@ static int same_call(const shm_call *x, const shm_call *y)
     return x->seq == y->seq && x->kind == y->kind && x->count == y->count &&
            x->dtype == y->dtype && (!reduces(x->kind) || x->op == y->op) &&
            (x->kind != AXC_COLL_BROADCAST || x->root == y->root) && x->codec == y->codec &&
-           x->block == y->block;
+           x->block == y->block && x->check == y->check;
 }
 
 static int describe_call(char *out, size_t cap, int rank, const shm_call *x,
@@ -290,6 +291,9 @@ static int describe_call(char *out, size_t cap, int rank, const shm_call *x,
     if (x->codec != AXC_CODEC_NONE)
         n += snprintf(out + n, cap - (size_t)n, " compressed %s/%u",
                       axc_codec_name((axc_codec)x->codec), x->block);
+    if (x->check)
+        n += snprintf(out + n, cap - (size_t)n, " holding contents %016llx",
+                      (unsigned long long)x->check);
     return n + snprintf(out + n, cap - (size_t)n, " as its collective %llu on the %s group",
                         (unsigned long long)x->seq, axc_group_name(group));
 }
@@ -305,14 +309,21 @@ static axc_status check_calls(run_ctx *c)
         const shm_call *peer = call_slot(c->b, lane, r, c->mine->seq);
         if (r == c->b->rank || same_call(peer, c->mine))
             continue;
-        char msg[400];
+        char msg[600];
+        shm_call same = *peer;
+        same.check = c->mine->check;
+        int contents = same_call(&same, c->mine); /* only what the buffers hold differs */
         int n = snprintf(msg, sizeof msg, "collectives out of step on the %s group: ",
                          axc_group_name(g->info.kind));
         n += describe_call(msg + n, sizeof msg - (size_t)n, c->b->rank, c->mine, g->info.kind);
         n += snprintf(msg + n, sizeof msg - (size_t)n, ", ");
         n += describe_call(msg + n, sizeof msg - (size_t)n, r, peer, g->info.kind);
-        snprintf(msg + n, sizeof msg - (size_t)n,
-                 " (every rank of a group must make the same calls in the same order)");
+        snprintf(msg + n, sizeof msg - (size_t)n, "%s",
+                 contents ? " (the ranks packed different gradients into one sum: every rank "
+                            "must have gradients for the same parameters, e.g. run the same "
+                            "layers in forward)"
+                          : " (every rank of a group must make the same calls in the same "
+                            "order)");
         return shm_abort(c->b, AXC_ERR_PEER, msg);
     }
     return AXC_OK;
@@ -594,7 +605,8 @@ static axc_status run_host(shm_backend *b, const shm_group *g, const axc_coll *a
     uint64_t seq = ++b->lanes[lane].calls;
     shm_call *mine = call_slot(b, lane, b->rank, seq);
     *mine = (shm_call){seq,     a->count, (uint32_t)a->kind,  (uint32_t)a->dtype,
-                       (uint32_t)a->op, a->root,  (uint32_t)a->codec, (uint32_t)a->block};
+                       (uint32_t)a->op, a->root,  (uint32_t)a->codec, (uint32_t)a->block,
+                       a->check};
     c.mine = mine; /* compared at the first barrier (the barrier's atomics publish it) */
     if (a->codec != AXC_CODEC_NONE)
         st = run_compressed(&c, a, send, recv);

@@ -30,33 +30,18 @@ static void load_kernels(void)
     snprintf(load_msg_, sizeof load_msg_,
              "this build has no CUDA codec kernels (nvcc was not found when axonn_c was built)");
 #else
-    if (axc_cuda_load(&cu_) != AXC_OK) {
+    static const char *const names[] = {"axc_codec_encode_kernel", "axc_codec_decode_kernel",
+                                        "axc_codec_div_kernel", "axc_codec_feedback_kernel"};
+    void *k[4] = {NULL};
+    if (axc_cuda_load_kernels(axc_codec_fatbin, axc_codec_fatbin_size, "the codec kernels", names,
+                              k, 4, &cu_) != AXC_OK) {
         snprintf(load_msg_, sizeof load_msg_, "%s", axc_last_error());
         return;
     }
-    if (!cu_->LibraryLoadData || !cu_->LibraryGetKernel || !cu_->LaunchKernel) {
-        snprintf(load_msg_, sizeof load_msg_,
-                 "the CUDA runtime (version %d) has no cudaLibraryLoadData/cudaLaunchKernel: the "
-                 "codec kernels need CUDA >= 12",
-                 cu_->runtime_version);
-        return;
-    }
-    void *lib = NULL;
-    int err = cu_->LibraryLoadData(&lib, axc_codec_fatbin, NULL, NULL, 0, NULL, NULL, 0);
-    if (err == AXC_CUDA_SUCCESS)
-        err = cu_->LibraryGetKernel(&k_encode_, lib, "axc_codec_encode_kernel");
-    if (err == AXC_CUDA_SUCCESS)
-        err = cu_->LibraryGetKernel(&k_decode_, lib, "axc_codec_decode_kernel");
-    if (err == AXC_CUDA_SUCCESS)
-        err = cu_->LibraryGetKernel(&k_div_, lib, "axc_codec_div_kernel");
-    if (err == AXC_CUDA_SUCCESS)
-        err = cu_->LibraryGetKernel(&k_feedback_, lib, "axc_codec_feedback_kernel");
-    if (err != AXC_CUDA_SUCCESS) {
-        snprintf(load_msg_, sizeof load_msg_,
-                 "loading the codec kernels (%zu-byte fatbin) failed: %s (cudaError %d)",
-                 axc_codec_fatbin_size, cu_->GetErrorString(err), err);
-        return;
-    }
+    k_encode_ = k[0];
+    k_decode_ = k[1];
+    k_div_ = k[2];
+    k_feedback_ = k[3];
     load_status_ = AXC_OK;
 #endif
 }

@@ -25,21 +25,14 @@ static void load_kernel(void)
     const char *on = axc_env_str("AXONN_C_BIAS_GRAD_KERNEL");
     if (!on || strcmp(on, "1") != 0) /* (opt-in until a GPU run has validated it) */
         return;
+    static const char *const names[] = {"axc_bias_grad_kernel"};
     const axc_cuda_api *api = NULL;
-    if (axc_cuda_load(&api) != AXC_OK || !api->LibraryLoadData || !api->LibraryGetKernel ||
-        !api->LaunchKernel) {
-        axc_log(2, "AXONN_C_BIAS_GRAD_KERNEL=1: no CUDA runtime with cudaLibraryLoadData (CUDA "
-                   ">= 12): the bias gradient stays a cuBLASLt GEMV");
-        return;
-    }
-    void *lib = NULL, *k = NULL;
-    int err = api->LibraryLoadData(&lib, axc_bias_grad_fatbin, NULL, NULL, 0, NULL, NULL, 0);
-    if (err == AXC_CUDA_SUCCESS)
-        err = api->LibraryGetKernel(&k, lib, "axc_bias_grad_kernel");
-    if (err != AXC_CUDA_SUCCESS) { /* (the GEMV serves: nothing is lost but the host time) */
-        axc_log(2, "AXONN_C_BIAS_GRAD_KERNEL=1: loading the bias-gradient kernel failed (%s, "
-                   "cudaError %d): the bias gradient stays a cuBLASLt GEMV",
-                api->GetErrorString ? api->GetErrorString(err) : "?", err);
+    void *k = NULL;
+    if (axc_cuda_load_kernels(axc_bias_grad_fatbin, axc_bias_grad_fatbin_size,
+                              "the bias-gradient kernel", names, &k, 1, &api) != AXC_OK) {
+        /* (the GEMV serves: nothing is lost but the host time) */
+        axc_log(2, "AXONN_C_BIAS_GRAD_KERNEL=1: %s: the bias gradient stays a cuBLASLt GEMV",
+                axc_last_error());
         return;
     }
     cu_ = api;

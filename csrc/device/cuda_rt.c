@@ -235,6 +235,29 @@ axc_status axc_cuda_load(const axc_cuda_api **api)
     return AXC_OK;
 }
 
+axc_status axc_cuda_load_kernels(const void *fatbin, size_t size, const char *what,
+                                 const char *const *names, void **kernels, int n,
+                                 const axc_cuda_api **api)
+{
+    AXC_TRY(axc_cuda_load(api));
+    const axc_cuda_api *cu = *api;
+    *api = NULL;
+    if (!cu->LibraryLoadData || !cu->LibraryGetKernel || !cu->LaunchKernel)
+        return axc_fail(AXC_ERR_UNAVAILABLE, "the CUDA runtime (version %d) has no "
+                                             "cudaLibraryLoadData/cudaLaunchKernel: %s need CUDA "
+                                             ">= 12", cu->runtime_version, what);
+    void *lib = NULL;
+    int err = cu->LibraryLoadData(&lib, fatbin, NULL, NULL, 0, NULL, NULL, 0);
+    for (int i = 0; err == AXC_CUDA_SUCCESS && i < n; i++)
+        err = cu->LibraryGetKernel(&kernels[i], lib, names[i]);
+    if (err != AXC_CUDA_SUCCESS)
+        return axc_fail(AXC_ERR_UNAVAILABLE, "loading %s (%zu-byte fatbin) failed: %s "
+                                             "(cudaError %d)", what, size,
+                        cu->GetErrorString ? cu->GetErrorString(err) : "?", err);
+    *api = cu;
+    return AXC_OK;
+}
+
 axc_status axc_cuda_check(int err, const char *what)
 {
     if (err == AXC_CUDA_SUCCESS)

@@ -16,6 +16,7 @@ typedef struct bucket {
     enum bucket_state state;
     int closed;       /* retired by axc_buckets_close_all: its pass's sums started */
     uint64_t print;   /* fingerprint of its pieces (tags and sizes, in order); never 0 */
+    uint64_t check;   /* fingerprint of its pieces' idents and sizes; 0 once a piece had none */
 } bucket;
 
 struct axc_buckets {
@@ -192,6 +193,13 @@ static void retire(axc_buckets *b, int i, enum why_retired why)
 axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, size_t want,
                             void *arg, uint64_t tag, int *bucket_out, size_t *offset, void **owner)
 {
+    return axc_buckets_take_shared(b, key, n, want, arg, tag, 0, bucket_out, offset, owner);
+}
+
+axc_status axc_buckets_take_shared(axc_buckets *b, const axc_bucket_key *key, size_t n,
+                                   size_t want, void *arg, uint64_t tag, uint64_t ident,
+                                   int *bucket_out, size_t *offset, void **owner)
+{
     AXC_TRY(check_key(key));
     int open = -1;
     for (int i = 0; i < b->n; i++)
@@ -221,7 +229,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
             per = want;
         size_t elems = n > per ? n : per;
         bucket k = {.key = *key, .cap = elems, .state = BUCKET_OPEN,
-                    .print = 0xcbf29ce484222325ull};
+                    .print = 0xcbf29ce484222325ull, .check = 0xcbf29ce484222325ull};
         AXC_TRY(b->ops.alloc(b->ops.ctx, key, elems, arg, &k.data, &k.owner));
         open = b->n++;
         b->v[open] = k;
@@ -233,6 +241,7 @@ axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n,
     *owner = k->owner;
     k->used += n;
     k->print = print_add(k->print, tag, n);
+    k->check = ident && k->check ? print_add(k->check, ident, n) : 0;
     return AXC_OK;
 }
 
@@ -386,7 +395,8 @@ int axc_buckets_next_sum(axc_buckets *b, axc_bucket_sum *sum)
     const bucket *k = &b->v[i];
     axc_group_kind group = k->key.groups[b->next_group];
     *sum = (axc_bucket_sum){.group = group, .data = k->data, .count = k->used,
-                            .dtype = k->key.dtype, .device = k->key.device};
+                            .dtype = k->key.dtype, .device = k->key.device,
+                            .check = k->check};
     const axc_bucket_codec *c = &b->codec[group];
     if (c->codec != AXC_CODEC_NONE && k->key.dtype == AXC_DT_F32) {
         sum->codec = c->codec;

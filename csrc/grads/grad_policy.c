@@ -3,6 +3,18 @@
 
 axc_grad_action axc_grad_decide(const axc_grad_facts *f)
 {
+    /* a .grad sync_gradients completed, about to take more: first back to this rank's share
+     * (only when the pass accumulates into it: torch.autograd.grad leaves .grad as it is); not
+     * on a micro-batch thread, where another thread may accumulate into it at the same time
+     * (run_concurrent's start did it for the parameters it was given: any other is refused) */
+    if (f->synced && f->initialized) {
+        if (f->microbatch)
+            return AXC_GRAD_CHECK_UNSYNCED;
+        if (f->accumulates < 0)
+            return AXC_GRAD_ASK_ACCUMULATES;
+        if (f->accumulates)
+            return AXC_GRAD_UNSYNC;
+    }
     if (f->microbatch) /* autograd accumulates it; run_concurrent's reducer or sync sums */
         return AXC_GRAD_CHECK_UNSYNCED;
     if (!f->initialized)

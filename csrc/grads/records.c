@@ -11,6 +11,7 @@ typedef struct slot {
     int used;
     void *stamp; /* the mark's stamp (NULL: no mark) */
     axc_groups marked;
+    double synced; /* > 0: a synced mark, the scale sync_gradients applied */
     size_t nrec, last; /* records of this pass; index of the last one */
     int taken;
     int chunk; /* an open chunk record: recs[chunk_rec] */
@@ -201,9 +202,10 @@ void axc_records_destroy(axc_grad_records *r)
 
 /* ------------------------------------------------------------------------------------ marks */
 
-axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups)
+static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
+                           const axc_groups *groups, double synced)
 {
-    if (!groups || groups->n <= 0) {
+    if (synced <= 0 && (!groups || groups->n <= 0)) {
         slot *s = find(r, key);
         void *old = s ? s->stamp : NULL;
         if (s && old) {
@@ -215,9 +217,10 @@ axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, con
         release(r, stamp);
         return AXC_OK;
     }
-    if (!stamp || groups->n > AXC_GROUP_COUNT)
+    if (!stamp || (groups && groups->n > AXC_GROUP_COUNT))
         return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark: no stamp or too "
-                                                            "many groups (%d)", groups->n);
+                                                            "many groups (%d)",
+                                           groups ? groups->n : 0);
     slot *s = find_or_add(r, key);
     if (!s)
         return release(r, stamp), axc_fail(AXC_ERR_NOMEM, "axc_records_mark: out of memory");
@@ -225,9 +228,24 @@ axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, con
     if (!old)
         r->marks++;
     s->stamp = stamp;
-    s->marked = *groups;
-    release(r, old);
+    s->marked = groups ? *groups : (axc_groups){.n = 0};
+    s->synced = synced > 0 ? synced : 0;
+    release(r, old); /* (also when it is `stamp`: the caller handed over one more reference) */
     return AXC_OK;
+}
+
+axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups)
+{
+    return set_mark(r, key, stamp, groups, 0);
+}
+
+axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
+                                   const axc_groups *groups, double scale)
+{
+    if (!(scale > 0))
+        return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark_synced: scale %g, "
+                                                            "expected > 0", scale);
+    return set_mark(r, key, stamp, groups, scale);
 }
 
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups)
@@ -240,6 +258,26 @@ int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, a
     if (groups)
         *groups = s->marked;
     return 1;
+}
+
+double axc_records_synced(const axc_grad_records *r, uintptr_t key)
+{
+    const slot *s = find(r, key);
+    return s && s->stamp ? s->synced : 0;
+}
+
+size_t axc_records_synced_keys(const axc_grad_records *r, uintptr_t *out, size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->cap; i++) {
+        const slot *s = &r->slots[i];
+        if (s->used && s->stamp && s->synced > 0) {
+            if (n < cap)
+                out[n] = s->key;
+            n++;
+        }
+    }
+    return n;
 }
 
 size_t axc_records_marks(const axc_grad_records *r) { return r->marks; }

@@ -1,6 +1,7 @@
 /* What sync_gradients sums and in which order (axc/sync.h). */
 #include "axc/sync.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,10 +22,22 @@ static int has(const axc_groups *g, axc_group_kind k)
     return 0;
 }
 
-void axc_sync_decide(const axc_groups *groups, const axc_groups *done, unsigned several,
-                     const axc_groups *only, int marks_grad, axc_sync_choice *out)
+void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double done_synced,
+                     unsigned several, const axc_groups *only, int marks_grad, double scale,
+                     axc_sync_choice *out)
 {
     memset(out, 0, sizeof *out);
+    if (marks_grad && done_synced > 0) {
+        /* synced already, no backward since: summing again would count it twice */
+        out->skip = 1;
+        if (!only && fabs(scale / done_synced - 1.0) > 1e-12) { /* another mean= than before */
+            out->rescale = scale / done_synced;
+            out->mark = AXC_SYNC_MARK_SET;
+            out->marked = *done;
+            out->synced = scale;
+        }
+        return;
+    }
     int any_done = done && done->n > 0;
     /* its groups with several ranks, less those a backward summed over, within `only` */
     for (int i = 0; i < groups->n; i++) {
@@ -44,8 +57,16 @@ void axc_sync_decide(const axc_groups *groups, const axc_groups *done, unsigned 
                 out->marked = *done;
             axc_groups_union(&out->marked, &out->sum);
         }
+    } else if (marks_grad) {
+        if (any_done || out->sum.n || scale != 1.0) { /* the step's sums are complete */
+            out->mark = AXC_SYNC_MARK_SET;
+            if (done)
+                out->marked = *done;
+            axc_groups_union(&out->marked, &out->sum);
+            out->synced = scale;
+        }
     } else if (any_done) {
-        out->mark = AXC_SYNC_MARK_FORGET; /* the step's sums are complete */
+        out->mark = AXC_SYNC_MARK_FORGET; /* (another attribute: .grad's sums are over) */
     }
 }
 

@@ -35,18 +35,31 @@ PyObject *axc_py_raise(axc_status status);
 
 /* A loop that goes on past a failed step (each summed gradient marked, even after one mark
  * failed) keeps its first error: axc_py_first_error_take after each failure (the exception
- * fetched, so that the next steps run without one set; a later one dropped), then
+ * fetched, so that the next steps run without one set; a later one dropped, unless it is a
+ * KeyboardInterrupt or SystemExit the first one is not: the user's interrupt is never lost), then
  * axc_py_first_error_restore (-1 with it set again, 0 when none failed). */
 typedef struct axc_py_first_error {
     PyObject *type, *value, *tb;
     int failed;
 } axc_py_first_error;
 
+/* an exception type that is not an error of the work but the user (or the process) stopping */
+static inline int axc_py_is_interrupt(PyObject *type)
+{
+    return type && (PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt) ||
+                    PyErr_GivenExceptionMatches(type, PyExc_SystemExit));
+}
+
 static inline void axc_py_first_error_take(axc_py_first_error *e)
 {
     if (e->failed) {
-        PyErr_Clear();
-        return;
+        if (!axc_py_is_interrupt(PyErr_Occurred()) || axc_py_is_interrupt(e->type)) {
+            PyErr_Clear();
+            return;
+        }
+        Py_XDECREF(e->type); /* (the interrupt replaces the error kept) */
+        Py_XDECREF(e->value);
+        Py_XDECREF(e->tb);
     }
     PyErr_Fetch(&e->type, &e->value, &e->tb);
     e->failed = 1;
@@ -92,9 +105,11 @@ int axc_py_bucket_kind(PyObject *like, axc_bucket_key *key);
  * the caller still puts into this key's buckets (axc_buckets_take): the bucket's flat buffer (a
  * new reference; NULL with an exception), its number and the piece's offset in it; the sums
  * that came due are started. `tag` names the piece's gradient for the error-feedback
- * residuals' fingerprints (the same in every step: axc_buckets_take). */
+ * residuals' fingerprints (the same in every step: axc_buckets_take), `ident` (0: none) the
+ * same on every rank (axc_buckets_take_shared: the transport compares the bucket's pieces). */
 PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t want,
-                             size_t bytes, uint64_t tag, int *bucket, size_t *offset);
+                             size_t bytes, uint64_t tag, uint64_t ident, int *bucket,
+                             size_t *offset);
 /* py_grads.c: as axc_py_bucket_take, the piece itself (flat.narrow(0, offset, n)), tagged by
  * `like` (the parameter whose gradient it takes) */
 PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
@@ -113,6 +128,10 @@ int axc_py_grad_copy_summed(PyObject *p, axc_groups *out);
  * without a sync between) is forgotten, so no copy made later is taken for summed by it */
 int axc_py_grad_forget_dropped(PyObject *p);
 int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g (none forgets) */
+/* p.grad's mark with its synced scale (0: not synced); dropped_ok as axc_py_grad_copy_summed */
+int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced);
+/* p.grad synced (sync_gradients completed its sums over g and multiplied it by scale > 0) */
+int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale);
 /* a pending gradient of p (keep may be NULL), then its bucket (-1: none) written */
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
                        const axc_groups *groups, int bucket);
@@ -124,15 +143,25 @@ PyObject *axc_py_grad_records_finish(void); /* _C.grad_records_finish() */
  * before the deferred work was waited for, axc/layer_residuals.h) */
 PyObject *axc_py_grad_records_drop(uint64_t gen);
 /* py_grad_hook.c: raises (RuntimeError, -1) when p.grad was already summed over ranks
- * (run_concurrent takes unsummed gradients only) */
+ * (run_concurrent takes unsummed gradients only; a synced .grad is fine: axc_py_grad_unsync) */
 int axc_py_grad_check_unsynced(PyObject *p);
+/* A gradient is about to be accumulated into p.grad while it is synced (sync_gradients ran, no
+ * backward since): p.grad becomes this rank's unscaled share of the sum (divided by the scale
+ * and by the rank count of its groups), unmarked, so that the next sync_gradients sums and
+ * scales old and new alike. Nothing when it is not synced. */
+int axc_py_grad_unsync(PyObject *p);
+/* py_records.c: axc_py_grad_unsync for every parameter with a synced .grad (run_concurrent's
+ * start, on the calling thread: no micro-batch thread ever unsyncs) */
+int axc_py_grad_unsync_all(void);
 /* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
  * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the
  * caller) and copied back, as _C.grad_reduce_now; an interrupt while it waits aborts the job's
  * collectives (run_concurrent's reducer); params[i], the parameter whose gradient tensors[i]
- * is, tags its piece (the residuals' fingerprints); -1 with an exception */
-int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, size_t n,
-                       const axc_groups *g, size_t bytes);
+ * is, tags its piece (the residuals' fingerprints), idents[i] (> 0, the same on every rank:
+ * its position in the caller's order) names it for the transport's check that every rank
+ * packed the same gradients; -1 with an exception */
+int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, const size_t *idents,
+                       size_t n, const axc_groups *g, size_t bytes);
 /* py_grad_hook.c: numel elements of the open bucket over `groups` for gradients like p's (the
  * runtime's bucket size) and the bucket's number */
 PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_groups *groups,

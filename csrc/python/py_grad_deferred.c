@@ -27,7 +27,10 @@ static int prepare(PyObject *param, Py_ssize_t n, int overlap_data, PyObject **d
         Py_DECREF(r);
     }
     axc_groups summed;
-    PyObject *prev = axc_py_grad_summed(param, &summed) < 0 ? NULL : PyObject_GetAttrString(param, "grad");
+    /* (a synced .grad first becomes this rank's share: the deferral is made only for a pass
+     * that accumulates into .grad) */
+    PyObject *prev = axc_py_grad_unsync(param) < 0 || axc_py_grad_summed(param, &summed) < 0
+                         ? NULL : PyObject_GetAttrString(param, "grad");
     if (!prev)
         return -1;
     int summed_data = 0;
@@ -111,6 +114,7 @@ int axc_py_deferred_prepare(PyObject *param, Py_ssize_t n, int overlap_data, int
                             axc_py_deferred_dw *dd)
 {
     *dd = (axc_py_deferred_dw){.bucket = -1, .chunk = chunk};
+    axc_runtime_grad_arrived(axc_py_runtime());
     if (n < 0) {
         PyErr_Format(PyExc_ValueError, "a deferred gradient of n=%zd elements, expected n >= 0",
                      n);

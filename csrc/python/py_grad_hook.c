@@ -12,6 +12,8 @@
  * both can change after it was registered. Whether the pass accumulates into .grad (rather than
  * handing the gradient back, torch.autograd.grad) is asked of the callable it was made with
  * (grads.accumulates: only autograd's Python API knows), only when the decision needs it. */
+#include <math.h>
+
 #include "py_common.h"
 
 #include "axc/grad_policy.h"
@@ -173,6 +175,34 @@ static int unreduce(PyObject *p)
     return failed ? -1 : axc_py_grad_mark(p, &none);
 }
 
+int axc_py_grad_unsync(PyObject *p)
+{
+    axc_groups summed;
+    double synced;
+    const axc_grid *grid;
+    if (axc_py_grad_mark_of(p, 0, &summed, &synced) < 0)
+        return -1;
+    if (!(synced > 0))
+        return 0;
+    if (!(grid = grid_now()))
+        return -1;
+    /* .grad = scale * (the sum over `summed`); this rank's share of it is sum / copies */
+    double by = synced * (double)axc_grad_copies(grid, &summed);
+    if (fabs(by - 1.0) > 1e-12) {
+        PyObject *grad = PyObject_GetAttr(p, s_grad);
+        PyObject *d = grad && grad != Py_None ? PyFloat_FromDouble(by) : NULL;
+        PyObject *r = d ? method1(grad, s_div_, d) : NULL;
+        int failed = !grad || (grad != Py_None && !r);
+        Py_XDECREF(grad);
+        Py_XDECREF(d);
+        Py_XDECREF(r);
+        if (failed)
+            return -1;
+    }
+    static const axc_groups none = {.n = 0};
+    return axc_py_grad_mark(p, &none);
+}
+
 /* n = p.numel() elements of the open bucket over `groups` for gradients like p's */
 static PyObject *bucket_view(PyObject *p, const axc_groups *groups, int *id)
 {
@@ -303,9 +333,18 @@ static int add_after(PyObject *p, PyObject *g, axc_groups groups)
 int axc_py_grad_check_unsynced(PyObject *p)
 {
     axc_groups summed;
-    int rc = axc_py_grad_summed(p, &summed);
-    if (rc < 0 || !summed.n)
+    double synced;
+    int rc = axc_py_grad_mark_of(p, 0, &summed, &synced);
+    if (rc < 0 || (!summed.n && !(synced > 0)))
         return rc;
+    if (synced > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "run_concurrent: a micro-batch reached a .grad that sync_gradients "
+                        "synced while the micro-batches ran (run_concurrent turns synced .grads "
+                        "back into each rank's share when it starts): call sync_gradients "
+                        "after run_concurrent returns");
+        return -1;
+    }
     PyErr_SetString(PyExc_RuntimeError,
                     "run_concurrent: a parameter's .grad was already summed over ranks (by an "
                     "earlier backward with overlap on, or an earlier run_concurrent with model=), "
@@ -320,7 +359,7 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
     axc_runtime *rt = axc_py_runtime();
     axc_grad_records *recs = axc_runtime_records(rt);
     axc_grad_facts f = {.microbatch = axc_microbatch_thread(), .initialized = axc_py_comm() != NULL,
-                        .accumulates = -1};
+                        .accumulates = -1, .synced = -1};
     axc_groups groups = {.n = 0};
     int grad_mode = 0; /* torch's grad mode was on (create_graph=True): off while acting */
     int rc = 0;
@@ -328,6 +367,15 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
         const axc_grad_record *last = axc_records_last(recs, (uintptr_t)p);
         f.pending = last != NULL;
         f.last_replace = last && last->replace;
+        if (f.synced < 0) {
+            axc_groups ignored;
+            double scale;
+            if (axc_py_grad_mark_of(p, 0, &ignored, &scale) < 0) {
+                rc = -1;
+                break;
+            }
+            f.synced = scale > 0;
+        }
         axc_groups last_groups = last ? last->groups : groups;
         switch (axc_grad_decide(&f)) {
         case AXC_GRAD_NOTHING:
@@ -365,6 +413,10 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
         case AXC_GRAD_DROP_ABANDONED:
             rc = axc_py_grad_drop_if_abandoned();
             f.abandoned_checked = 1;
+            break;
+        case AXC_GRAD_UNSYNC:
+            rc = axc_py_grad_unsync(p);
+            f.synced = 0;
             break;
         case AXC_GRAD_CHECK_UNSYNCED:
             rc = axc_py_grad_check_unsynced(p);
@@ -420,10 +472,11 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     int own;
     axc_groups groups;
+    axc_runtime_grad_arrived(axc_py_runtime());
     int rc = axc_py_grad_forget_dropped(p);
     if (rc == 0)
         rc = hook_settings(p, &own, &groups);
-    if (rc == 0 && axc_runtime_grad_needs_work(axc_py_runtime(), own, &groups)) {
+    if (rc == 0 && axc_runtime_grad_needs_work(axc_py_runtime(), (uintptr_t)p, own, &groups)) {
         g_works++;
         rc = take_grad(h, p, g, own, &groups);
     }

@@ -186,14 +186,16 @@ int axc_py_bucket_key(PyObject *like, PyObject *groups, axc_bucket_key *key)
 }
 
 PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n, size_t want,
-                             size_t bytes, uint64_t tag, int *bucket, size_t *offset)
+                             size_t bytes, uint64_t tag, uint64_t ident, int *bucket,
+                             size_t *offset)
 {
     axc_buckets *b = buckets();
     if (!b)
         return NULL;
     (void)axc_buckets_set_bytes(b, bytes);
     void *owner;
-    axc_status st = axc_buckets_take(b, key, n, want, like, tag, bucket, offset, &owner);
+    axc_status st = axc_buckets_take_shared(b, key, n, want, like, tag, ident, bucket, offset,
+                                            &owner);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     /* (the engine's reference may go while start_due releases the GIL: hold one here) */
@@ -209,8 +211,8 @@ PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t 
 {
     size_t off;
     /* (the parameter object: the same in every step of this process) */
-    PyObject *flat = axc_py_bucket_take(like, key, n, 0, bytes, (uint64_t)(uintptr_t)like, bucket,
-                                        &off);
+    PyObject *flat = axc_py_bucket_take(like, key, n, 0, bytes, (uint64_t)(uintptr_t)like, 0,
+                                        bucket, &off);
     PyObject *piece = flat ? PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off,
                                                  (Py_ssize_t)n)
                            : NULL;

@@ -188,6 +188,10 @@ static PyObject *py_begin(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "microbatch_begin: bucket_bytes=%zd, expected > 0", bytes);
         return NULL;
     }
+    /* every synced .grad becomes this rank's share now, on this thread: a micro-batch thread
+     * never unsyncs (another one may accumulate into the same .grad meanwhile) */
+    if (axc_py_comm() && axc_py_grad_unsync_all() < 0)
+        return NULL;
     axc_mb *mb;
     axc_status st = axc_runtime_mb_begin(axc_py_runtime(), owner, n, (size_t)bytes, &mb);
     if (st != AXC_OK)
@@ -280,7 +284,7 @@ static int next_bucket(axc_mb *mb, int *first, int *count, axc_bucket_key *key)
  * others marked. */
 static int reduce_bucket(axc_mb *mb, PyObject *order, int first, int count,
                          const axc_bucket_key *key, size_t bytes, PyObject **have,
-                         PyObject **grads)
+                         PyObject **grads, size_t *idents)
 {
     static PyObject *s_grad;
     if (!s_grad && !(s_grad = PyUnicode_InternFromString("grad")))
@@ -302,13 +306,14 @@ static int reduce_bucket(axc_mb *mb, PyObject *order, int first, int count,
             Py_DECREF(g);
         } else {
             have[k] = p;
+            idents[k] = (size_t)i + 1; /* (its place in the order: the same on every rank) */
             grads[k++] = g;
         }
     }
     axc_groups groups = {.n = key->ngroups};
     memcpy(groups.g, key->groups, (size_t)key->ngroups * sizeof key->groups[0]);
     if (rc == 0 && k)
-        rc = axc_py_grad_reduce(grads, have, k, &groups, bytes); /* (tagged by parameter) */
+        rc = axc_py_grad_reduce(grads, have, idents, k, &groups, bytes); /* (tagged by parameter) */
     /* (only after the sum succeeded) each one, also past a mark that failed: the first error
      * kept */
     axc_py_first_error err = {0};
@@ -344,7 +349,8 @@ static PyObject *py_reduce_all(PyObject *self, PyObject *args)
     Py_ssize_t np = PyTuple_GET_SIZE(order);
     PyObject **have = PyMem_Calloc(np ? (size_t)np : 1, sizeof *have);
     PyObject **grads = PyMem_Calloc(np ? (size_t)np : 1, sizeof *grads);
-    int rc = have && grads ? 1 : -1;
+    size_t *idents = PyMem_Calloc(np ? (size_t)np : 1, sizeof *idents);
+    int rc = have && grads && idents ? 1 : -1;
     if (rc < 0)
         PyErr_NoMemory();
     while (rc > 0) {
@@ -352,7 +358,7 @@ static PyObject *py_reduce_all(PyObject *self, PyObject *args)
         axc_bucket_key key;
         rc = next_bucket(mb, &first, &count, &key);
         if (rc > 0 && reduce_bucket(mb, order, first, count, &key, (size_t)bytes, have,
-                                    grads) < 0)
+                                    grads, idents) < 0)
             rc = -1;
         /* (buckets ready back to back never reach a timed-out slice: look between them too) */
         if (rc > 0 && PyErr_CheckSignals() < 0)
@@ -360,6 +366,7 @@ static PyObject *py_reduce_all(PyObject *self, PyObject *args)
     }
     PyMem_Free(have);
     PyMem_Free(grads);
+    PyMem_Free(idents);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -462,7 +469,11 @@ static PyObject *py_apply_scatters(PyObject *self, PyObject *noargs)
         void *w, *out;
         if (!axc_mb_scatter_result(mb, i, &w, &out))
             continue;
-        PyObject *v = PyObject_CallMethod((PyObject *)out, "view_as", "O", (PyObject *)w);
+        axc_runtime_grad_arrived(axc_py_runtime());
+        /* (a synced .grad first becomes this rank's share: this is a gradient arriving) */
+        PyObject *v = axc_py_grad_unsync((PyObject *)w) < 0
+                          ? NULL
+                          : PyObject_CallMethod((PyObject *)out, "view_as", "O", (PyObject *)w);
         PyObject *g = v ? PyObject_GetAttr((PyObject *)w, s_grad) : NULL;
         int rc = -1;
         if (g == Py_None) {

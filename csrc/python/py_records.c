@@ -81,15 +81,17 @@ static PyObject *referent(PyObject *wr)
 #endif
 }
 
-/* p's marked groups when the mark still names p.grad (or, with `dropped_ok`, p.grad is None
- * since: a copy under another attribute was made from the marked one), else none; -1 with an
- * exception */
-static int summed_of(PyObject *p, int dropped_ok, axc_groups *out)
+/* p's marked groups (and *synced, its synced scale or 0, when not NULL) when the mark still
+ * names p.grad (or, with `dropped_ok`, p.grad is None since: a copy under another attribute
+ * was made from the marked one), else none; -1 with an exception */
+static int summed_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced)
 {
     void *stamp = NULL;
     if (intern() < 0)
         return -1;
     out->n = 0;
+    if (synced)
+        *synced = 0;
     /* (.grad first: its getter may run Python code, which could replace or forget the mark and
      * free the stamp that axc_records_marked lends) */
     PyObject *grad = PyObject_GetAttr(p, s_grad);
@@ -103,6 +105,8 @@ static int summed_of(PyObject *p, int dropped_ok, axc_groups *out)
     if (referent(PyTuple_GET_ITEM(t, 0)) != p ||
         (grad == Py_None ? !dropped_ok : referent(PyTuple_GET_ITEM(t, 1)) != grad))
         out->n = 0;
+    else if (synced)
+        *synced = axc_records_synced(recs(), key_of(p));
     Py_DECREF(grad);
     return 0;
 }
@@ -119,32 +123,45 @@ static PyObject *forget_mark(PyObject *key, PyObject *wr)
 
 static PyMethodDef forget_def = {"forget_mark", forget_mark, METH_O, NULL};
 
-/* marks p.grad (as it is now) summed over g (none, or no .grad: forgets); -1 with an exception */
-static int mark(PyObject *p, const axc_groups *g)
+/* marks p.grad (as it is now) summed over g (none, or no .grad: forgets), and with synced > 0
+ * synced (sync_gradients completed its sums and multiplied it by `synced`; g may be none);
+ * -1 with an exception */
+static int mark(PyObject *p, const axc_groups *g, double synced)
 {
     if (intern() < 0)
         return -1;
-    PyObject *grad = g->n ? PyObject_GetAttr(p, s_grad) : NULL;
-    if (g->n && !grad)
+    int keep = g->n || synced > 0;
+    PyObject *grad = keep ? PyObject_GetAttr(p, s_grad) : NULL;
+    if (keep && !grad)
         return -1;
-    if (!g->n || grad == Py_None) {
+    if (!keep || grad == Py_None) {
         Py_XDECREF(grad);
         axc_records_mark(recs(), key_of(p), NULL, NULL);
         return 0;
     }
-    PyObject *key = PyLong_FromVoidPtr(p);
-    PyObject *cb = key ? PyCFunction_New(&forget_def, key) : NULL;
-    PyObject *wp = cb ? PyWeakref_NewRef(p, cb) : NULL;
-    PyObject *wg = wp ? PyWeakref_NewRef(grad, NULL) : NULL;
-    PyObject *stamp = wg ? PyTuple_Pack(2, wp, wg) : NULL;
-    Py_XDECREF(key);
-    Py_XDECREF(cb);
-    Py_XDECREF(wp);
-    Py_XDECREF(wg);
+    /* a mark that already names p and this .grad keeps its stamp (no new weak references) */
+    void *old = NULL;
+    PyObject *stamp = NULL;
+    if (axc_records_marked(recs(), key_of(p), &old, NULL) &&
+        referent(PyTuple_GET_ITEM((PyObject *)old, 0)) == p &&
+        referent(PyTuple_GET_ITEM((PyObject *)old, 1)) == grad) {
+        stamp = Py_NewRef((PyObject *)old);
+    } else {
+        PyObject *key = PyLong_FromVoidPtr(p);
+        PyObject *cb = key ? PyCFunction_New(&forget_def, key) : NULL;
+        PyObject *wp = cb ? PyWeakref_NewRef(p, cb) : NULL;
+        PyObject *wg = wp ? PyWeakref_NewRef(grad, NULL) : NULL;
+        stamp = wg ? PyTuple_Pack(2, wp, wg) : NULL;
+        Py_XDECREF(key);
+        Py_XDECREF(cb);
+        Py_XDECREF(wp);
+        Py_XDECREF(wg);
+    }
     Py_DECREF(grad);
     if (!stamp)
         return -1;
-    axc_status st = axc_records_mark(recs(), key_of(p), stamp, g);
+    axc_status st = synced > 0 ? axc_records_mark_synced(recs(), key_of(p), stamp, g, synced)
+                               : axc_records_mark(recs(), key_of(p), stamp, g);
     if (st != AXC_OK) {
         axc_py_raise(st);
         return -1;
@@ -157,7 +174,7 @@ static PyObject *py_summed_over(PyObject *self, PyObject *p)
 {
     (void)self;
     axc_groups g;
-    if (intern() < 0 || summed_of(p, 0, &g) < 0)
+    if (intern() < 0 || summed_of(p, 0, &g, NULL) < 0)
         return NULL;
     return groups_tuple(&g);
 }
@@ -169,7 +186,7 @@ static PyObject *py_mark_summed(PyObject *self, PyObject *args)
     PyObject *p, *groups;
     axc_groups g;
     if (!PyArg_ParseTuple(args, "OO", &p, &groups) || intern() < 0 || parse_groups(groups, &g) < 0 ||
-        mark(p, &g) < 0)
+        mark(p, &g, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -182,8 +199,12 @@ static PyObject *py_marks(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(axc_records_marks(recs()));
 }
 
-int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, 0, out); }
-int axc_py_grad_copy_summed(PyObject *p, axc_groups *out) { return summed_of(p, 1, out); }
+int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, 0, out, NULL); }
+int axc_py_grad_copy_summed(PyObject *p, axc_groups *out) { return summed_of(p, 1, out, NULL); }
+int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced)
+{
+    return summed_of(p, dropped_ok, out, synced);
+}
 
 int axc_py_grad_forget_dropped(PyObject *p)
 {
@@ -199,7 +220,38 @@ int axc_py_grad_forget_dropped(PyObject *p)
     Py_DECREF(grad);
     return 0;
 }
-int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g); }
+int axc_py_grad_unsync_all(void)
+{
+    size_t n = axc_records_synced_keys(recs(), NULL, 0);
+    if (!n)
+        return 0;
+    uintptr_t *keys = PyMem_Malloc(n * sizeof *keys);
+    if (!keys) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    n = axc_records_synced_keys(recs(), keys, n);
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        void *stamp = NULL; /* (looked up again: an unsync runs Python, which may forget marks) */
+        if (!axc_records_marked(recs(), keys[i], &stamp, NULL))
+            continue;
+        PyObject *p = referent(PyTuple_GET_ITEM((PyObject *)stamp, 0));
+        if (!p)
+            continue;
+        Py_INCREF(p);
+        rc = axc_py_grad_unsync(p);
+        Py_DECREF(p);
+    }
+    PyMem_Free(keys);
+    return rc;
+}
+
+int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g, 0); }
+int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale)
+{
+    return mark(p, g, scale);
+}
 
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
                        const axc_groups *groups, int bucket)
@@ -365,14 +417,14 @@ static int apply(const axc_grad_record *r)
         rc = PyObject_SetAttr(p, s_grad, view);
     } else { /* (added to a .grad summed like it: its groups join the mark's) */
         axc_groups now;
-        PyObject *sum = summed_of(p, 0, &now) < 0 ? NULL : PyObject_CallMethodOneArg(cur, s_add_, view);
+        PyObject *sum = summed_of(p, 0, &now, NULL) < 0 ? NULL : PyObject_CallMethodOneArg(cur, s_add_, view);
         axc_groups_union(&now, &r->groups);
         g = now;
         rc = sum ? 0 : -1;
         Py_XDECREF(sum);
     }
     if (rc == 0)
-        rc = mark(p, &g);
+        rc = mark(p, &g, 0);
 out:
     Py_XDECREF(view);
     Py_XDECREF(cur);
@@ -449,12 +501,16 @@ PyObject *axc_py_grad_records_drop(uint64_t gen)
     Py_RETURN_NONE;
 }
 
-/* grad_records_clear(): forgets everything pending and the pass (init, finalize) */
+/* grad_records_clear(): forgets everything pending, the pass and the synced marks (init,
+ * finalize: what a sync of the old grid summed and scaled means nothing on the next one) */
 static PyObject *py_records_clear(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     axc_records_clear(recs());
+    uintptr_t key;
+    while (axc_records_synced_keys(recs(), &key, 1)) /* (a release may run Python: one by one) */
+        axc_records_mark(recs(), key, NULL, NULL);
     PyObject *c = g_counting;
     g_counting = NULL;
     Py_XDECREF(c);

@@ -101,6 +101,7 @@ typedef struct piece {
     axc_bucket_key key;
     size_t want; /* elements of its key the call packs from this piece on */
     uint64_t tag; /* its gradient's name in the residuals' fingerprints (axc_buckets_take) */
+    uint64_t ident; /* its name on every rank (axc_buckets_take_shared) */
 } piece;
 
 static PyTypeObject *g_tensor_type, *g_param_type;
@@ -219,8 +220,8 @@ static int pack(PyObject *t, size_t bytes, piece *pc)
     if (!mem && !src)
         return -1;
     int bucket;
-    pc->flat = axc_py_bucket_take(t, &pc->key, pc->n, pc->want, bytes, pc->tag, &bucket,
-                                  &pc->off);
+    pc->flat = axc_py_bucket_take(t, &pc->key, pc->n, pc->want, bytes, pc->tag, pc->ident,
+                                  &bucket, &pc->off);
     if (!pc->flat) {
         Py_XDECREF(src);
         return -1;
@@ -407,8 +408,9 @@ static int finish_interruptibly(void)
  * finish_interruptibly. owners[i] (the parameter whose gradient tensors[i] is: the same object
  * in every step, where a .grad may be a new tensor) tags its piece; NULL: the tensors tag
  * themselves. -1 with an exception. */
-static int reduce(PyObject *const *tensors, PyObject *const *owners, size_t n,
-                  const axc_groups *g, PyObject *scale, size_t bytes, int interruptible)
+static int reduce(PyObject *const *tensors, PyObject *const *owners, const size_t *idents,
+                  size_t n, const axc_groups *g, PyObject *scale, size_t bytes,
+                  int interruptible)
 {
     if (!g->n) {
         for (size_t i = 0; scale && i < n; i++)
@@ -435,6 +437,7 @@ static int reduce(PyObject *const *tensors, PyObject *const *owners, size_t n,
     for (i = 0; i < n; i++) {
         pcs[i].key = key;
         pcs[i].tag = (uint64_t)(uintptr_t)(owners ? owners[i] : tensors[i]);
+        pcs[i].ident = idents ? (uint64_t)idents[i] : (uint64_t)i + 1;
         if (describe(tensors[i], &pcs[i]) < 0) /* (nothing packed yet) */
             goto out;
     }
@@ -466,10 +469,10 @@ out:
     return rc;
 }
 
-int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, size_t n,
-                       const axc_groups *g, size_t bytes)
+int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, const size_t *idents,
+                       size_t n, const axc_groups *g, size_t bytes)
 {
-    return intern() < 0 ? -1 : reduce(tensors, params, n, g, NULL, bytes, 1);
+    return intern() < 0 ? -1 : reduce(tensors, params, idents, n, g, NULL, bytes, 1);
 }
 
 /* None -> NULL, else the number itself (borrowed); -1 with an exception */
@@ -513,7 +516,7 @@ static PyObject *py_reduce_now(PyObject *self, PyObject *args)
     PyObject *seq = PySequence_Tuple(tensors);
     if (!seq)
         return NULL;
-    int rc = reduce(PySequence_Fast_ITEMS(seq), NULL, (size_t)PySequence_Fast_GET_SIZE(seq), &g,
+    int rc = reduce(PySequence_Fast_ITEMS(seq), NULL, NULL, (size_t)PySequence_Fast_GET_SIZE(seq), &g,
                     scale, (size_t)bytes, 1);
     Py_DECREF(seq);
     if (rc < 0)
@@ -527,6 +530,8 @@ typedef struct sync_args {
     unsigned several;
     const axc_groups *only;
     int marks_grad;
+    double scale; /* 1 for none */
+    int repeats;  /* no gradient arrived since the last sync_gradients ended */
 } sync_args;
 
 /* Decides param p's part (C: csrc/grads/sync.c); *grad: the gradient to sum (a new
@@ -557,14 +562,24 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         goto out;
     }
     axc_groups groups, done = {0};
+    double synced = 0;
     if (names_to_groups(groups_obj, "a parameter's _axonn_grad_groups", &groups) < 0)
         goto drop;
     if (axc_records_marks(axc_runtime_records(axc_py_runtime()))) { /* (else no mark to read) */
         /* (main_grad: a copy made from the marked .grad, which may be dropped since) */
-        if ((a->marks_grad ? axc_py_grad_summed : axc_py_grad_copy_summed)(p, &done) < 0)
+        if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced) < 0)
             goto drop;
+        if (synced > 0 && a->marks_grad && !a->repeats) {
+            /* a backward ran since, but not into this .grad (else it would be unsynced): it
+             * takes part in the sums again as every rank's share, as on the ranks where it
+             * did (an unused parameter, a .grad zeroed in place) */
+            if (axc_py_grad_unsync(p) < 0)
+                goto drop;
+            done.n = 0;
+            synced = 0;
+        }
     }
-    axc_sync_decide(&groups, &done, a->several, a->only, a->marks_grad, c);
+    axc_sync_decide(&groups, &done, synced, a->several, a->only, a->marks_grad, a->scale, c);
     *grad = g;
     rc = 0;
     goto out;
@@ -582,7 +597,29 @@ static int mark_summed(PyObject *p, const axc_sync_choice *c)
     axc_groups none = {0};
     if (c->mark == AXC_SYNC_MARK_KEEP)
         return 0;
+    if (c->mark == AXC_SYNC_MARK_SET && c->synced > 0)
+        return axc_py_grad_mark_synced(p, &c->marked, c->synced);
     return axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none);
+}
+
+/* The gradients synced already that this sync scales differently (another mean=): multiplied
+ * by the ratio of the scales, and marked with the new one. */
+static int rescale_synced(PyObject *params, const axc_sync_choice *choices,
+                          PyObject *const *grads, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!choices[i].skip || !(choices[i].rescale > 0) || !grads[i])
+            continue;
+        PyObject *by = PyFloat_FromDouble(choices[i].rescale);
+        PyObject *r = by ? PyObject_CallMethod(grads[i], "mul_", "O", by) : NULL;
+        Py_XDECREF(by);
+        if (!r)
+            return -1;
+        Py_DECREF(r);
+        if (mark_summed(PyList_GET_ITEM(params, i), &choices[i]) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* The sums of the plan, set by set (each set's gradients packed together, or one by one
@@ -590,9 +627,12 @@ static int mark_summed(PyObject *p, const axc_sync_choice *c)
 static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_choice *choices,
                     PyObject *const *grads, PyObject *scale, int vectorize, size_t bytes)
 {
-    /* the set's gradients, then their parameters (the tags of their pieces) */
+    /* the set's gradients, then their parameters (the tags of their pieces), and their
+     * positions in `params` + 1 (their names on every rank) */
     PyObject **set = PyMem_Calloc(plan->n ? 2 * plan->n : 1, sizeof *set);
-    if (!set) {
+    size_t *idents = set ? PyMem_Calloc(plan->n ? plan->n : 1, sizeof *idents) : NULL;
+    if (!idents) {
+        PyMem_Free(set);
         PyErr_NoMemory();
         return -1;
     }
@@ -603,22 +643,24 @@ static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_
         for (size_t k = 0; k < ss->count; k++) {
             set[k] = grads[plan->order[ss->first + k]];
             owners[k] = PyList_GET_ITEM(params, plan->order[ss->first + k]);
+            idents[k] = plan->order[ss->first + k] + 1;
         }
         if (vectorize)
-            rc = reduce(set, owners, ss->count, &ss->groups, scale, bytes, 0);
+            rc = reduce(set, owners, idents, ss->count, &ss->groups, scale, bytes, 0);
         /* a packed set summed: every one of it marked, also past a mark that failed (the
          * first error kept); one by one, a failed mark stops before the next sum */
         axc_py_first_error err = {0};
         for (size_t k = 0; rc == 0 && k < ss->count && !(err.failed && !vectorize); k++) {
             size_t i = plan->order[ss->first + k];
             if (!vectorize)
-                rc = reduce(&set[k], &owners[k], 1, &ss->groups, scale, bytes, 0);
+                rc = reduce(&set[k], &owners[k], &idents[k], 1, &ss->groups, scale, bytes, 0);
             if (rc == 0 && mark_summed(PyList_GET_ITEM(params, i), &choices[i]) < 0)
                 axc_py_first_error_take(&err);
         }
         if (axc_py_first_error_restore(&err) < 0)
             rc = -1;
     }
+    PyMem_Free(idents);
     PyMem_Free(set);
     return rc;
 }
@@ -649,6 +691,10 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         return NULL;
     }
     a.several = axc_sync_several(axc_comm_grid(comm));
+    a.repeats = axc_runtime_sync_repeats(axc_py_runtime());
+    a.scale = scale ? PyFloat_AsDouble(scale) : 1.0;
+    if (a.scale == -1.0 && PyErr_Occurred())
+        return NULL;
     a.marks_grad = PyUnicode_Compare(a.attr, s_grad) == 0;
     if (a.hook == Py_None)
         a.hook = NULL;
@@ -677,6 +723,10 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         goto out;
     }
     rc = run_plan(&plan, list, choices, grads, scale, vectorize, (size_t)bytes);
+    if (rc == 0)
+        rc = rescale_synced(list, choices, grads, n);
+    if (rc == 0 && !a.only && a.marks_grad)
+        axc_runtime_sync_done(axc_py_runtime());
 out:
     axc_sync_plan_free(&plan);
     for (size_t i = 0; grads && i < n; i++)

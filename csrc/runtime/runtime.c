@@ -32,6 +32,9 @@ struct axc_runtime {
     int grad_sync;    /* backward starts gradient sums (0 inside no_grad_sync) */
     int overlap_data; /* the data overlap knob in force */
     size_t grad_bucket_bytes; /* the bucket size of backward's sums (init(bucket_size=)) */
+    /* gradients that reached a hook or a deferred Linear weight (any thread), and their count
+     * when the last sync_gradients ended (+1; 0: none yet): see axc_runtime_sync_repeats */
+    _Atomic unsigned long long grad_arrivals, synced_at;
 };
 
 /* set by run_concurrent on its micro-batch threads */
@@ -261,7 +264,7 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
         axc_coll c = {.kind = AXC_COLL_ALL_REDUCE, .send = sum.data, .recv = sum.data,
                       .count = sum.count, .dtype = sum.dtype, .op = AXC_RED_SUM,
                       .device = sum.device, .codec = sum.codec, .block = sum.block,
-                      .residual = sum.residual};
+                      .residual = sum.residual, .check = sum.check};
         if (sum.device >= 0 && (st = axc_torch_cuda_current_stream(sum.device, &c.stream)))
             st = unstarted_sum(rt, st, sum.group);
         if (st == AXC_OK) {
@@ -279,6 +282,13 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
     }
     rt->starting = 0;
     return st;
+}
+
+void axc_runtime_grad_arrived(axc_runtime *rt) { rt->grad_arrivals++; }
+void axc_runtime_sync_done(axc_runtime *rt) { rt->synced_at = rt->grad_arrivals + 1; }
+int axc_runtime_sync_repeats(const axc_runtime *rt)
+{
+    return rt->synced_at == rt->grad_arrivals + 1;
 }
 
 void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 0; }
@@ -300,9 +310,12 @@ int axc_runtime_grads_idle(const axc_runtime *rt)
            !axc_keeps_count(rt->keeps, AXC_KEEP_RESULT) && !axc_buckets_open(rt->buckets);
 }
 
-int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const axc_groups *groups)
+int axc_runtime_grad_needs_work(const axc_runtime *rt, uintptr_t key, int own_overlap,
+                                const axc_groups *groups)
 {
-    if (t_microbatch || !axc_runtime_grads_idle(rt) || axc_records_marks(rt->records))
+    /* (its own mark only: another parameter's never changes what happens to this gradient) */
+    if (t_microbatch || !axc_runtime_grads_idle(rt) ||
+        (axc_records_marks(rt->records) && axc_records_marked(rt->records, key, NULL, NULL)))
         return 1;
     if (!rt->comm || !rt->grad_sync || !(own_overlap < 0 ? rt->overlap_data : own_overlap))
         return 0;

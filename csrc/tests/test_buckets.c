@@ -302,6 +302,30 @@ int main(void)
     (void)drain(b, sums, 16);
     axc_buckets_reset(b);
 
+    /* the sums' check: the fingerprint of the pieces' idents and sizes (the same on every rank
+     * that packed the same gradients); none once a piece had no ident */
+    uint64_t checks[4];
+    const uint64_t idents[4][2] = {{1, 2}, {1, 2}, {1, 3}, {1, 0}};
+    for (int t = 0; t < 4; t++) {
+        CHECK_OK(axc_buckets_take_shared(b, &data, 4, 0, NULL, 100 + t, idents[t][0], &id, &off,
+                                         &owner));
+        CHECK_OK(axc_buckets_written(b, id));
+        CHECK_OK(axc_buckets_take_shared(b, &data, 4, 0, NULL, 200 + t, idents[t][1], &id, &off,
+                                         &owner));
+        CHECK_OK(axc_buckets_written(b, id));
+        axc_buckets_close_all(b);
+        CHECK(drain(b, sums, 16) == 1);
+        checks[t] = sums[0].check;
+        axc_buckets_reset(b);
+    }
+    CHECK(checks[0] != 0 && checks[0] == checks[1]); /* (the tags, rank-local, do not count) */
+    CHECK(checks[2] != 0 && checks[2] != checks[0] && checks[3] == 0);
+    CHECK_OK(axc_buckets_take(b, &data, 4, 0, NULL, 1, &id, &off, &owner));
+    CHECK_OK(axc_buckets_written(b, id));
+    axc_buckets_close_all(b);
+    CHECK(drain(b, sums, 16) == 1 && sums[0].check == 0);
+    axc_buckets_reset(b);
+
     axc_buckets_zero_stats(b);
     axc_buckets_stats(b, &stats);
     CHECK(stats.made == 0 && stats.early == 0 && stats.at_end == 0);

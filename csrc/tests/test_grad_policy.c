@@ -23,6 +23,30 @@ int main(void)
     f.initialized = 0;
     CHECK(axc_grad_decide(&f) == AXC_GRAD_NOTHING);
 
+    /* a synced .grad (sync_gradients ran, no backward since) first goes back to this rank's
+     * share, only for a pass that accumulates into it; on a micro-batch thread it is checked
+     * (run_concurrent's start unsynced the parameters it was given: another one is refused) */
+    f = base();
+    f.synced = 1;
+    f.accumulates = -1;
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_ASK_ACCUMULATES);
+    f.accumulates = 1;
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_UNSYNC);
+    f.microbatch = 1;
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_CHECK_UNSYNCED);
+    f.accumulates = -1;
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_CHECK_UNSYNCED);
+    f.microbatch = 0;
+    f.accumulates = 0;
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_NOTHING);
+    f.synced = 0; /* (after it: decided as without) */
+    f.accumulates = 1;
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_RECORD);
+    f = base();
+    f.synced = 1;
+    f.initialized = 0; /* (no grid to count the copies on: finalized) */
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_NOTHING);
+
     /* accumulates is asked for only when it matters; autograd.grad gets its gradient back */
     f = base();
     f.accumulates = -1;

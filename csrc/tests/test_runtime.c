@@ -103,20 +103,29 @@ static void needs_work_data2(axc_runtime *rt)
     axc_groups depth = {.n = 1, .g = {AXC_GROUP_DEPTH}};
     CHECK(axc_runtime_grad_sync(rt) && !axc_runtime_overlap_data(rt)); /* the defaults */
     CHECK(axc_runtime_grads_idle(rt));
-    CHECK(!axc_runtime_grad_needs_work(rt, -1, &data)); /* overlap off */
-    CHECK(axc_runtime_grad_needs_work(rt, 1, &data));   /* a layer's own knob on */
+    CHECK(!axc_runtime_grad_needs_work(rt, 0, -1, &data)); /* overlap off */
+    CHECK(axc_runtime_grad_needs_work(rt, 0, 1, &data));   /* a layer's own knob on */
     axc_runtime_set_overlap_data(rt, 1);
-    CHECK(axc_runtime_grad_needs_work(rt, -1, &data) &&
-          axc_runtime_grad_needs_work(rt, -1, &depth_data));
-    CHECK(!axc_runtime_grad_needs_work(rt, 0, &data));   /* its own knob off */
-    CHECK(!axc_runtime_grad_needs_work(rt, -1, &depth)); /* one rank in depth */
-    CHECK(!axc_runtime_grad_needs_work(rt, -1, NULL));
+    CHECK(axc_runtime_grad_needs_work(rt, 0, -1, &data) &&
+          axc_runtime_grad_needs_work(rt, 0, -1, &depth_data));
+    CHECK(!axc_runtime_grad_needs_work(rt, 0, 0, &data));   /* its own knob off */
+    CHECK(!axc_runtime_grad_needs_work(rt, 0, -1, &depth)); /* one rank in depth */
+    CHECK(!axc_runtime_grad_needs_work(rt, 0, -1, NULL));
     axc_runtime_set_grad_sync(rt, 0); /* no_grad_sync */
-    CHECK(!axc_runtime_grad_needs_work(rt, -1, &data) && !axc_runtime_grad_sync(rt));
+    CHECK(!axc_runtime_grad_needs_work(rt, 0, -1, &data) && !axc_runtime_grad_sync(rt));
     axc_set_microbatch_thread(1); /* a micro-batch thread's gradient is always checked */
-    CHECK(axc_runtime_grad_needs_work(rt, -1, &depth) && axc_microbatch_thread());
+    CHECK(axc_runtime_grad_needs_work(rt, 0, -1, &depth) && axc_microbatch_thread());
     axc_set_microbatch_thread(0);
     axc_runtime_set_grad_sync(rt, 1);
+    /* a parameter with a mark (its .grad summed or synced) needs it; another one does not */
+    static int stamp;
+    int before = g_counts.kept_released;
+    CHECK_OK(axc_records_mark_synced(axc_runtime_records(rt), 7, &stamp, &depth, 0.5));
+    CHECK(axc_runtime_grad_needs_work(rt, 7, -1, NULL) &&
+          !axc_runtime_grad_needs_work(rt, 8, -1, NULL));
+    CHECK_OK(axc_records_mark(axc_runtime_records(rt), 7, NULL, NULL));
+    CHECK(!axc_runtime_grad_needs_work(rt, 7, -1, NULL));
+    g_counts.kept_released = before; /* (the stamp's release) */
     axc_runtime_set_overlap_data(rt, 0);
 }
 
@@ -155,7 +164,7 @@ static void data2_main(int rank, int world, const int dims[4], double timeout)
         data[k] = (float *)owner + off;
         /* a bucket still taking gradients: every gradient needs the gradient code */
         axc_groups none = {.n = 0};
-        CHECK(!axc_runtime_grads_idle(rt) && axc_runtime_grad_needs_work(rt, 0, &none));
+        CHECK(!axc_runtime_grads_idle(rt) && axc_runtime_grad_needs_work(rt, 0, 0, &none));
         for (int i = 0; i < 16; i++)
             data[k][i] = (float)(rank + 1) * (float)(i + 1 + 100 * k);
         CHECK_OK(axc_buckets_written(axc_runtime_buckets(rt), id));
@@ -297,7 +306,7 @@ static void one_rank(void)
     /* closed: no gradient needs work unless something is pending or marked */
     axc_groups world = {.n = 1, .g = {AXC_GROUP_WORLD}};
     axc_runtime_set_overlap_data(rt, 1);
-    CHECK(axc_runtime_grads_idle(rt) && !axc_runtime_grad_needs_work(rt, 1, &world));
+    CHECK(axc_runtime_grads_idle(rt) && !axc_runtime_grad_needs_work(rt, 0, 1, &world));
     /* a sum that comes due with nothing open fails, naming init */
     float *values;
     int id = take_data_bucket(rt, 4, &values);
@@ -370,7 +379,7 @@ static void one_rank(void)
     CHECK_OK(axc_records_add(recs, &(axc_grad_record){.key = 1, .param = &param, .dw = &dw}));
     axc_groups data = {.n = 1, .g = {AXC_GROUP_DATA}};
     CHECK_OK(axc_records_mark(recs, 1, &stamp, &data));
-    CHECK(axc_runtime_grad_needs_work(rt, 0, NULL)); /* a record, a mark */
+    CHECK(axc_runtime_grad_needs_work(rt, 0, 0, NULL)); /* a record */
     axc_runtime_destroy(rt);
     CHECK(g_counts.kept_released == 4);
     CHECK_MSG(g_counts.begins == g_counts.ends, "%d begins, %d ends", g_counts.begins,

@@ -21,24 +21,36 @@ static int is(const axc_groups *g, axc_groups want)
     return g->n == want.n && memcmp(g->g, want.g, (size_t)want.n * sizeof want.g[0]) == 0;
 }
 
-/* one row of the table: groups, done, only (NULL: sync_gradients), .grad or not -> skip, sum,
- * mark, marked */
+/* one row of the table: groups, done (its synced scale), only (NULL: sync_gradients), .grad or
+ * not, the sync's scale -> skip, sum, mark, marked, the mark's synced scale, rescale */
+static void row_s(int line, axc_groups groups, axc_groups done, double done_synced,
+                  const axc_groups *only, int marks_grad, unsigned several, double scale,
+                  int skip, axc_groups sum, axc_sync_mark mark, axc_groups marked,
+                  double synced, double rescale)
+{
+    axc_sync_choice c;
+    memset(&c, 0xAB, sizeof c); /* (every field must be written) */
+    axc_sync_decide(&groups, &done, done_synced, several, only, marks_grad, scale, &c);
+    int ok = c.skip == skip && is(&c.sum, sum) && c.mark == mark &&
+             (mark != AXC_SYNC_MARK_SET || (is(&c.marked, marked) && c.synced == synced)) &&
+             c.rescale == rescale;
+    if (!ok)
+        fprintf(stderr, "table row at line %d: skip %d sum.n %d mark %d synced %g rescale %g\n",
+                line, c.skip, c.sum.n, (int)c.mark, c.synced, c.rescale);
+    CHECK(ok);
+}
+
+/* a row without synced marks nor scale; a full sync that marks .grad marks it synced by 1 */
 static void row(int line, axc_groups groups, axc_groups done, const axc_groups *only,
                 int marks_grad, unsigned several, int skip, axc_groups sum, axc_sync_mark mark,
                 axc_groups marked)
 {
-    axc_sync_choice c;
-    memset(&c, 0xAB, sizeof c); /* (every field must be written) */
-    axc_sync_decide(&groups, &done, several, only, marks_grad, &c);
-    int ok = c.skip == skip && is(&c.sum, sum) && c.mark == mark &&
-             (mark != AXC_SYNC_MARK_SET || is(&c.marked, marked));
-    if (!ok)
-        fprintf(stderr, "table row at line %d: skip %d sum.n %d mark %d\n", line, c.skip,
-                c.sum.n, (int)c.mark);
-    CHECK(ok);
+    row_s(line, groups, done, 0, only, marks_grad, several, 1.0, skip, sum, mark, marked,
+          !only && mark == AXC_SYNC_MARK_SET ? 1.0 : 0, 0);
 }
 
 #define ROW(...) row(__LINE__, __VA_ARGS__)
+#define ROW_S(...) row_s(__LINE__, __VA_ARGS__)
 
 int main(void)
 {
@@ -55,23 +67,41 @@ int main(void)
     const axc_sync_mark KEEP = AXC_SYNC_MARK_KEEP, FORGET = AXC_SYNC_MARK_FORGET,
                         SET = AXC_SYNC_MARK_SET;
 
-    /* sync_gradients */
+    /* sync_gradients: what .grad ends summed over is marked synced, with the scale */
     /* a Linear weight, not summed by backward (overlap off): over data */
-    ROW(G(1, DATA, 0), none, NULL, 1, several, 0, G(1, DATA, 0), KEEP, none);
-    /* summed by backward: only scaled, the mark forgotten */
-    ROW(G(1, DATA, 0), G(1, DATA, 0), NULL, 1, several, 0, none, FORGET, none);
+    ROW(G(1, DATA, 0), none, NULL, 1, several, 0, G(1, DATA, 0), SET, G(1, DATA, 0));
+    /* summed by backward: only scaled */
+    ROW(G(1, DATA, 0), G(1, DATA, 0), NULL, 1, several, 0, none, SET, G(1, DATA, 0));
     /* a bias after sync_gradients_depth_parallel: over data only */
-    ROW(G(2, DEPTH, DATA), G(1, DEPTH, 0), NULL, 1, several, 0, G(1, DATA, 0), FORGET, none);
+    ROW(G(2, DEPTH, DATA), G(1, DEPTH, 0), NULL, 1, several, 0, G(1, DATA, 0), SET,
+        G(2, DEPTH, DATA));
     /* a replicated parameter (easy layout) over world; expert layout over depth then data */
-    ROW(G(1, WORLD, 0), none, NULL, 1, several, 0, G(1, WORLD, 0), KEEP, none);
-    ROW(G(2, DEPTH, DATA), none, NULL, 1, several, 0, G(2, DEPTH, DATA), KEEP, none);
+    ROW(G(1, WORLD, 0), none, NULL, 1, several, 0, G(1, WORLD, 0), SET, G(1, WORLD, 0));
+    ROW(G(2, DEPTH, DATA), none, NULL, 1, several, 0, G(2, DEPTH, DATA), SET, G(2, DEPTH, DATA));
     /* a group of one rank is left out, the order of the rest kept */
-    ROW(G(2, ROW, DATA), none, NULL, 1, several, 0, G(1, DATA, 0), KEEP, none);
-    ROW(G(2, DATA, COL), none, NULL, 1, several, 0, G(1, DATA, 0), KEEP, none);
-    /* another attribute (main_grad): .grad's mark is still forgotten */
+    ROW(G(2, ROW, DATA), none, NULL, 1, several, 0, G(1, DATA, 0), SET, G(1, DATA, 0));
+    ROW(G(2, DATA, COL), none, NULL, 1, several, 0, G(1, DATA, 0), SET, G(1, DATA, 0));
+    /* another attribute (main_grad): .grad's mark is forgotten */
     ROW(G(1, DATA, 0), G(1, DATA, 0), NULL, 0, several, 0, none, FORGET, none);
-    /* a world of one: nothing to sum, still scaled */
+    ROW(G(1, DATA, 0), none, NULL, 0, several, 0, G(1, DATA, 0), KEEP, none);
+    /* a world of one: nothing to sum nor scale, nothing marked; scaled: marked synced */
     ROW(G(1, WORLD, 0), none, NULL, 1, 0, 0, none, KEEP, none);
+    ROW_S(G(1, WORLD, 0), none, 0, NULL, 1, 0, 0.5, 0, none, SET, none, 0.5, 0);
+    /* mean=True: the scale goes into the mark */
+    ROW_S(G(1, DATA, 0), G(1, DATA, 0), 0, NULL, 1, several, 0.25, 0, none, SET, G(1, DATA, 0),
+          0.25, 0);
+    /* a second sync_gradients (no backward since): nothing summed nor scaled again ... */
+    ROW_S(G(1, DATA, 0), G(1, DATA, 0), 0.25, NULL, 1, several, 0.25, 1, none, KEEP, none, 0, 0);
+    ROW_S(G(1, WORLD, 0), none, 1.0, NULL, 1, 0, 1.0, 1, none, KEEP, none, 0, 0);
+    /* ... unless it asks for another scale: then only rescaled, and marked so */
+    ROW_S(G(1, DATA, 0), G(1, DATA, 0), 0.25, NULL, 1, several, 1.0, 1, none, SET,
+          G(1, DATA, 0), 1.0, 4.0);
+    /* sync_gradients_depth_parallel after it: the sums are complete, nothing */
+    ROW_S(G(2, DEPTH, DATA), G(2, DEPTH, DATA), 0.5, &depth_only, 1, several, 0.5, 1, none, KEEP,
+          none, 0, 0);
+    /* another attribute reads a synced mark as plain groups */
+    ROW_S(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0.5, NULL, 0, several, 1.0, 0, G(1, DATA, 0), FORGET,
+          none, 0, 0);
 
     /* sync_gradients_depth_parallel (only depth) */
     /* a bias: over depth, marked so */
@@ -91,7 +121,7 @@ int main(void)
     /* no done at all (NULL) reads as none */
     axc_sync_choice c;
     axc_groups dd = G(2, DEPTH, DATA);
-    axc_sync_decide(&dd, NULL, several, &depth_only, 1, &c);
+    axc_sync_decide(&dd, NULL, 0, several, &depth_only, 1, 1.0, &c);
     CHECK(!c.skip && is(&c.sum, G(1, DEPTH, 0)) && c.mark == SET && is(&c.marked, G(1, DEPTH, 0)));
 
     /* the order: sets by first appearance, members in parameter order, skipped ones out */

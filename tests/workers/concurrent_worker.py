@@ -103,8 +103,9 @@ def check_training(g, n, overlap, with_model):
             close(m.bias.grad, r.bias.grad[rows], torch.float32, f"{what} step {it} db")
         opt.step()
         ref_opt.step()
-        opt.zero_grad()
-        ref_opt.zero_grad()
+        if it != 0:  # (step 1 accumulates onto step 0's synced gradients, as the serial one)
+            opt.zero_grad()
+            ref_opt.zero_grad()
 
 
 def check_really_concurrent(g, n):

@@ -23,6 +23,18 @@ def concurrent_steps(g):
         axonn_c.sync_gradients(model)
 
 
+def raises_comm_error(call):
+    """0 (and the error printed) when call() raises CommError, else 1."""
+    try:
+        call()
+    except axonn_c.CommError as e:
+        print(f"RAISED {type(e).__name__}: {e}", flush=True)
+        axonn_c.finalize()
+        return 0
+    print("NO ERROR", flush=True)
+    return 1
+
+
 def out_of_step(timeout):
     """Rank 1 feeds a different number of tokens to an expert-layout layer: the forward
     all-reduces of the column group differ in length. Every rank raises at once, naming both
@@ -31,14 +43,21 @@ def out_of_step(timeout):
     layer = axonn_c.Linear(64, 64, expert_mode=True)
     x = torch.ones(4 + 2 * (g.rank == 1), 64 // g.G_intra_c)
     layer(torch.ones(4, 64 // g.G_intra_c))  # in step
-    try:
-        layer(x)
-    except axonn_c.CommError as e:
-        print(f"RAISED {type(e).__name__}: {e}", flush=True)
-        axonn_c.finalize()
-        return 0
-    print("NO ERROR", flush=True)
-    return 1
+    return raises_comm_error(lambda: layer(x))
+
+
+def other_grads(timeout):
+    """Rank 1 has a gradient for another parameter of the same size than rank 0 (a branch the
+    other rank did not run): sync_gradients' packed sums have the same length on both ranks,
+    and would sum the two parameters' gradients into each other. Every rank raises at once,
+    naming the mismatch, instead (shm compares what the buckets hold)."""
+    g = axonn_c.init(G_data=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4),
+                                 "c": torch.nn.Linear(4, 4)})
+    branch = model["b"] if g.rank == 0 else model["c"]
+    branch(model["a"](torch.ones(2, 4))).sum().backward()
+    return raises_comm_error(lambda: axonn_c.sync_gradients(model))
 
 
 def other_group(timeout):
@@ -48,14 +67,8 @@ def other_group(timeout):
     g = axonn_c.init(G_intra_c=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     x = torch.ones(16)
     axonn_c.comm.all_reduce(x, group="world")  # in step
-    try:
-        axonn_c.comm.all_reduce(x, group="col" if g.rank == 0 else "world")
-    except axonn_c.CommError as e:
-        print(f"RAISED {type(e).__name__}: {e}", flush=True)
-        axonn_c.finalize()
-        return 0
-    print("NO ERROR", flush=True)
-    return 1
+    return raises_comm_error(lambda: axonn_c.comm.all_reduce(x, group="col" if g.rank == 0
+                                                          else "world"))
 
 
 def main():
@@ -65,6 +78,8 @@ def main():
         return out_of_step(timeout)
     if mode == "other_group":
         return other_group(timeout)
+    if mode == "other_grads":
+        return other_grads(timeout)
     if mode == "kill_concurrent":
         g = axonn_c.init(G_data=2, G_intra_c=world // 2, timeout=timeout,
                          concurrent_microbatches=2)

@@ -324,6 +324,72 @@ def step_both(par, ser, g, seed, what):
     compare_grads(par, ser, what)
 
 
+def check_sync_twice_and_accumulate(g):
+    """sync_gradients is idempotent until the next backward: a second call sums nothing again
+    (a depth-sharded Linear weight was halved by mean=True, a sum doubled by mean=False) and one
+    with another mean= only rescales; a backward that accumulates into synced gradients (no
+    zero_grad between steps) gives the serial sum of both steps' gradients, overlap on and
+    off."""
+    shards = g.world_size  # (easy layout: every rank holds other tokens)
+    for overlap in (True, False):
+        for mean in (False, True):
+            what = f"sync twice (overlap={overlap}, mean={mean})"
+            ser, par = easy_pair(21, 6)
+            for m in par.modules():
+                if isinstance(m, axonn_c.Linear):
+                    m.overlap_data = m.defer_wgrad = overlap
+            mine = None
+            for step, seed in enumerate((31, 32)):
+                x, t, mine = batch(g, seed)
+                # the serial model accumulates both steps; par is never zeroed either
+                loss_fn(ser(x), t, mean, t.numel()).backward()
+                loss_fn(par(x[mine]), t[mine], mean, t.numel()).backward()
+                axonn_c.sync_gradients(par, mean=mean)
+                axonn_c.sync_gradients(par, mean=mean)
+                compare_grads(par, ser, f"{what}: step {step}")
+            # another mean= rescales what was synced, and back
+            axonn_c.sync_gradients(par, mean=not mean)
+            factor = 1.0 / shards if not mean else float(shards)
+            with torch.no_grad():
+                for p in ser.parameters():
+                    p.grad.mul_(factor)
+            compare_grads(par, ser, f"{what}: then mean={not mean}")
+            axonn_c.sync_gradients(par, mean=mean)
+            with torch.no_grad():
+                for p in ser.parameters():
+                    p.grad.div_(factor)
+            compare_grads(par, ser, f"{what}: then mean={mean} again")
+
+
+def check_unused_after_zero_in_place(g):
+    """zero_grad(set_to_none=False) keeps the synced .grads (zeroed in place); a step that uses
+    a parameter on some ranks only (an unused branch) must still sum it on every rank (no rank
+    skips it as synced): the sums are the serial ones, no rank raises or waits."""
+    world, rank = g.world_size, g.rank
+    gen = torch.Generator().manual_seed(41)
+    xs = torch.randn(world, 3, 4, generator=gen)
+
+    def model():
+        torch.manual_seed(5)
+        return nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
+
+    def loss(m, r, step):
+        y = m["a"](xs[r])
+        return (m["b"](y) if step == 0 or r % 2 == 0 else y).pow(2).sum()
+
+    par, ser = model(), model()
+    for step in (0, 1):
+        par.zero_grad(set_to_none=False)
+        ser.zero_grad(set_to_none=False)
+        loss(par, rank, step).backward()
+        for r in range(world):
+            loss(ser, r, step).backward()
+        axonn_c.sync_gradients(par)
+        for name, p in ser.named_parameters():
+            close(dict(par.named_parameters())[name].grad, p.grad,
+                  f"unused after zero_grad(set_to_none=False), step {step}: {name}")
+
+
 def check_main_grad(g):
     """sync_gradients(gradient_attr_name="main_grad") on copies of .grad made after an
     overlapped backward (AxoNN's pattern): the copies carry the sums .grad got during
@@ -526,6 +592,8 @@ def main():
         check_copies(g)
         check_saved_mid_step(g)
         check_main_grad(g)
+        check_sync_twice_and_accumulate(g)
+        check_unused_after_zero_in_place(g)
         check_unfrozen_copy(g)
         check_sync_memory(g)
         if stale is not None:

@@ -78,6 +78,7 @@ typedef struct axc_bucket_sum {
     axc_codec codec;
     int block;
     float *residual;
+    uint64_t check; /* for axc_coll.check: the pieces' fingerprint when each had an ident */
 } axc_bucket_sum;
 
 typedef struct axc_buckets axc_buckets;
@@ -119,10 +120,17 @@ void axc_buckets_clear_residuals(axc_buckets *b);
  * than its gradients), and never fewer than n. Out: the bucket's number (numbers go on across
  * passes: one taken before its pass ended is refused afterwards, see axc_buckets_check), the
  * piece's offset in elements, and the buffer's owner handle. `tag` names the piece's gradient
- * (the same gradient, the same tag, in every step: axonn_c uses its parameter) for the
- * residuals' fingerprints. */
+ * (the same gradient, the same tag, in every step: axonn_c uses its parameter's address) for
+ * the residuals' fingerprints. */
 axc_status axc_buckets_take(axc_buckets *b, const axc_bucket_key *key, size_t n, size_t want,
                             void *arg, uint64_t tag, int *bucket, size_t *offset, void **owner);
+/* As axc_buckets_take, with `ident` (0: none) naming the gradient the same way on every rank
+ * (a synchronous sum: its position in the sum). A bucket whose every piece has one carries
+ * their fingerprint (idents and sizes, in order) in its sums (axc_bucket_sum.check), which the
+ * transport compares across ranks. */
+axc_status axc_buckets_take_shared(axc_buckets *b, const axc_bucket_key *key, size_t n,
+                                   size_t want, void *arg, uint64_t tag, uint64_t ident,
+                                   int *bucket, size_t *offset, void **owner);
 /* Whether a piece taken from `bucket` may still be written and recorded: AXC_ERR_STATE once its
  * pass ended (axc_buckets_reset) or its end-of-pass sums started (axc_buckets_close_all), e.g.
  * another thread's end of pass between a piece's take and its record: the piece is then not in

@@ -67,7 +67,7 @@ typedef struct axc_cuda_api {
     /* optional (CUDA >= 12): a stream's id, unique for the process's lifetime (a stream handle
      * may be reused once cudaStreamDestroy returned) */
     int (*StreamGetId)(void *stream, unsigned long long *id);
-    /* optional (CUDA >= 12): kernels of an embedded fatbin (the codec kernels, codec_cuda.c):
+    /* optional (CUDA >= 12): kernels of an embedded fatbin (axc_cuda_load_kernels):
      * cudaLibraryLoadData without options, cudaLibraryGetKernel, and cudaLaunchKernel taking
      * that kernel handle (dim3 by value: axc_cuda_dim3 has its layout) */
     int (*LibraryLoadData)(void **library, const void *code, void *jit_options,
@@ -94,6 +94,14 @@ enum {
 
 /* Loads the runtime once (thread-safe). AXC_ERR_UNAVAILABLE with the reason when there is none. */
 axc_status axc_cuda_load(const axc_cuda_api **api);
+
+/* Loads the kernels `names[0 .. n)` of an embedded fatbin (`what` names it in messages: "the
+ * codec kernels") through the runtime's library API, once per caller: kernels[i] gets each
+ * handle to launch with (*api)->LaunchKernel. AXC_ERR_UNAVAILABLE with the reason when there is
+ * no runtime, it is older than CUDA 12 (no cudaLibraryLoadData), or a load fails. */
+axc_status axc_cuda_load_kernels(const void *fatbin, size_t size, const char *what,
+                                 const char *const *names, void **kernels, int n,
+                                 const axc_cuda_api **api);
 
 /* Turns a runtime error code into an AXC_ERR_BACKEND status naming the call. */
 axc_status axc_cuda_check(int err, const char *what);

@@ -12,7 +12,10 @@
  * - a chunk record (axonn_c.Sequential): the record several chunk calls of one pass accumulate
  *   into, complete after the number of calls the forwards announced (chunk call counts);
  * - the summed-over mark: the groups the parameter's current .grad was summed over, kept with a
- *   stamp of that .grad (the caller checks the stamp still names the .grad it has).
+ *   stamp of that .grad (the caller checks the stamp still names the .grad it has); a synced
+ *   mark also says that sync_gradients completed that .grad's sums for the step and multiplied
+ *   it by a scale (a second sync leaves it alone; the next backward first turns it back into
+ *   this rank's unscaled share, docs/ARCHITECTURE.md#gradient-marks).
  *
  * The end of a pass (axc_records_detach) hands the caller the records in the order it applies
  * them and the taken .grads it puts back. Objects are opaque owners (Python references, in the
@@ -70,8 +73,17 @@ void axc_records_destroy(axc_grad_records *r);
 /* Marks key's .grad (as `stamp` names it) summed over `groups`; no groups forgets. The stamp is
  * owned (released when the mark is replaced or forgotten, also on failure). */
 axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups);
+/* As axc_records_mark, a synced mark: key's .grad is summed over `groups` (may be none) and
+ * multiplied by `scale` (> 0) by sync_gradients. (Either call may be handed the mark's own stamp:
+ * each hands over one ownership of it, so one is released.) */
+axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
+                                   const axc_groups *groups, double scale);
 /* 1 and the stamp (borrowed) and groups when key has a mark, else 0. */
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups);
+/* The scale of key's synced mark; 0 when its mark is not synced or it has none. */
+double axc_records_synced(const axc_grad_records *r, uintptr_t key);
+/* The keys with a synced mark: how many there are, the first `cap` of them written to out. */
+size_t axc_records_synced_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
 size_t axc_records_marks(const axc_grad_records *r);
 
 /* ---- records of the pass */

@@ -109,6 +109,14 @@ int axc_runtime_grad_sync(const axc_runtime *rt);
 void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
 int axc_runtime_overlap_data(const axc_runtime *rt);
 void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes); /* (0 is ignored) */
+/* Whether a sync_gradients call repeats the last one: no gradient arrived since it ended (a
+ * gradient hook or a deferred Linear weight: axc_runtime_grad_arrived, any thread; a backward
+ * pass has some on every rank). Only then are the .grads it marked synced left as they are;
+ * after a backward, a synced .grad no gradient reached in it (an unused parameter, a .grad
+ * zeroed in place) takes part in the sums again, on every rank alike. */
+void axc_runtime_grad_arrived(axc_runtime *rt);
+void axc_runtime_sync_done(axc_runtime *rt); /* a sync_gradients call ended */
+int axc_runtime_sync_repeats(const axc_runtime *rt);
 size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
@@ -130,10 +138,12 @@ axc_mb_memory *axc_runtime_mb_memory(const axc_runtime *rt); /* NULL without the
 int axc_runtime_grads_idle(const axc_runtime *rt);
 
 /* Whether a parameter's gradient arriving now needs the gradient code; 0: autograd takes it
- * untouched. It does when something is pending (not idle), a .grad is marked summed, the thread
- * runs a micro-batch, or its sum would start now: initialised, sums on, the data overlap on
- * (`own_overlap`: the parameter's own knob, 0/1, or -1 for none: the runtime's), and one of
- * `groups` (its groups; NULL: none) has several ranks. */
-int axc_runtime_grad_needs_work(const axc_runtime *rt, int own_overlap, const axc_groups *groups);
+ * untouched. It does when something is pending (not idle), the parameter (`key`, as the records
+ * know it) has a mark (its .grad summed or synced), the thread runs a micro-batch, or its sum
+ * would start now: initialised, sums on, the data overlap on (`own_overlap`: the parameter's
+ * own knob, 0/1, or -1 for none: the runtime's), and one of `groups` (its groups; NULL: none)
+ * has several ranks. */
+int axc_runtime_grad_needs_work(const axc_runtime *rt, uintptr_t key, int own_overlap,
+                                const axc_groups *groups);
 
 #endif

@@ -6,8 +6,10 @@
  * groups a replicated parameter's copies differ over), of which only those with several ranks
  * count. A backward pass (or an earlier sync_gradients_depth_parallel) may have summed it over
  * some of them already (its mark, records.h): those are left out. sync_gradients_depth_parallel
- * sums over "depth" only (`only`) and marks the gradient so; sync_gradients forgets the mark
- * (the step's sums are done). Pure decisions: no collective, no tensor, no lock. */
+ * sums over "depth" only (`only`) and marks the gradient so; sync_gradients marks it synced
+ * (the step's sums are done, and it is scaled): a second sync_gradients before the next
+ * backward sums nothing again (it only changes the scale when asked for another one). Pure
+ * decisions: no collective, no tensor, no lock. */
 #ifndef AXC_SYNC_H
 #define AXC_SYNC_H
 
@@ -29,19 +31,23 @@ typedef struct axc_sync_choice {
     axc_groups sum;    /* summed over these now, in order (none: only scaled) */
     axc_sync_mark mark;
     axc_groups marked; /* with AXC_SYNC_MARK_SET: what .grad is then summed over */
+    double synced;     /* with AXC_SYNC_MARK_SET: > 0, the mark is synced with this scale */
+    double rescale;    /* with skip: > 0, .grad (synced already) is multiplied by this */
 } axc_sync_choice;
 
 /* The group kinds with more than one rank on `grid`, bit 1 << kind each. */
 unsigned axc_sync_several(const axc_grid *grid);
 
 /* The choice for one parameter whose gradient is summed over `groups` in all, of which `done`
- * are summed already (its mark; none when it has none). `several`: axc_sync_several's mask.
- * `only`: NULL for every group (sync_gradients), else these only (sync_gradients_depth_parallel:
- * a parameter with nothing to sum over them is skipped). `marks_grad`: the gradient synced is
- * .grad itself, which the marks describe (another attribute, e.g. a main_grad copied from
- * .grad, is summed but leaves .grad's mark to sync_gradients). */
-void axc_sync_decide(const axc_groups *groups, const axc_groups *done, unsigned several,
-                     const axc_groups *only, int marks_grad, axc_sync_choice *out);
+ * are summed already (its mark; none when it has none), `done_synced` the mark's synced scale
+ * (0: not synced). `several`: axc_sync_several's mask. `only`: NULL for every group
+ * (sync_gradients), else these only (sync_gradients_depth_parallel: a parameter with nothing to
+ * sum over them is skipped). `marks_grad`: the gradient synced is .grad itself, which the marks
+ * describe (another attribute, e.g. a main_grad copied from .grad, is summed but leaves .grad's
+ * mark to sync_gradients). `scale`: what the sync multiplies by (1: nothing). */
+void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double done_synced,
+                     unsigned several, const axc_groups *only, int marks_grad, double scale,
+                     axc_sync_choice *out);
 
 /* The parameters of one set of sums: plan->order[first .. first + count) are their indices,
  * in parameter order, all summed over `groups`. */
