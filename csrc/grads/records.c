@@ -12,6 +12,7 @@ typedef struct slot {
     void *stamp; /* the mark's stamp (NULL: no mark) */
     axc_groups marked;
     double synced; /* > 0: a synced mark, the scale sync_gradients applied */
+    unsigned long long gen; /* a synced mark's generation (the caller's count when made) */
     size_t nrec, last; /* records of this pass; index of the last one */
     int taken;
     int chunk; /* an open chunk record: recs[chunk_rec] */
@@ -203,7 +204,7 @@ void axc_records_destroy(axc_grad_records *r)
 /* ------------------------------------------------------------------------------------ marks */
 
 static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
-                           const axc_groups *groups, double synced)
+                           const axc_groups *groups, double synced, unsigned long long gen)
 {
     if (synced <= 0 && (!groups || groups->n <= 0)) {
         slot *s = find(r, key);
@@ -230,22 +231,23 @@ static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
     s->stamp = stamp;
     s->marked = groups ? *groups : (axc_groups){.n = 0};
     s->synced = synced > 0 ? synced : 0;
+    s->gen = gen;
     release(r, old); /* (also when it is `stamp`: the caller handed over one more reference) */
     return AXC_OK;
 }
 
 axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups)
 {
-    return set_mark(r, key, stamp, groups, 0);
+    return set_mark(r, key, stamp, groups, 0, 0);
 }
 
 axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
-                                   const axc_groups *groups, double scale)
+                                   const axc_groups *groups, double scale, unsigned long long gen)
 {
     if (!(scale > 0))
         return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark_synced: scale %g, "
                                                             "expected > 0", scale);
-    return set_mark(r, key, stamp, groups, scale);
+    return set_mark(r, key, stamp, groups, scale, gen);
 }
 
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups)
@@ -260,9 +262,11 @@ int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, a
     return 1;
 }
 
-double axc_records_synced(const axc_grad_records *r, uintptr_t key)
+double axc_records_synced(const axc_grad_records *r, uintptr_t key, unsigned long long *gen)
 {
     const slot *s = find(r, key);
+    if (gen)
+        *gen = s && s->stamp ? s->gen : 0;
     return s && s->stamp ? s->synced : 0;
 }
 

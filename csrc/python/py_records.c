@@ -106,7 +106,7 @@ static int summed_of(PyObject *p, int dropped_ok, axc_groups *out, double *synce
         (grad == Py_None ? !dropped_ok : referent(PyTuple_GET_ITEM(t, 1)) != grad))
         out->n = 0;
     else if (synced)
-        *synced = axc_records_synced(recs(), key_of(p));
+        *synced = axc_records_synced(recs(), key_of(p), NULL);
     Py_DECREF(grad);
     return 0;
 }
@@ -160,8 +160,10 @@ static int mark(PyObject *p, const axc_groups *g, double synced)
     Py_DECREF(grad);
     if (!stamp)
         return -1;
-    axc_status st = synced > 0 ? axc_records_mark_synced(recs(), key_of(p), stamp, g, synced)
-                               : axc_records_mark(recs(), key_of(p), stamp, g);
+    axc_status st =
+        synced > 0 ? axc_records_mark_synced(recs(), key_of(p), stamp, g, synced,
+                                             axc_runtime_grad_arrivals(axc_py_runtime()))
+                   : axc_records_mark(recs(), key_of(p), stamp, g);
     if (st != AXC_OK) {
         axc_py_raise(st);
         return -1;

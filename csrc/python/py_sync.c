@@ -531,7 +531,7 @@ typedef struct sync_args {
     const axc_groups *only;
     int marks_grad;
     double scale; /* 1 for none */
-    int repeats;  /* no gradient arrived since the last sync_gradients ended */
+    unsigned long long arrivals; /* gradients arrived so far (axc_runtime_grad_arrivals) */
 } sync_args;
 
 /* Decides param p's part (C: csrc/grads/sync.c); *grad: the gradient to sum (a new
@@ -569,7 +569,10 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         /* (main_grad: a copy made from the marked .grad, which may be dropped since) */
         if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced) < 0)
             goto drop;
-        if (synced > 0 && a->marks_grad && !a->repeats) {
+        unsigned long long gen = 0;
+        if (synced > 0)
+            (void)axc_records_synced(axc_runtime_records(axc_py_runtime()), (uintptr_t)p, &gen);
+        if (synced > 0 && a->marks_grad && gen != a->arrivals) {
             /* a backward ran since, but not into this .grad (else it would be unsynced): it
              * takes part in the sums again as every rank's share, as on the ranks where it
              * did (an unused parameter, a .grad zeroed in place) */
@@ -691,7 +694,7 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         return NULL;
     }
     a.several = axc_sync_several(axc_comm_grid(comm));
-    a.repeats = axc_runtime_sync_repeats(axc_py_runtime());
+    a.arrivals = axc_runtime_grad_arrivals(axc_py_runtime());
     a.scale = scale ? PyFloat_AsDouble(scale) : 1.0;
     if (a.scale == -1.0 && PyErr_Occurred())
         return NULL;
@@ -725,8 +728,6 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
     rc = run_plan(&plan, list, choices, grads, scale, vectorize, (size_t)bytes);
     if (rc == 0)
         rc = rescale_synced(list, choices, grads, n);
-    if (rc == 0 && !a.only && a.marks_grad)
-        axc_runtime_sync_done(axc_py_runtime());
 out:
     axc_sync_plan_free(&plan);
     for (size_t i = 0; grads && i < n; i++)

@@ -32,9 +32,8 @@ struct axc_runtime {
     int grad_sync;    /* backward starts gradient sums (0 inside no_grad_sync) */
     int overlap_data; /* the data overlap knob in force */
     size_t grad_bucket_bytes; /* the bucket size of backward's sums (init(bucket_size=)) */
-    /* gradients that reached a hook or a deferred Linear weight (any thread), and their count
-     * when the last sync_gradients ended (+1; 0: none yet): see axc_runtime_sync_repeats */
-    _Atomic unsigned long long grad_arrivals, synced_at;
+    /* gradients that reached a hook or a deferred Linear weight (any thread) */
+    _Atomic unsigned long long grad_arrivals;
 };
 
 /* set by run_concurrent on its micro-batch threads */
@@ -285,11 +284,7 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
 }
 
 void axc_runtime_grad_arrived(axc_runtime *rt) { rt->grad_arrivals++; }
-void axc_runtime_sync_done(axc_runtime *rt) { rt->synced_at = rt->grad_arrivals + 1; }
-int axc_runtime_sync_repeats(const axc_runtime *rt)
-{
-    return rt->synced_at == rt->grad_arrivals + 1;
-}
+unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt) { return rt->grad_arrivals; }
 
 void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 0; }
 int axc_runtime_grad_sync(const axc_runtime *rt) { return rt->grad_sync; }

@@ -71,14 +71,16 @@ int main(void)
     CHECK_OK(axc_records_mark(r, 1, own(103), &none)); /* forgets; the new stamp goes too */
     CHECK(nreleased == 3 && axc_records_marks(r) == 0 && !axc_records_marked(r, 1, NULL, NULL));
     /* a synced mark: its scale (0 for a plain mark); its groups may be none */
-    CHECK(axc_records_synced(r, 1) == 0);
-    CHECK_OK(axc_records_mark_synced(r, 1, own(110), &none, 0.25));
-    CHECK(axc_records_marks(r) == 1 && axc_records_synced(r, 1) == 0.25 &&
+    CHECK(axc_records_synced(r, 1, NULL) == 0);
+    CHECK_OK(axc_records_mark_synced(r, 1, own(110), &none, 0.25, 7));
+    CHECK(axc_records_marks(r) == 1 && axc_records_synced(r, 1, NULL) == 0.25 &&
           axc_records_marked(r, 1, &stamp, &got) && val(stamp) == 110 && got.n == 0);
-    CHECK_OK(axc_records_mark_synced(r, 1, own(111), &data, 0.5));
-    CHECK(nreleased == 4 && last_released == 110 && axc_records_synced(r, 1) == 0.5 &&
+    CHECK_OK(axc_records_mark_synced(r, 1, own(111), &data, 0.5, 9));
+    unsigned long long gen = 0;
+    CHECK(axc_records_synced(r, 1, &gen) == 0.5 && gen == 9);
+    CHECK(nreleased == 4 && last_released == 110 && axc_records_synced(r, 1, NULL) == 0.5 &&
           axc_records_marked(r, 1, &stamp, &got) && val(stamp) == 111 && got.n == 1);
-    CHECK_OK(axc_records_mark_synced(r, 2, own(120), &data, 1.0));
+    CHECK_OK(axc_records_mark_synced(r, 2, own(120), &data, 1.0, 7));
     uintptr_t keys[2] = {0, 0};
     CHECK(axc_records_synced_keys(r, NULL, 0) == 2 && axc_records_synced_keys(r, keys, 1) == 2 &&
           (keys[0] == 1 || keys[0] == 2));
@@ -86,8 +88,8 @@ int main(void)
     CHECK(nreleased == 5 && axc_records_synced_keys(r, keys, 2) == 1 && keys[0] == 1);
     nreleased = 4;
     CHECK_OK(axc_records_mark(r, 1, own(112), &data)); /* a plain mark again: not synced */
-    CHECK(nreleased == 5 && axc_records_synced(r, 1) == 0 && axc_records_marks(r) == 1);
-    CHECK(axc_records_mark_synced(r, 1, own(113), &data, 0) == AXC_ERR_INVALID && nreleased == 6);
+    CHECK(nreleased == 5 && axc_records_synced(r, 1, NULL) == 0 && axc_records_marks(r) == 1);
+    CHECK(axc_records_mark_synced(r, 1, own(113), &data, 0, 7) == AXC_ERR_INVALID && nreleased == 6);
     CHECK_OK(axc_records_mark(r, 1, NULL, NULL));
     CHECK(nreleased == 7 && axc_records_marks(r) == 0);
     nreleased = 3;

@@ -120,7 +120,7 @@ static void needs_work_data2(axc_runtime *rt)
     /* a parameter with a mark (its .grad summed or synced) needs it; another one does not */
     static int stamp;
     int before = g_counts.kept_released;
-    CHECK_OK(axc_records_mark_synced(axc_runtime_records(rt), 7, &stamp, &depth, 0.5));
+    CHECK_OK(axc_records_mark_synced(axc_runtime_records(rt), 7, &stamp, &depth, 0.5, 0));
     CHECK(axc_runtime_grad_needs_work(rt, 7, -1, NULL) &&
           !axc_runtime_grad_needs_work(rt, 8, -1, NULL));
     CHECK_OK(axc_records_mark(axc_runtime_records(rt), 7, NULL, NULL));

@@ -24,7 +24,8 @@ typedef struct axc_grad_facts {
     int overlap;         /* the data overlap knob in force for the parameter */
     int groups;          /* how many of its groups have more than one rank */
     int plain;           /* the gradient is strided and of the parameter's dtype */
-    int synced;          /* .grad is synced (sync_gradients ran, no backward since); -1: unknown */
+    int synced;          /* .grad is synced (sync_gradients ran, no backward since; the caller
+                          * learns it before deciding) */
 } axc_grad_facts;
 
 typedef enum axc_grad_action {

@@ -74,14 +74,16 @@ void axc_records_destroy(axc_grad_records *r);
  * owned (released when the mark is replaced or forgotten, also on failure). */
 axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups);
 /* As axc_records_mark, a synced mark: key's .grad is summed over `groups` (may be none) and
- * multiplied by `scale` (> 0) by sync_gradients. (Either call may be handed the mark's own stamp:
- * each hands over one ownership of it, so one is released.) */
+ * multiplied by `scale` (> 0) by sync_gradients, in generation `gen` (the caller's; axonn_c:
+ * the gradients arrived so far). (Either call may be handed the mark's own stamp: each hands
+ * over one ownership of it, so one is released.) */
 axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
-                                   const axc_groups *groups, double scale);
+                                   const axc_groups *groups, double scale, unsigned long long gen);
 /* 1 and the stamp (borrowed) and groups when key has a mark, else 0. */
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups);
-/* The scale of key's synced mark; 0 when its mark is not synced or it has none. */
-double axc_records_synced(const axc_grad_records *r, uintptr_t key);
+/* The scale of key's synced mark (and its generation in *gen, when not NULL); 0 when its mark
+ * is not synced or it has none. */
+double axc_records_synced(const axc_grad_records *r, uintptr_t key, unsigned long long *gen);
 /* The keys with a synced mark: how many there are, the first `cap` of them written to out. */
 size_t axc_records_synced_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
 size_t axc_records_marks(const axc_grad_records *r);

@@ -109,14 +109,13 @@ int axc_runtime_grad_sync(const axc_runtime *rt);
 void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
 int axc_runtime_overlap_data(const axc_runtime *rt);
 void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes); /* (0 is ignored) */
-/* Whether a sync_gradients call repeats the last one: no gradient arrived since it ended (a
- * gradient hook or a deferred Linear weight: axc_runtime_grad_arrived, any thread; a backward
- * pass has some on every rank). Only then are the .grads it marked synced left as they are;
- * after a backward, a synced .grad no gradient reached in it (an unused parameter, a .grad
- * zeroed in place) takes part in the sums again, on every rank alike. */
+/* The gradients arrived so far (at a gradient hook or a deferred Linear weight, any thread; a
+ * backward pass has some on every rank): a synced mark keeps the count it was made at, and a
+ * sync_gradients leaves that .grad alone only while no gradient arrived since; after a
+ * backward, a synced .grad no gradient reached in it (an unused parameter, a .grad zeroed in
+ * place) takes part in the sums again, on every rank alike. */
 void axc_runtime_grad_arrived(axc_runtime *rt);
-void axc_runtime_sync_done(axc_runtime *rt); /* a sync_gradients call ended */
-int axc_runtime_sync_repeats(const axc_runtime *rt);
+unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt);
 size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
