@@ -4,12 +4,11 @@
 axc_grad_action axc_grad_decide(const axc_grad_facts *f)
 {
     /* a .grad sync_gradients completed, about to take more: first back to this rank's share
-     * (only when the pass accumulates into it: torch.autograd.grad leaves .grad as it is); not
-     * on a micro-batch thread, where another thread may accumulate into it at the same time
-     * (run_concurrent's start did it for the parameters it was given: any other is refused) */
+     * (only when the pass accumulates into it: torch.autograd.grad leaves .grad as it is; a
+     * micro-batch's always does, and the other threads' gradients for it wait meanwhile) */
     if (f->synced && f->initialized) {
         if (f->microbatch)
-            return AXC_GRAD_CHECK_UNSYNCED;
+            return AXC_GRAD_UNSYNC;
         if (f->accumulates < 0)
             return AXC_GRAD_ASK_ACCUMULATES;
         if (f->accumulates)

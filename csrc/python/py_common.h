@@ -150,9 +150,7 @@ int axc_py_grad_check_unsynced(PyObject *p);
  * and by the rank count of its groups), unmarked, so that the next sync_gradients sums and
  * scales old and new alike. Nothing when it is not synced. */
 int axc_py_grad_unsync(PyObject *p);
-/* py_records.c: axc_py_grad_unsync for every parameter with a synced .grad (run_concurrent's
- * start, on the calling thread: no micro-batch thread ever unsyncs) */
-int axc_py_grad_unsync_all(void);
+
 /* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
  * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the
  * caller) and copied back, as _C.grad_reduce_now; an interrupt while it waits aborts the job's

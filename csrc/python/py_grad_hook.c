@@ -13,6 +13,7 @@
  * handing the gradient back, torch.autograd.grad) is asked of the callable it was made with
  * (grads.accumulates: only autograd's Python API knows), only when the decision needs it. */
 #include <math.h>
+#include <sched.h>
 
 #include "py_common.h"
 
@@ -175,11 +176,32 @@ static int unreduce(PyObject *p)
     return failed ? -1 : axc_py_grad_mark(p, &none);
 }
 
+/* The parameters whose .grad a thread is unsyncing now (the GIL guards the list; the division
+ * lets it go): another run_concurrent micro-batch thread's gradient for one of them waits until
+ * it is done, so that no accumulation into that .grad runs during the division, nor a second
+ * division. */
+enum { UNSYNCING_MAX = 64 };
+static PyObject *g_unsyncing[UNSYNCING_MAX];
+static int g_nunsyncing;
+
+static int unsyncing(PyObject *p)
+{
+    for (int i = 0; i < g_nunsyncing; i++)
+        if (g_unsyncing[i] == p)
+            return 1;
+    return 0;
+}
+
 int axc_py_grad_unsync(PyObject *p)
 {
     axc_groups summed;
     double synced;
     const axc_grid *grid;
+    while (unsyncing(p) || g_nunsyncing == UNSYNCING_MAX) { /* (rare: a short wait) */
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
     if (axc_py_grad_mark_of(p, 0, &summed, &synced) < 0)
         return -1;
     if (!(synced > 0))
@@ -188,19 +210,26 @@ int axc_py_grad_unsync(PyObject *p)
         return -1;
     /* .grad = scale * (the sum over `summed`); this rank's share of it is sum / copies */
     double by = synced * (double)axc_grad_copies(grid, &summed);
+    g_unsyncing[g_nunsyncing++] = p;
+    int rc = 0;
     if (fabs(by - 1.0) > 1e-12) {
         PyObject *grad = PyObject_GetAttr(p, s_grad);
         PyObject *d = grad && grad != Py_None ? PyFloat_FromDouble(by) : NULL;
         PyObject *r = d ? method1(grad, s_div_, d) : NULL;
-        int failed = !grad || (grad != Py_None && !r);
+        rc = !grad || (grad != Py_None && !r) ? -1 : 0;
         Py_XDECREF(grad);
         Py_XDECREF(d);
         Py_XDECREF(r);
-        if (failed)
-            return -1;
     }
     static const axc_groups none = {.n = 0};
-    return axc_py_grad_mark(p, &none);
+    if (rc == 0)
+        rc = axc_py_grad_mark(p, &none);
+    for (int i = 0; i < g_nunsyncing; i++) /* (others may have come and gone meanwhile) */
+        if (g_unsyncing[i] == p) {
+            g_unsyncing[i] = g_unsyncing[--g_nunsyncing];
+            break;
+        }
+    return rc;
 }
 
 /* n = p.numel() elements of the open bucket over `groups` for gradients like p's */
@@ -335,16 +364,8 @@ int axc_py_grad_check_unsynced(PyObject *p)
     axc_groups summed;
     double synced;
     int rc = axc_py_grad_mark_of(p, 0, &summed, &synced);
-    if (rc < 0 || (!summed.n && !(synced > 0)))
+    if (rc < 0 || !summed.n || synced > 0) /* (a synced one is unsynced as its gradient comes) */
         return rc;
-    if (synced > 0) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "run_concurrent: a micro-batch reached a .grad that sync_gradients "
-                        "synced while the micro-batches ran (run_concurrent turns synced .grads "
-                        "back into each rank's share when it starts): call sync_gradients "
-                        "after run_concurrent returns");
-        return -1;
-    }
     PyErr_SetString(PyExc_RuntimeError,
                     "run_concurrent: a parameter's .grad was already summed over ranks (by an "
                     "earlier backward with overlap on, or an earlier run_concurrent with model=), "

@@ -148,6 +148,11 @@ static int reducer_order(axc_mb *mb, PyObject *params, PyObject *replicated, PyO
             rc = -1;
             break;
         }
+        /* (the reducer sums its .grad whether a micro-batch reaches it or not: its share now) */
+        if (trains && axc_py_grad_unsync(p) < 0) {
+            rc = -1;
+            break;
+        }
         if (!trains || !key.ngroups)
             continue;
         if (axc_py_grad_check_unsynced(p) < 0) {
@@ -188,10 +193,6 @@ static PyObject *py_begin(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "microbatch_begin: bucket_bytes=%zd, expected > 0", bytes);
         return NULL;
     }
-    /* every synced .grad becomes this rank's share now, on this thread: a micro-batch thread
-     * never unsyncs (another one may accumulate into the same .grad meanwhile) */
-    if (axc_py_comm() && axc_py_grad_unsync_all() < 0)
-        return NULL;
     axc_mb *mb;
     axc_status st = axc_runtime_mb_begin(axc_py_runtime(), owner, n, (size_t)bytes, &mb);
     if (st != AXC_OK)

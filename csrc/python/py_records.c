@@ -222,33 +222,6 @@ int axc_py_grad_forget_dropped(PyObject *p)
     Py_DECREF(grad);
     return 0;
 }
-int axc_py_grad_unsync_all(void)
-{
-    size_t n = axc_records_synced_keys(recs(), NULL, 0);
-    if (!n)
-        return 0;
-    uintptr_t *keys = PyMem_Malloc(n * sizeof *keys);
-    if (!keys) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    n = axc_records_synced_keys(recs(), keys, n);
-    int rc = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        void *stamp = NULL; /* (looked up again: an unsync runs Python, which may forget marks) */
-        if (!axc_records_marked(recs(), keys[i], &stamp, NULL))
-            continue;
-        PyObject *p = referent(PyTuple_GET_ITEM((PyObject *)stamp, 0));
-        if (!p)
-            continue;
-        Py_INCREF(p);
-        rc = axc_py_grad_unsync(p);
-        Py_DECREF(p);
-    }
-    PyMem_Free(keys);
-    return rc;
-}
-
 int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g, 0); }
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale)
 {

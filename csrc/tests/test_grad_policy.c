@@ -24,18 +24,17 @@ int main(void)
     CHECK(axc_grad_decide(&f) == AXC_GRAD_NOTHING);
 
     /* a synced .grad (sync_gradients ran, no backward since) first goes back to this rank's
-     * share, only for a pass that accumulates into it; on a micro-batch thread it is checked
-     * (run_concurrent's start unsynced the parameters it was given: another one is refused) */
+     * share, only for a pass that accumulates into it (a micro-batch's always does) */
     f = base();
     f.synced = 1;
     f.accumulates = -1;
     CHECK(axc_grad_decide(&f) == AXC_GRAD_ASK_ACCUMULATES);
     f.accumulates = 1;
     CHECK(axc_grad_decide(&f) == AXC_GRAD_UNSYNC);
-    f.microbatch = 1;
-    CHECK(axc_grad_decide(&f) == AXC_GRAD_CHECK_UNSYNCED);
+    f.microbatch = 1; /* (a micro-batch's backward always accumulates: not asked) */
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_UNSYNC);
     f.accumulates = -1;
-    CHECK(axc_grad_decide(&f) == AXC_GRAD_CHECK_UNSYNCED);
+    CHECK(axc_grad_decide(&f) == AXC_GRAD_UNSYNC);
     f.microbatch = 0;
     f.accumulates = 0;
     CHECK(axc_grad_decide(&f) == AXC_GRAD_NOTHING);
