@@ -121,14 +121,12 @@ int axc_py_keep_alive(axc_keep_kind kind, uint64_t number, PyObject *obj);
 
 /* py_records.c: the records of pending gradients and the summed-over marks */
 int axc_py_grad_summed(PyObject *p, axc_groups *out); /* p.grad's mark (none when stale) */
-/* the mark for a copy of p.grad under another attribute (main_grad): as axc_py_grad_summed,
- * and also when p.grad was set to None after the copy */
-int axc_py_grad_copy_summed(PyObject *p, axc_groups *out);
 /* a gradient reaches p while p.grad is None: the mark of a .grad dropped since (zero_grad
  * without a sync between) is forgotten, so no copy made later is taken for summed by it */
 int axc_py_grad_forget_dropped(PyObject *p);
 int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g (none forgets) */
-/* p.grad's mark with its synced scale (0: not synced); dropped_ok as axc_py_grad_copy_summed */
+/* p.grad's mark with its synced scale (0: not synced); with dropped_ok also when p.grad was set
+ * to None since (the mark of a copy under another attribute, main_grad, made before) */
 int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced);
 /* p.grad synced (sync_gradients completed its sums over g and multiplied it by scale > 0) */
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale);

@@ -202,7 +202,6 @@ static PyObject *py_marks(PyObject *self, PyObject *noargs)
 }
 
 int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, 0, out, NULL); }
-int axc_py_grad_copy_summed(PyObject *p, axc_groups *out) { return summed_of(p, 1, out, NULL); }
 int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced)
 {
     return summed_of(p, dropped_ok, out, synced);
