@@ -116,8 +116,9 @@ def sync_gradients_depth_parallel(model: nn.Module, mean: bool = False,
                                   vectorize: bool = True) -> None:
     """AxoNN's older name: the part of sync_gradients over the depth group only (the parameters
     whose gradients differ over depth: Linear biases, replicated parameters in the expert
-    layout). A later sync_gradients does not sum them over depth again. `mean=True` divides by
-    G_intra_d."""
+    layout). A later sync_gradients does not sum them over depth again. `mean=True` divides what
+    it sums by G_intra_d; a later sync_gradients replaces that scale by its own (its mean= is
+    divided once in all)."""
     _sync(model, mean, expert_mode, gradient_attr_name, vectorize, only=("depth",))
 
 

@@ -12,6 +12,7 @@ typedef struct slot {
     void *stamp; /* the mark's stamp (NULL: no mark) */
     axc_groups marked;
     double synced; /* > 0: a synced mark, the scale sync_gradients applied */
+    double scaled; /* a mark that is not synced: the scale its .grad carries (1: none) */
     unsigned long long gen; /* a synced mark's generation (the caller's count when made) */
     size_t nrec, last; /* records of this pass; index of the last one */
     int taken;
@@ -204,9 +205,10 @@ void axc_records_destroy(axc_grad_records *r)
 /* ------------------------------------------------------------------------------------ marks */
 
 static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
-                           const axc_groups *groups, double synced, unsigned long long gen)
+                           const axc_groups *groups, double synced, double scaled,
+                           unsigned long long gen)
 {
-    if (synced <= 0 && (!groups || groups->n <= 0)) {
+    if (synced <= 0 && scaled == 1.0 && (!groups || groups->n <= 0)) {
         slot *s = find(r, key);
         void *old = s ? s->stamp : NULL;
         if (s && old) {
@@ -231,6 +233,7 @@ static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
     s->stamp = stamp;
     s->marked = groups ? *groups : (axc_groups){.n = 0};
     s->synced = synced > 0 ? synced : 0;
+    s->scaled = synced > 0 ? 1.0 : scaled;
     s->gen = gen;
     release(r, old); /* (also when it is `stamp`: the caller handed over one more reference) */
     return AXC_OK;
@@ -238,7 +241,16 @@ static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
 
 axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups)
 {
-    return set_mark(r, key, stamp, groups, 0, 0);
+    return set_mark(r, key, stamp, groups, 0, 1.0, 0);
+}
+
+axc_status axc_records_mark_scaled(axc_grad_records *r, uintptr_t key, void *stamp,
+                                   const axc_groups *groups, double scale)
+{
+    if (!(scale > 0))
+        return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark_scaled: scale "
+                                                            "%g, expected > 0", scale);
+    return set_mark(r, key, stamp, groups, 0, scale, 0);
 }
 
 axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
@@ -247,7 +259,7 @@ axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *sta
     if (!(scale > 0))
         return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark_synced: scale %g, "
                                                             "expected > 0", scale);
-    return set_mark(r, key, stamp, groups, scale, gen);
+    return set_mark(r, key, stamp, groups, scale, 1.0, gen);
 }
 
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups)
@@ -268,6 +280,14 @@ double axc_records_synced(const axc_grad_records *r, uintptr_t key, unsigned lon
     if (gen)
         *gen = s && s->stamp ? s->gen : 0;
     return s && s->stamp ? s->synced : 0;
+}
+
+double axc_records_scale(const axc_grad_records *r, uintptr_t key)
+{
+    const slot *s = find(r, key);
+    if (!s || !s->stamp)
+        return 1.0;
+    return s->synced > 0 ? s->synced : s->scaled;
 }
 
 size_t axc_records_synced_keys(const axc_grad_records *r, uintptr_t *out, size_t cap)

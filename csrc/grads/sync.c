@@ -23,22 +23,28 @@ static int has(const axc_groups *g, axc_group_kind k)
 }
 
 void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double done_synced,
-                     unsigned several, const axc_groups *only, int marks_grad, double scale,
-                     axc_sync_choice *out)
+                     double done_scale, unsigned several, const axc_groups *only, int marks_grad,
+                     double scale, axc_sync_choice *out)
 {
     memset(out, 0, sizeof *out);
-    if (marks_grad && done_synced > 0) {
+    out->scaled = out->factor = 1.0;
+    if (done_synced > 0) {
         /* synced already, no backward since: summing again would count it twice */
         out->skip = 1;
         if (!only && fabs(scale / done_synced - 1.0) > 1e-12) { /* another mean= than before */
             out->rescale = scale / done_synced;
-            out->mark = AXC_SYNC_MARK_SET;
-            out->marked = *done;
-            out->synced = scale;
+            if (marks_grad) {
+                out->mark = AXC_SYNC_MARK_SET;
+                out->marked = *done;
+                out->synced = scale;
+            }
         }
+        if (!marks_grad && !only) /* (a copy under another attribute: .grad's sums are over) */
+            out->mark = AXC_SYNC_MARK_FORGET;
         return;
     }
     int any_done = done && done->n > 0;
+    double carried = done_scale > 0 ? done_scale : 1.0;
     /* its groups with several ranks, less those a backward summed over, within `only` */
     for (int i = 0; i < groups->n; i++) {
         axc_group_kind k = groups->g[i];
@@ -51,28 +57,36 @@ void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double do
             out->skip = 1; /* nothing of `only` to sum: neither summed nor scaled */
             return;
         }
-        if (marks_grad) { /* .grad is then summed over what it was and these */
+        out->factor = scale;
+        if (marks_grad) { /* .grad is then summed over what it was and these, and scaled */
             out->mark = AXC_SYNC_MARK_SET;
             if (done)
                 out->marked = *done;
             axc_groups_union(&out->marked, &out->sum);
+            out->scaled = carried * scale;
         }
-    } else if (marks_grad) {
-        if (any_done || out->sum.n || scale != 1.0) { /* the step's sums are complete */
+        return;
+    }
+    out->factor = scale / carried; /* (the scale carried is replaced by this one) */
+    if (marks_grad) {
+        /* the step's sums are complete */
+        if (any_done || out->sum.n || scale != 1.0 || carried != 1.0) {
             out->mark = AXC_SYNC_MARK_SET;
             if (done)
                 out->marked = *done;
             axc_groups_union(&out->marked, &out->sum);
             out->synced = scale;
         }
-    } else if (any_done) {
+    } else if (any_done || carried != 1.0) {
         out->mark = AXC_SYNC_MARK_FORGET; /* (another attribute: .grad's sums are over) */
     }
 }
 
-static int same(const axc_groups *a, const axc_groups *b)
+static int same(const axc_sync_set *set, const axc_sync_choice *c)
 {
-    return a->n == b->n && memcmp(a->g, b->g, (size_t)a->n * sizeof a->g[0]) == 0;
+    const axc_groups *a = &set->groups, *b = &c->sum;
+    return a->n == b->n && memcmp(a->g, b->g, (size_t)a->n * sizeof a->g[0]) == 0 &&
+           set->factor == c->factor;
 }
 
 axc_status axc_sync_plan_build(axc_sync_plan *plan, const axc_sync_choice *choices, size_t n)
@@ -92,10 +106,12 @@ axc_status axc_sync_plan_build(axc_sync_plan *plan, const axc_sync_choice *choic
         if (choices[i].skip)
             continue;
         int s = 0;
-        while (s < plan->nsets && !same(&plan->sets[s].groups, &choices[i].sum))
+        while (s < plan->nsets && !same(&plan->sets[s], &choices[i]))
             s++;
-        if (s == plan->nsets)
-            plan->sets[plan->nsets++].groups = choices[i].sum;
+        if (s == plan->nsets) {
+            plan->sets[plan->nsets].groups = choices[i].sum;
+            plan->sets[plan->nsets++].factor = choices[i].factor;
+        }
         plan->sets[s].count++;
         set_of[i] = s;
         plan->n++;

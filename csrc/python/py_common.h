@@ -125,11 +125,15 @@ int axc_py_grad_summed(PyObject *p, axc_groups *out); /* p.grad's mark (none whe
  * without a sync between) is forgotten, so no copy made later is taken for summed by it */
 int axc_py_grad_forget_dropped(PyObject *p);
 int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g (none forgets) */
-/* p.grad's mark with its synced scale (0: not synced); with dropped_ok also when p.grad was set
- * to None since (the mark of a copy under another attribute, main_grad, made before) */
-int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced);
+/* p.grad's mark with its synced scale (0: not synced) and the scale it carries (1: none; synced
+ * or not; either pointer may be NULL); with dropped_ok also when p.grad was set to None since
+ * (the mark of a copy under another attribute, main_grad, made before) */
+int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced,
+                        double *scale);
 /* p.grad synced (sync_gradients completed its sums over g and multiplied it by scale > 0) */
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale);
+/* p.grad summed over g and multiplied by scale > 0 (sync_gradients_depth_parallel(mean=True)) */
+int axc_py_grad_mark_scaled(PyObject *p, const axc_groups *g, double scale);
 /* a pending gradient of p (keep may be NULL), then its bucket (-1: none) written */
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
                        const axc_groups *groups, int bucket);

@@ -202,14 +202,15 @@ int axc_py_grad_unsync(PyObject *p)
         sched_yield();
         Py_END_ALLOW_THREADS
     }
-    if (axc_py_grad_mark_of(p, 0, &summed, &synced) < 0)
+    double scale;
+    if (axc_py_grad_mark_of(p, 0, &summed, &synced, &scale) < 0)
         return -1;
-    if (!(synced > 0))
+    if (!(synced > 0) && scale == 1.0)
         return 0;
     if (!(grid = grid_now()))
         return -1;
     /* .grad = scale * (the sum over `summed`); this rank's share of it is sum / copies */
-    double by = synced * (double)axc_grad_copies(grid, &summed);
+    double by = scale * (double)axc_grad_copies(grid, &summed);
     g_unsyncing[g_nunsyncing++] = p;
     int rc = 0;
     if (fabs(by - 1.0) > 1e-12) {
@@ -362,9 +363,10 @@ static int add_after(PyObject *p, PyObject *g, axc_groups groups)
 int axc_py_grad_check_unsynced(PyObject *p)
 {
     axc_groups summed;
-    double synced;
-    int rc = axc_py_grad_mark_of(p, 0, &summed, &synced);
-    if (rc < 0 || !summed.n || synced > 0) /* (a synced one is unsynced as its gradient comes) */
+    double synced, scale;
+    int rc = axc_py_grad_mark_of(p, 0, &summed, &synced, &scale);
+    /* (a synced or scaled one is unsynced as its gradient comes) */
+    if (rc < 0 || !summed.n || synced > 0 || scale != 1.0)
         return rc;
     PyErr_SetString(PyExc_RuntimeError,
                     "run_concurrent: a parameter's .grad was already summed over ranks (by an "
@@ -390,12 +392,13 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
         f.last_replace = last && last->replace;
         if (f.synced < 0) {
             axc_groups ignored;
-            double scale;
-            if (axc_py_grad_mark_of(p, 0, &ignored, &scale) < 0) {
+            double synced, scale;
+            if (axc_py_grad_mark_of(p, 0, &ignored, &synced, &scale) < 0) {
                 rc = -1;
                 break;
             }
-            f.synced = scale > 0;
+            /* (a scaled mark too: sync_gradients_depth_parallel(mean=True)'s) */
+            f.synced = synced > 0 || scale != 1.0;
         }
         axc_groups last_groups = last ? last->groups : groups;
         switch (axc_grad_decide(&f)) {

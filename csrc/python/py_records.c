@@ -81,10 +81,12 @@ static PyObject *referent(PyObject *wr)
 #endif
 }
 
-/* p's marked groups (and *synced, its synced scale or 0, when not NULL) when the mark still
- * names p.grad (or, with `dropped_ok`, p.grad is None since: a copy under another attribute
+/* p's marked groups (and *synced, its synced scale or 0, and *scale, the scale its .grad
+ * carries or 1, when not NULL) when the mark still names p.grad (or, with `dropped_ok`, p.grad
+ * is None since: a copy under another attribute
  * was made from the marked one), else none; -1 with an exception */
-static int summed_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced)
+static int summed_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced,
+                     double *scale)
 {
     void *stamp = NULL;
     if (intern() < 0)
@@ -92,6 +94,8 @@ static int summed_of(PyObject *p, int dropped_ok, axc_groups *out, double *synce
     out->n = 0;
     if (synced)
         *synced = 0;
+    if (scale)
+        *scale = 1.0;
     /* (.grad first: its getter may run Python code, which could replace or forget the mark and
      * free the stamp that axc_records_marked lends) */
     PyObject *grad = PyObject_GetAttr(p, s_grad);
@@ -105,8 +109,12 @@ static int summed_of(PyObject *p, int dropped_ok, axc_groups *out, double *synce
     if (referent(PyTuple_GET_ITEM(t, 0)) != p ||
         (grad == Py_None ? !dropped_ok : referent(PyTuple_GET_ITEM(t, 1)) != grad))
         out->n = 0;
-    else if (synced)
-        *synced = axc_records_synced(recs(), key_of(p), NULL);
+    else {
+        if (synced)
+            *synced = axc_records_synced(recs(), key_of(p), NULL);
+        if (scale)
+            *scale = axc_records_scale(recs(), key_of(p));
+    }
     Py_DECREF(grad);
     return 0;
 }
@@ -124,13 +132,13 @@ static PyObject *forget_mark(PyObject *key, PyObject *wr)
 static PyMethodDef forget_def = {"forget_mark", forget_mark, METH_O, NULL};
 
 /* marks p.grad (as it is now) summed over g (none, or no .grad: forgets), and with synced > 0
- * synced (sync_gradients completed its sums and multiplied it by `synced`; g may be none);
- * -1 with an exception */
-static int mark(PyObject *p, const axc_groups *g, double synced)
+ * synced (sync_gradients completed its sums and multiplied it by `synced`; g may be none),
+ * else multiplied by `scaled` (1: not); -1 with an exception */
+static int mark(PyObject *p, const axc_groups *g, double synced, double scaled)
 {
     if (intern() < 0)
         return -1;
-    int keep = g->n || synced > 0;
+    int keep = g->n || synced > 0 || scaled != 1.0;
     PyObject *grad = keep ? PyObject_GetAttr(p, s_grad) : NULL;
     if (keep && !grad)
         return -1;
@@ -163,7 +171,7 @@ static int mark(PyObject *p, const axc_groups *g, double synced)
     axc_status st =
         synced > 0 ? axc_records_mark_synced(recs(), key_of(p), stamp, g, synced,
                                              axc_runtime_grad_arrivals(axc_py_runtime()))
-                   : axc_records_mark(recs(), key_of(p), stamp, g);
+                   : axc_records_mark_scaled(recs(), key_of(p), stamp, g, scaled);
     if (st != AXC_OK) {
         axc_py_raise(st);
         return -1;
@@ -176,7 +184,7 @@ static PyObject *py_summed_over(PyObject *self, PyObject *p)
 {
     (void)self;
     axc_groups g;
-    if (intern() < 0 || summed_of(p, 0, &g, NULL) < 0)
+    if (intern() < 0 || summed_of(p, 0, &g, NULL, NULL) < 0)
         return NULL;
     return groups_tuple(&g);
 }
@@ -188,7 +196,7 @@ static PyObject *py_mark_summed(PyObject *self, PyObject *args)
     PyObject *p, *groups;
     axc_groups g;
     if (!PyArg_ParseTuple(args, "OO", &p, &groups) || intern() < 0 || parse_groups(groups, &g) < 0 ||
-        mark(p, &g, 0) < 0)
+        mark(p, &g, 0, 1.0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -201,10 +209,14 @@ static PyObject *py_marks(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(axc_records_marks(recs()));
 }
 
-int axc_py_grad_summed(PyObject *p, axc_groups *out) { return summed_of(p, 0, out, NULL); }
-int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced)
+int axc_py_grad_summed(PyObject *p, axc_groups *out)
 {
-    return summed_of(p, dropped_ok, out, synced);
+    return summed_of(p, 0, out, NULL, NULL);
+}
+int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced,
+                        double *scale)
+{
+    return summed_of(p, dropped_ok, out, synced, scale);
 }
 
 int axc_py_grad_forget_dropped(PyObject *p)
@@ -221,10 +233,14 @@ int axc_py_grad_forget_dropped(PyObject *p)
     Py_DECREF(grad);
     return 0;
 }
-int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g, 0); }
+int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g, 0, 1.0); }
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale)
 {
-    return mark(p, g, scale);
+    return mark(p, g, scale, 1.0);
+}
+int axc_py_grad_mark_scaled(PyObject *p, const axc_groups *g, double scale)
+{
+    return mark(p, g, 0, scale);
 }
 
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
@@ -391,14 +407,14 @@ static int apply(const axc_grad_record *r)
         rc = PyObject_SetAttr(p, s_grad, view);
     } else { /* (added to a .grad summed like it: its groups join the mark's) */
         axc_groups now;
-        PyObject *sum = summed_of(p, 0, &now, NULL) < 0 ? NULL : PyObject_CallMethodOneArg(cur, s_add_, view);
+        PyObject *sum = summed_of(p, 0, &now, NULL, NULL) < 0 ? NULL : PyObject_CallMethodOneArg(cur, s_add_, view);
         axc_groups_union(&now, &r->groups);
         g = now;
         rc = sum ? 0 : -1;
         Py_XDECREF(sum);
     }
     if (rc == 0)
-        rc = mark(p, &g, 0);
+        rc = mark(p, &g, 0, 1.0);
 out:
     Py_XDECREF(view);
     Py_XDECREF(cur);

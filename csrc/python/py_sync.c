@@ -562,12 +562,12 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         goto out;
     }
     axc_groups groups, done = {0};
-    double synced = 0;
+    double synced = 0, carried = 1.0;
     if (names_to_groups(groups_obj, "a parameter's _axonn_grad_groups", &groups) < 0)
         goto drop;
     if (axc_records_marks(axc_runtime_records(axc_py_runtime()))) { /* (else no mark to read) */
         /* (main_grad: a copy made from the marked .grad, which may be dropped since) */
-        if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced) < 0)
+        if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced, &carried) < 0)
             goto drop;
         unsigned long long gen = 0;
         if (synced > 0)
@@ -580,9 +580,11 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
                 goto drop;
             done.n = 0;
             synced = 0;
+            carried = 1.0;
         }
     }
-    axc_sync_decide(&groups, &done, synced, a->several, a->only, a->marks_grad, a->scale, c);
+    axc_sync_decide(&groups, &done, synced, carried, a->several, a->only, a->marks_grad,
+                    a->scale, c);
     *grad = g;
     rc = 0;
     goto out;
@@ -602,25 +604,45 @@ static int mark_summed(PyObject *p, const axc_sync_choice *c)
         return 0;
     if (c->mark == AXC_SYNC_MARK_SET && c->synced > 0)
         return axc_py_grad_mark_synced(p, &c->marked, c->synced);
+    if (c->mark == AXC_SYNC_MARK_SET && c->scaled != 1.0)
+        return axc_py_grad_mark_scaled(p, &c->marked, c->scaled);
     return axc_py_grad_mark(p, c->mark == AXC_SYNC_MARK_SET ? &c->marked : &none);
 }
 
-/* The gradients synced already that this sync scales differently (another mean=): multiplied
- * by the ratio of the scales, and marked with the new one. */
+/* The gradients synced already: multiplied by the ratio of the scales when this sync asks for
+ * another one (another mean=), and their marks updated. The mark is set first, then the
+ * multiplication done (its failure puts the old mark back), so that a retry after a failure
+ * never multiplies twice. */
 static int rescale_synced(PyObject *params, const axc_sync_choice *choices,
                           PyObject *const *grads, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        if (!choices[i].skip || !(choices[i].rescale > 0) || !grads[i])
+        const axc_sync_choice *c = &choices[i];
+        if (!c->skip || !grads[i] || (!(c->rescale > 0) && c->mark == AXC_SYNC_MARK_KEEP))
             continue;
-        PyObject *by = PyFloat_FromDouble(choices[i].rescale);
+        PyObject *p = PyList_GET_ITEM(params, i);
+        axc_groups was;
+        double was_synced = 0;
+        if (c->mark == AXC_SYNC_MARK_SET && axc_py_grad_mark_of(p, 0, &was, &was_synced, NULL) < 0)
+            return -1;
+        if (mark_summed(p, c) < 0)
+            return -1;
+        if (!(c->rescale > 0))
+            continue;
+        PyObject *by = PyFloat_FromDouble(c->rescale);
         PyObject *r = by ? PyObject_CallMethod(grads[i], "mul_", "O", by) : NULL;
         Py_XDECREF(by);
-        if (!r)
+        if (!r) { /* (.grad as it was: so is its mark) */
+            if (c->mark == AXC_SYNC_MARK_SET && was_synced > 0) {
+                PyObject *et, *ev, *tb;
+                PyErr_Fetch(&et, &ev, &tb);
+                if (axc_py_grad_mark_synced(p, &was, was_synced) < 0)
+                    PyErr_Clear();
+                PyErr_Restore(et, ev, tb);
+            }
             return -1;
+        }
         Py_DECREF(r);
-        if (mark_summed(PyList_GET_ITEM(params, i), &choices[i]) < 0)
-            return -1;
     }
     return 0;
 }
@@ -628,7 +650,7 @@ static int rescale_synced(PyObject *params, const axc_sync_choice *choices,
 /* The sums of the plan, set by set (each set's gradients packed together, or one by one
  * without `vectorize`), each parameter's mark updated once its sum is done. */
 static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_choice *choices,
-                    PyObject *const *grads, PyObject *scale, int vectorize, size_t bytes)
+                    PyObject *const *grads, int vectorize, size_t bytes)
 {
     /* the set's gradients, then their parameters (the tags of their pieces), and their
      * positions in `params` + 1 (their names on every rank) */
@@ -643,6 +665,12 @@ static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_
     int rc = 0;
     for (int s = 0; rc == 0 && s < plan->nsets; s++) {
         const axc_sync_set *ss = &plan->sets[s];
+        /* (the set's factor: None for 1) */
+        PyObject *scale = ss->factor != 1.0 ? PyFloat_FromDouble(ss->factor) : NULL;
+        if (ss->factor != 1.0 && !scale) {
+            rc = -1;
+            break;
+        }
         for (size_t k = 0; k < ss->count; k++) {
             set[k] = grads[plan->order[ss->first + k]];
             owners[k] = PyList_GET_ITEM(params, plan->order[ss->first + k]);
@@ -662,6 +690,7 @@ static int run_plan(const axc_sync_plan *plan, PyObject *params, const axc_sync_
         }
         if (axc_py_first_error_restore(&err) < 0)
             rc = -1;
+        Py_XDECREF(scale);
     }
     PyMem_Free(idents);
     PyMem_Free(set);
@@ -725,7 +754,7 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         axc_py_raise(st);
         goto out;
     }
-    rc = run_plan(&plan, list, choices, grads, scale, vectorize, (size_t)bytes);
+    rc = run_plan(&plan, list, choices, grads, vectorize, (size_t)bytes);
     if (rc == 0)
         rc = rescale_synced(list, choices, grads, n);
 out:

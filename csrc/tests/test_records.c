@@ -92,6 +92,22 @@ int main(void)
     CHECK(axc_records_mark_synced(r, 1, own(113), &data, 0, 7) == AXC_ERR_INVALID && nreleased == 6);
     CHECK_OK(axc_records_mark(r, 1, NULL, NULL));
     CHECK(nreleased == 7 && axc_records_marks(r) == 0);
+    /* the scale a .grad carries: 1 without a mark or for a plain one, a scaled mark's (not
+     * synced), a synced mark's */
+    CHECK(axc_records_scale(r, 1) == 1.0);
+    CHECK_OK(axc_records_mark_scaled(r, 1, own(114), &data, 0.5));
+    CHECK(axc_records_scale(r, 1) == 0.5 && axc_records_synced(r, 1, NULL) == 0 &&
+          axc_records_marked(r, 1, NULL, &got) && got.n == 1);
+    CHECK_OK(axc_records_mark_synced(r, 1, own(115), &data, 0.25, 3));
+    CHECK(axc_records_scale(r, 1) == 0.25 && nreleased == 8);
+    CHECK_OK(axc_records_mark(r, 1, own(116), &data));
+    CHECK(axc_records_scale(r, 1) == 1.0 && nreleased == 9);
+    CHECK(axc_records_mark_scaled(r, 1, own(117), &data, -1) == AXC_ERR_INVALID && nreleased == 10);
+    /* a scaled mark without groups is kept (the .grad still carries the scale) */
+    CHECK_OK(axc_records_mark_scaled(r, 1, own(118), &none, 0.5));
+    CHECK(nreleased == 11 && axc_records_scale(r, 1) == 0.5 && axc_records_marks(r) == 1);
+    CHECK_OK(axc_records_mark(r, 1, NULL, NULL));
+    CHECK(nreleased == 12 && axc_records_marks(r) == 0 && axc_records_scale(r, 1) == 1.0);
     nreleased = 3;
     axc_groups seven = {.n = AXC_GROUP_COUNT + 1};
     CHECK(axc_records_mark(r, 1, own(104), &seven) == AXC_ERR_INVALID && nreleased == 4);

@@ -21,23 +21,38 @@ static int is(const axc_groups *g, axc_groups want)
     return g->n == want.n && memcmp(g->g, want.g, (size_t)want.n * sizeof want.g[0]) == 0;
 }
 
-/* one row of the table: groups, done (its synced scale), only (NULL: sync_gradients), .grad or
- * not, the sync's scale -> skip, sum, mark, marked, the mark's synced scale, rescale */
+/* one row of the table: groups, done (its synced scale, the scale it carries), only (NULL:
+ * sync_gradients), .grad or not, the sync's scale -> skip, sum, mark, marked, the mark's synced
+ * scale (or, not synced, the scale it carries), the factor of the sum, rescale */
+static void row_f(int line, axc_groups groups, axc_groups done, double done_synced,
+                  double done_scale, const axc_groups *only, int marks_grad, unsigned several,
+                  double scale, int skip, axc_groups sum, axc_sync_mark mark, axc_groups marked,
+                  double synced, double factor, double rescale)
+{
+    axc_sync_choice c;
+    memset(&c, 0xAB, sizeof c); /* (every field must be written) */
+    axc_sync_decide(&groups, &done, done_synced, done_scale, several, only, marks_grad, scale,
+                    &c);
+    double mark_scale = c.synced > 0 ? c.synced : only ? c.scaled : 0;
+    int ok = c.skip == skip && is(&c.sum, sum) && c.mark == mark &&
+             (mark != AXC_SYNC_MARK_SET || (is(&c.marked, marked) && mark_scale == synced)) &&
+             (mark == AXC_SYNC_MARK_SET || c.synced == 0) && (skip || c.factor == factor) &&
+             c.rescale == rescale;
+    if (!ok)
+        fprintf(stderr, "table row at line %d: skip %d sum.n %d mark %d synced %g scaled %g "
+                        "factor %g rescale %g\n",
+                line, c.skip, c.sum.n, (int)c.mark, c.synced, c.scaled, c.factor, c.rescale);
+    CHECK(ok);
+}
+
+/* a row whose mark carries no scale: the sum's factor is the sync's scale */
 static void row_s(int line, axc_groups groups, axc_groups done, double done_synced,
                   const axc_groups *only, int marks_grad, unsigned several, double scale,
                   int skip, axc_groups sum, axc_sync_mark mark, axc_groups marked,
                   double synced, double rescale)
 {
-    axc_sync_choice c;
-    memset(&c, 0xAB, sizeof c); /* (every field must be written) */
-    axc_sync_decide(&groups, &done, done_synced, several, only, marks_grad, scale, &c);
-    int ok = c.skip == skip && is(&c.sum, sum) && c.mark == mark &&
-             (mark != AXC_SYNC_MARK_SET || (is(&c.marked, marked) && c.synced == synced)) &&
-             c.rescale == rescale;
-    if (!ok)
-        fprintf(stderr, "table row at line %d: skip %d sum.n %d mark %d synced %g rescale %g\n",
-                line, c.skip, c.sum.n, (int)c.mark, c.synced, c.rescale);
-    CHECK(ok);
+    row_f(line, groups, done, done_synced, 1.0, only, marks_grad, several, scale, skip, sum,
+          mark, marked, only && mark == AXC_SYNC_MARK_SET ? scale : synced, scale, rescale);
 }
 
 /* a row without synced marks nor scale; a full sync that marks .grad marks it synced by 1 */
@@ -46,11 +61,12 @@ static void row(int line, axc_groups groups, axc_groups done, const axc_groups *
                 axc_groups marked)
 {
     row_s(line, groups, done, 0, only, marks_grad, several, 1.0, skip, sum, mark, marked,
-          !only && mark == AXC_SYNC_MARK_SET ? 1.0 : 0, 0);
+          mark == AXC_SYNC_MARK_SET ? 1.0 : 0, 0);
 }
 
 #define ROW(...) row(__LINE__, __VA_ARGS__)
 #define ROW_S(...) row_s(__LINE__, __VA_ARGS__)
+#define ROW_F(...) row_f(__LINE__, __VA_ARGS__)
 
 int main(void)
 {
@@ -99,9 +115,15 @@ int main(void)
     /* sync_gradients_depth_parallel after it: the sums are complete, nothing */
     ROW_S(G(2, DEPTH, DATA), G(2, DEPTH, DATA), 0.5, &depth_only, 1, several, 0.5, 1, none, KEEP,
           none, 0, 0);
-    /* another attribute reads a synced mark as plain groups */
-    ROW_S(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0.5, NULL, 0, several, 1.0, 0, G(1, DATA, 0), FORGET,
+    /* another attribute (main_grad) copied from a synced .grad: summed and scaled already, only
+     * rescaled to this sync's scale; .grad's mark is forgotten (its sums are over) */
+    ROW_S(G(2, DEPTH, DATA), G(2, DEPTH, DATA), 0.5, NULL, 0, several, 1.0, 1, none, FORGET,
+          none, 0, 2.0);
+    ROW_S(G(2, DEPTH, DATA), G(2, DEPTH, DATA), 0.5, NULL, 0, several, 0.5, 1, none, FORGET,
           none, 0, 0);
+    /* ... and within `only`: left alone */
+    ROW_S(G(2, DEPTH, DATA), G(2, DEPTH, DATA), 0.5, &depth_only, 0, several, 0.5, 1, none,
+          KEEP, none, 0, 0);
 
     /* sync_gradients_depth_parallel (only depth) */
     /* a bias: over depth, marked so */
@@ -118,10 +140,27 @@ int main(void)
     ROW(G(1, WORLD, 0), none, &depth_only, 1, several, 1, none, KEEP, none);
     /* a world of one: skipped */
     ROW(G(2, DEPTH, DATA), none, &depth_only, 1, 0, 1, none, KEEP, none);
+    /* mean=True: what it sums is multiplied by 1/depth, and the mark carries that scale ... */
+    ROW_S(G(2, DEPTH, DATA), none, 0, &depth_only, 1, several, 0.5, 0, G(1, DEPTH, 0), SET,
+          G(1, DEPTH, 0), 0, 0);
+    /* ... which a later sync_gradients replaces by its own (mean=True: divided once in all;
+     * mean=False: the plain sum again), where nothing is left to sum too */
+    ROW_F(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, 0.5, NULL, 1, several, 0.25, 0, G(1, DATA, 0),
+          SET, G(2, DEPTH, DATA), 0.25, 0.5, 0);
+    ROW_F(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, 0.5, NULL, 1, several, 1.0, 0, G(1, DATA, 0),
+          SET, G(2, DEPTH, DATA), 1.0, 2.0, 0);
+    ROW_F(G(1, DEPTH, 0), G(1, DEPTH, 0), 0, 0.5, NULL, 1, several, 0.5, 0, none, SET,
+          G(1, DEPTH, 0), 0.5, 1.0, 0);
+    /* a copy under another attribute: the same factor, .grad's mark forgotten */
+    ROW_F(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, 0.5, NULL, 0, several, 0.25, 0, G(1, DATA, 0),
+          FORGET, none, 0, 0.5, 0);
+    /* a second sync_gradients_depth_parallel: nothing (not scaled twice) */
+    ROW_F(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, 0.5, &depth_only, 1, several, 0.5, 1, none, KEEP,
+          none, 0, 1.0, 0);
     /* no done at all (NULL) reads as none */
     axc_sync_choice c;
     axc_groups dd = G(2, DEPTH, DATA);
-    axc_sync_decide(&dd, NULL, 0, several, &depth_only, 1, 1.0, &c);
+    axc_sync_decide(&dd, NULL, 0, 1.0, several, &depth_only, 1, 1.0, &c);
     CHECK(!c.skip && is(&c.sum, G(1, DEPTH, 0)) && c.mark == SET && is(&c.marked, G(1, DEPTH, 0)));
 
     /* the order: sets by first appearance, members in parameter order, skipped ones out */
@@ -149,6 +188,14 @@ int main(void)
     ch[1].sum = G(2, DATA, DEPTH);
     CHECK_OK(axc_sync_plan_build(&plan, ch, 2));
     CHECK(plan.nsets == 2 && plan.n == 2);
+    axc_sync_plan_free(&plan);
+    /* the same groups with another factor: another set, which keeps its factor */
+    ch[0].sum = ch[1].sum = G(1, DATA, 0);
+    ch[0].factor = 1.0;
+    ch[1].factor = 0.5;
+    CHECK_OK(axc_sync_plan_build(&plan, ch, 2));
+    CHECK(plan.nsets == 2 && plan.n == 2 && plan.sets[0].factor == 1.0 &&
+          plan.sets[1].factor == 0.5);
     axc_sync_plan_free(&plan);
     /* nothing to sum */
     CHECK_OK(axc_sync_plan_build(&plan, ch, 0));

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 import axonn_c
 from axonn_c import comm
+from axonn_c.parallel import sync_gradients_depth_parallel
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -214,7 +215,10 @@ def check_clip_missing_grads(par, ser, g):
         close(got, want, f"clip_grad_norm_ with gradients missing on some ranks (p={norm_type})")
 
 
-def check_expert(g, mean):
+def check_expert(g, mean, depth_mean=None):
+    """The expert layout against the serial model; with `depth_mean` (True/False), after
+    sync_gradients_depth_parallel(mean=depth_mean) first: the later sync_gradients(mean=mean)
+    gives the same gradients (a mean divided once in all, whatever the depth sync divided by)."""
     shards = g.G_data * g.G_intra_d
     torch.manual_seed(21)
     ser = ExpertMLP(serial_lin, False)
@@ -236,8 +240,22 @@ def check_expert(g, mean):
     out = par(xl)
     close(out, ser(x)[tok], "expert: output")
     loss_fn(out, t[tok], mean, t.numel()).backward()
+    what = f"expert sync_gradients(mean={mean})"
+    if depth_mean is not None:
+        sync_gradients_depth_parallel(par, mean=depth_mean)
+        sync_gradients_depth_parallel(par, mean=depth_mean)  # (a repeat: nothing)
+        what = f"expert sync_gradients_depth_parallel(mean={depth_mean}), then {what}"
     axonn_c.sync_gradients(par, mean=mean)  # layout read from the model: expert
-    compare_grads(par, ser, f"expert sync_gradients(mean={mean})")
+    compare_grads(par, ser, what)
+    if depth_mean is not None:
+        # a backward into gradients the depth sync summed and scaled (no zero_grad, no
+        # sync_gradients between), then both syncs: the serial sum of both backward passes
+        for _ in range(2):
+            loss_fn(ser(x), t, mean, t.numel()).backward()
+            loss_fn(par(xl), t[tok], mean, t.numel()).backward()
+            sync_gradients_depth_parallel(par, mean=depth_mean)
+        axonn_c.sync_gradients(par, mean=mean)
+        compare_grads(par, ser, f"{what}, with backward passes between")
     got = axonn_c.clip_grad_norm_(par.parameters(), 1e9)
     want = torch.nn.utils.clip_grad_norm_(ser.parameters(), 1e9)
     close(got, want, "expert: clip_grad_norm_ total norm")
@@ -437,6 +455,17 @@ def check_main_grad(g):
     for p in par.parameters():
         p.grad = p.main_grad
     compare_grads(par, ser, "main_grad after a thrown-away overlapped backward")
+    # copies of .grads synced already (sync_gradients(mean=True), then main_grad = .grad): summed
+    # and scaled already, only rescaled to this call's mean= (was: read as summed but not
+    # scaled, so the copies kept mean=True's scale), and .grad's sums count as over
+    backward_both(par, ser, g, 9)
+    axonn_c.sync_gradients(par, mean=True)
+    for p in par.parameters():
+        p.main_grad = p.grad.clone()
+    axonn_c.sync_gradients(par, gradient_attr_name="main_grad", mean=False)
+    for p in par.parameters():
+        p.grad = p.main_grad
+    compare_grads(par, ser, "main_grad copied from synced .grads")
 
 
 def check_unfrozen_copy(g):
@@ -589,6 +618,8 @@ def main():
         check_clip_missing_grads(par, ser, g)
         for mean in (False, True):
             check_expert(g, mean)
+        for depth_mean, mean in ((True, True), (True, False), (False, True)):
+            check_expert(g, mean, depth_mean)
         check_sharded_state_dict(g)
         check_auto_parallelize(g)
         check_copies(g)

@@ -32,7 +32,9 @@ typedef struct axc_sync_choice {
     axc_sync_mark mark;
     axc_groups marked; /* with AXC_SYNC_MARK_SET: what .grad is then summed over */
     double synced;     /* with AXC_SYNC_MARK_SET: > 0, the mark is synced with this scale */
-    double rescale;    /* with skip: > 0, .grad (synced already) is multiplied by this */
+    double scaled;     /* with AXC_SYNC_MARK_SET, not synced: the scale .grad then carries */
+    double factor;     /* not skipped: what the summed gradient is multiplied by (1: nothing) */
+    double rescale;    /* with skip: > 0, the gradient (synced already) is multiplied by this */
 } axc_sync_choice;
 
 /* The group kinds with more than one rank on `grid`, bit 1 << kind each. */
@@ -40,25 +42,29 @@ unsigned axc_sync_several(const axc_grid *grid);
 
 /* The choice for one parameter whose gradient is summed over `groups` in all, of which `done`
  * are summed already (its mark; none when it has none), `done_synced` the mark's synced scale
- * (0: not synced). `several`: axc_sync_several's mask. `only`: NULL for every group
+ * (0: not synced), `done_scale` the scale the gradient carries already (a mark's that is not
+ * synced: sync_gradients_depth_parallel(mean=True) divided it by the depth; 1: none), which a
+ * later sync_gradients replaces by its own (so a mean is divided once). `several`:
+ * axc_sync_several's mask. `only`: NULL for every group
  * (sync_gradients), else these only (sync_gradients_depth_parallel: a parameter with nothing to
  * sum over them is skipped). `marks_grad`: the gradient synced is .grad itself, which the marks
  * describe (another attribute, e.g. a main_grad copied from .grad, is summed but leaves .grad's
  * mark to sync_gradients). `scale`: what the sync multiplies by (1: nothing). */
 void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double done_synced,
-                     unsigned several, const axc_groups *only, int marks_grad, double scale,
-                     axc_sync_choice *out);
+                     double done_scale, unsigned several, const axc_groups *only, int marks_grad,
+                     double scale, axc_sync_choice *out);
 
 /* The parameters of one set of sums: plan->order[first .. first + count) are their indices,
- * in parameter order, all summed over `groups`. */
+ * in parameter order, all summed over `groups` and multiplied by `factor`. */
 typedef struct axc_sync_set {
     axc_groups groups;
+    double factor;
     size_t first, count;
 } axc_sync_set;
 
 /* The order of a sync's sums, the same on every rank that decided the same: the parameters not
- * skipped, grouped into sets by the groups they are summed over, the sets in the order their
- * first parameter comes. */
+ * skipped, grouped into sets by the groups they are summed over and their factor, the sets in
+ * the order their first parameter comes. */
 typedef struct axc_sync_plan {
     axc_sync_set *sets;
     int nsets;
