@@ -101,3 +101,11 @@ def test_ranks_summing_other_gradients_raise_at_once():
     for msg in comm_errors("other_grads"):
         assert "out of step on the world group" in msg, msg
         assert "packed different gradients into one sum" in msg, msg
+
+
+def test_ranks_summing_other_gradients_in_backward_raise_at_once():
+    """The same with the data overlap on: backward's bucketed sums, filled by the gradient
+    hooks, also carry what each rank packed (was: the same length on both ranks, summed)."""
+    for msg in comm_errors("other_grads_overlap"):
+        assert "out of step on the world group" in msg, msg
+        assert "packed different gradients into one sum" in msg, msg

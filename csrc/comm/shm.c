@@ -273,7 +273,8 @@ static int same_call(const shm_call *x, const shm_call *y)
     return x->seq == y->seq && x->kind == y->kind && x->count == y->count &&
            x->dtype == y->dtype && (!reduces(x->kind) || x->op == y->op) &&
            (x->kind != AXC_COLL_BROADCAST || x->root == y->root) && x->codec == y->codec &&
-           x->block == y->block && x->check == y->check;
+           x->block == y->block &&
+           (x->check == y->check || !x->check || !y->check); /* (0: not known) */
 }
 
 static int describe_call(char *out, size_t cap, int rank, const shm_call *x,

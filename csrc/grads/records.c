@@ -290,12 +290,12 @@ double axc_records_scale(const axc_grad_records *r, uintptr_t key)
     return s->synced > 0 ? s->synced : s->scaled;
 }
 
-size_t axc_records_synced_keys(const axc_grad_records *r, uintptr_t *out, size_t cap)
+size_t axc_records_scaled_keys(const axc_grad_records *r, uintptr_t *out, size_t cap)
 {
     size_t n = 0;
     for (size_t i = 0; i < r->cap; i++) {
         const slot *s = &r->slots[i];
-        if (s->used && s->stamp && s->synced > 0) {
+        if (s->used && s->stamp && (s->synced > 0 || s->scaled != 1.0)) {
             if (n < cap)
                 out[n] = s->key;
             n++;

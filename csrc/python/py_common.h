@@ -111,9 +111,9 @@ PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n
                              size_t bytes, uint64_t tag, uint64_t ident, int *bucket,
                              size_t *offset);
 /* py_grads.c: as axc_py_bucket_take, the piece itself (flat.narrow(0, offset, n)), tagged by
- * `like` (the parameter whose gradient it takes) */
+ * `like` (the parameter whose gradient it takes), named `ident` on every rank (0: none) */
 PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
-                              int *bucket);
+                              uint64_t ident, int *bucket);
 void axc_py_keeps_release_done(void);                       /* _C.keeps_release_done() */
 /* py_grads.c: keeps obj (a new reference taken) until `number` of `kind` is done, after
  * releasing what is done already (_C.keep_alive) */
@@ -163,7 +163,8 @@ int axc_py_grad_unsync(PyObject *p);
 int axc_py_grad_reduce(PyObject *const *tensors, PyObject *const *params, const size_t *idents,
                        size_t n, const axc_groups *g, size_t bytes);
 /* py_grad_hook.c: numel elements of the open bucket over `groups` for gradients like p's (the
- * runtime's bucket size) and the bucket's number */
+ * runtime's bucket size; named by p's `_axonn_grad_ident`, set by sync_gradients) and the
+ * bucket's number */
 PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_groups *groups,
                                   int *id);
 /* py_grad_deferred.c: a Linear backward's deferred weight gradient (py_linear_call.c).

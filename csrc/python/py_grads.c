@@ -207,12 +207,12 @@ PyObject *axc_py_bucket_take(PyObject *like, const axc_bucket_key *key, size_t n
 }
 
 PyObject *axc_py_bucket_piece(PyObject *like, const axc_bucket_key *key, size_t n, size_t bytes,
-                              int *bucket)
+                              uint64_t ident, int *bucket)
 {
     size_t off;
     /* (the parameter object: the same in every step of this process) */
-    PyObject *flat = axc_py_bucket_take(like, key, n, 0, bytes, (uint64_t)(uintptr_t)like, 0,
-                                        bucket, &off);
+    PyObject *flat = axc_py_bucket_take(like, key, n, 0, bytes, (uint64_t)(uintptr_t)like,
+                                        ident, bucket, &off);
     PyObject *piece = flat ? PyObject_CallMethod(flat, "narrow", "inn", 0, (Py_ssize_t)off,
                                                  (Py_ssize_t)n)
                            : NULL;
@@ -238,7 +238,7 @@ static PyObject *py_take(PyObject *self, PyObject *args)
     if (!buckets() || axc_py_bucket_key(like, groups, &key) < 0)
         return NULL;
     int id;
-    PyObject *piece = axc_py_bucket_piece(like, &key, (size_t)n, (size_t)bytes, &id);
+    PyObject *piece = axc_py_bucket_piece(like, &key, (size_t)n, (size_t)bytes, 0, &id);
     return piece ? Py_BuildValue("(Ni)", piece, id) : NULL;
 }
 

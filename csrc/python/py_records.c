@@ -491,15 +491,16 @@ PyObject *axc_py_grad_records_drop(uint64_t gen)
     Py_RETURN_NONE;
 }
 
-/* grad_records_clear(): forgets everything pending, the pass and the synced marks (init,
- * finalize: what a sync of the old grid summed and scaled means nothing on the next one) */
+/* grad_records_clear(): forgets everything pending, the pass and the synced and scaled marks
+ * (init, finalize: what a sync of the old grid summed and scaled means nothing on the next
+ * one) */
 static PyObject *py_records_clear(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     axc_records_clear(recs());
     uintptr_t key;
-    while (axc_records_synced_keys(recs(), &key, 1)) /* (a release may run Python: one by one) */
+    while (axc_records_scaled_keys(recs(), &key, 1)) /* (a release may run Python: one by one) */
         axc_records_mark(recs(), key, NULL, NULL);
     PyObject *c = g_counting;
     g_counting = NULL;

@@ -15,7 +15,7 @@
 
 static PyObject *s_numel, *s_reshape, *s_copy_, *s_mul_, *s_view_as, *s_grad, *s_grad_groups,
     *s_deferred, *s_minus_one, *s_is_cpu, *s_layout,
-    *s_is_contiguous, *s_data_ptr, *g_strided, *s_names[AXC_GROUP_COUNT];
+    *s_is_contiguous, *s_data_ptr, *s_ident, *g_strided, *s_names[AXC_GROUP_COUNT];
 
 static int intern(void)
 {
@@ -33,7 +33,8 @@ static int intern(void)
         !(s_is_cpu = PyUnicode_InternFromString("is_cpu")) ||
         !(s_layout = PyUnicode_InternFromString("layout")) ||
         !(s_is_contiguous = PyUnicode_InternFromString("is_contiguous")) ||
-        !(s_data_ptr = PyUnicode_InternFromString("data_ptr")))
+        !(s_data_ptr = PyUnicode_InternFromString("data_ptr")) ||
+        !(s_ident = PyUnicode_InternFromString("_axonn_grad_ident")))
         return -1;
     for (int i = 0; i < AXC_GROUP_COUNT; i++)
         if (!(s_names[i] = PyUnicode_InternFromString(axc_group_name((axc_group_kind)i))))
@@ -534,6 +535,28 @@ typedef struct sync_args {
     unsigned long long arrivals; /* gradients arrived so far (axc_runtime_grad_arrivals) */
 } sync_args;
 
+/* Names p's gradient in backward's overlapped buckets (`_axonn_grad_ident`, read by
+ * py_grad_hook.c): its position in this sync's list + 1, as the sync's own pieces are named,
+ * the same on every rank that passes the same list (the transport compares what the ranks
+ * packed into a sum); set only when it changes. -1 with an exception. */
+static int name_param(PyObject *p, size_t ident)
+{
+    PyObject *have = axc_py_optional_attr(p, s_ident);
+    if (!have && PyErr_Occurred())
+        return -1;
+    int same = have && PyLong_Check(have) && PyLong_AsSize_t(have) == ident;
+    Py_XDECREF(have);
+    if (PyErr_Occurred())
+        PyErr_Clear(); /* (a value a user set that is no size: replaced) */
+    if (same)
+        return 0;
+    PyObject *v = PyLong_FromSize_t(ident);
+    if (!v || PyObject_SetAttr(p, s_ident, v) < 0) /* (an object that takes no attribute) */
+        PyErr_Clear(); /* (unnamed: its buckets are not compared) */
+    Py_XDECREF(v);
+    return 0;
+}
+
 /* Decides param p's part (C: csrc/grads/sync.c); *grad: the gradient to sum (a new
  * reference), NULL when it has none. -1 with an exception. (The mark changes once the sum is
  * done: mark_summed.) */
@@ -610,9 +633,9 @@ static int mark_summed(PyObject *p, const axc_sync_choice *c)
 }
 
 /* The gradients synced already: multiplied by the ratio of the scales when this sync asks for
- * another one (another mean=), and their marks updated. The mark is set first, then the
- * multiplication done (its failure puts the old mark back), so that a retry after a failure
- * never multiplies twice. */
+ * another one (another mean=), and their marks updated. A new mark is set before the
+ * multiplication (its failure puts the old mark back), a forgotten one after it, so that a
+ * retry after a failure never multiplies twice. */
 static int rescale_synced(PyObject *params, const axc_sync_choice *choices,
                           PyObject *const *grads, size_t n)
 {
@@ -623,16 +646,13 @@ static int rescale_synced(PyObject *params, const axc_sync_choice *choices,
         PyObject *p = PyList_GET_ITEM(params, i);
         axc_groups was;
         double was_synced = 0;
-        if (c->mark == AXC_SYNC_MARK_SET && axc_py_grad_mark_of(p, 0, &was, &was_synced, NULL) < 0)
+        if (c->mark == AXC_SYNC_MARK_SET &&
+            (axc_py_grad_mark_of(p, 0, &was, &was_synced, NULL) < 0 || mark_summed(p, c) < 0))
             return -1;
-        if (mark_summed(p, c) < 0)
-            return -1;
-        if (!(c->rescale > 0))
-            continue;
-        PyObject *by = PyFloat_FromDouble(c->rescale);
+        PyObject *by = c->rescale > 0 ? PyFloat_FromDouble(c->rescale) : NULL;
         PyObject *r = by ? PyObject_CallMethod(grads[i], "mul_", "O", by) : NULL;
         Py_XDECREF(by);
-        if (!r) { /* (.grad as it was: so is its mark) */
+        if (c->rescale > 0 && !r) { /* (.grad as it was: so is its mark) */
             if (c->mark == AXC_SYNC_MARK_SET && was_synced > 0) {
                 PyObject *et, *ev, *tb;
                 PyErr_Fetch(&et, &ev, &tb);
@@ -642,7 +662,9 @@ static int rescale_synced(PyObject *params, const axc_sync_choice *choices,
             }
             return -1;
         }
-        Py_DECREF(r);
+        Py_XDECREF(r);
+        if (c->mark == AXC_SYNC_MARK_FORGET && mark_summed(p, c) < 0)
+            return -1;
     }
     return 0;
 }
@@ -747,7 +769,8 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         goto out;
     }
     for (size_t i = 0; i < n; i++)
-        if (decide_one(&a, PyList_GET_ITEM(list, i), &choices[i], &grads[i]) < 0)
+        if (name_param(PyList_GET_ITEM(list, i), i + 1) < 0 ||
+            decide_one(&a, PyList_GET_ITEM(list, i), &choices[i], &grads[i]) < 0)
             goto out;
     axc_status st = axc_sync_plan_build(&plan, choices, n);
     if (st != AXC_OK) {

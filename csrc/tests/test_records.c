@@ -82,10 +82,10 @@ int main(void)
           axc_records_marked(r, 1, &stamp, &got) && val(stamp) == 111 && got.n == 1);
     CHECK_OK(axc_records_mark_synced(r, 2, own(120), &data, 1.0, 7));
     uintptr_t keys[2] = {0, 0};
-    CHECK(axc_records_synced_keys(r, NULL, 0) == 2 && axc_records_synced_keys(r, keys, 1) == 2 &&
+    CHECK(axc_records_scaled_keys(r, NULL, 0) == 2 && axc_records_scaled_keys(r, keys, 1) == 2 &&
           (keys[0] == 1 || keys[0] == 2));
     CHECK_OK(axc_records_mark(r, 2, NULL, NULL));
-    CHECK(nreleased == 5 && axc_records_synced_keys(r, keys, 2) == 1 && keys[0] == 1);
+    CHECK(nreleased == 5 && axc_records_scaled_keys(r, keys, 2) == 1 && keys[0] == 1);
     nreleased = 4;
     CHECK_OK(axc_records_mark(r, 1, own(112), &data)); /* a plain mark again: not synced */
     CHECK(nreleased == 5 && axc_records_synced(r, 1, NULL) == 0 && axc_records_marks(r) == 1);
@@ -98,6 +98,7 @@ int main(void)
     CHECK_OK(axc_records_mark_scaled(r, 1, own(114), &data, 0.5));
     CHECK(axc_records_scale(r, 1) == 0.5 && axc_records_synced(r, 1, NULL) == 0 &&
           axc_records_marked(r, 1, NULL, &got) && got.n == 1);
+    CHECK(axc_records_scaled_keys(r, keys, 2) == 1 && keys[0] == 1); /* (init forgets it too) */
     CHECK_OK(axc_records_mark_synced(r, 1, own(115), &data, 0.25, 3));
     CHECK(axc_records_scale(r, 1) == 0.25 && nreleased == 8);
     CHECK_OK(axc_records_mark(r, 1, own(116), &data));

@@ -60,6 +60,29 @@ def other_grads(timeout):
     return raises_comm_error(lambda: axonn_c.sync_gradients(model))
 
 
+def other_grads_overlap(timeout):
+    """As other_grads, with the data overlap on: backward's own sums (buckets filled by the
+    gradient hooks, which name each parameter alike on every rank) would sum rank 0's b into
+    rank 1's c. Every rank raises, naming the mismatch, instead."""
+    g = axonn_c.init(G_data=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4),
+                                 "c": torch.nn.Linear(4, 4)})
+
+    def step(layers):
+        model.zero_grad(set_to_none=True)
+        x = torch.ones(2, 4)
+        for name in layers:
+            x = model[name](x)
+        with axonn_c.optimize_communication(overlap_data=True):
+            x.sum().backward()
+        axonn_c.sync_gradients(model)
+
+    step("abc")  # in step: every parameter gets its gradient hook, in the same order
+    step("abc")  # (summed during backward)
+    return raises_comm_error(lambda: step("ab" if g.rank == 0 else "ac"))
+
+
 def other_group(timeout):
     """Issue 28 item 11: rank 0 all-reduces over the col group, rank 1 over the world group, the
     same two ranks under another name (grid 1x1x2x1). Every rank raises at once, naming both
@@ -80,6 +103,8 @@ def main():
         return other_group(timeout)
     if mode == "other_grads":
         return other_grads(timeout)
+    if mode == "other_grads_overlap":
+        return other_grads_overlap(timeout)
     if mode == "kill_concurrent":
         g = axonn_c.init(G_data=2, G_intra_c=world // 2, timeout=timeout,
                          concurrent_microbatches=2)

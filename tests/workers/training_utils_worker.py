@@ -490,6 +490,18 @@ def check_unfrozen_copy(g):
     close(results[1], results[0], "an unfrozen copy's weight gradient vs a never-frozen one's")
 
 
+def check_rank_local_copy(g):
+    """A copy of the model made on one rank only (an EMA, say) gets gradient hooks on that rank
+    alone: backward's overlapped sums must still name the model's parameters alike on every
+    rank (their transport compares what each rank packed) and train like the serial model."""
+    ser, par = easy_pair(61, 12)
+    if g.rank == 0:
+        copy.deepcopy(par)
+    with axonn_c.optimize_communication(overlap_data=True):
+        for seed in (1, 2, 3):
+            step_both(par, ser, g, seed, f"a copy made on rank 0 only, step {seed}")
+
+
 def check_copies(g):
     """A deepcopy and a torch.save/torch.load round trip of a model that has trained once (so
     sync_gradients has hooked all its parameters) train like the serial model: the copies'
@@ -623,6 +635,7 @@ def main():
         check_sharded_state_dict(g)
         check_auto_parallelize(g)
         check_copies(g)
+        check_rank_local_copy(g)
         check_saved_mid_step(g)
         check_main_grad(g)
         check_sync_twice_and_accumulate(g)

@@ -75,7 +75,7 @@ typedef struct axc_coll {
     float *residual;
     /* What the buffer holds, the same on every rank for the same call (0: not said), e.g. a
      * gradient bucket's pieces (axc/buckets.h): the shm transport compares it with the peers'
-     * and fails the call on every rank when it differs (ranks that packed different gradients
+     * that say one too and fails the call on every rank when it differs (ranks that packed different gradients
      * of the same total size would otherwise sum them into each other silently); NCCL does not
      * compare it. */
     uint64_t check;

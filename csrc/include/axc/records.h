@@ -91,8 +91,9 @@ double axc_records_synced(const axc_grad_records *r, uintptr_t key, unsigned lon
 /* The scale key's marked .grad carries: its synced mark's scale, or its mark's scale; 1 when it
  * has no mark. */
 double axc_records_scale(const axc_grad_records *r, uintptr_t key);
-/* The keys with a synced mark: how many there are, the first `cap` of them written to out. */
-size_t axc_records_synced_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
+/* The keys whose mark is synced or carries a scale: how many there are, the first `cap` of them
+ * written to out. */
+size_t axc_records_scaled_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
 size_t axc_records_marks(const axc_grad_records *r);
 
 /* ---- records of the pass */
