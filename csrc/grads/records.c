@@ -13,7 +13,8 @@ typedef struct slot {
     axc_groups marked;
     double synced; /* > 0: a synced mark, the scale sync_gradients applied */
     double scaled; /* a mark that is not synced: the scale its .grad carries (1: none) */
-    unsigned long long gen; /* a synced mark's generation (the caller's count when made) */
+    int dated;     /* made by a sync (synced, or sync_gradients_depth_parallel's): has `gen` */
+    unsigned long long gen; /* a dated mark's generation (the caller's count when made) */
     size_t nrec, last; /* records of this pass; index of the last one */
     int taken;
     int chunk; /* an open chunk record: recs[chunk_rec] */
@@ -206,7 +207,7 @@ void axc_records_destroy(axc_grad_records *r)
 
 static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
                            const axc_groups *groups, double synced, double scaled,
-                           unsigned long long gen)
+                           int dated, unsigned long long gen)
 {
     if (synced <= 0 && scaled == 1.0 && (!groups || groups->n <= 0)) {
         slot *s = find(r, key);
@@ -234,23 +235,24 @@ static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
     s->marked = groups ? *groups : (axc_groups){.n = 0};
     s->synced = synced > 0 ? synced : 0;
     s->scaled = synced > 0 ? 1.0 : scaled;
-    s->gen = gen;
+    s->dated = dated;
+    s->gen = dated ? gen : 0;
     release(r, old); /* (also when it is `stamp`: the caller handed over one more reference) */
     return AXC_OK;
 }
 
 axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, const axc_groups *groups)
 {
-    return set_mark(r, key, stamp, groups, 0, 1.0, 0);
+    return set_mark(r, key, stamp, groups, 0, 1.0, 0, 0);
 }
 
 axc_status axc_records_mark_scaled(axc_grad_records *r, uintptr_t key, void *stamp,
-                                   const axc_groups *groups, double scale)
+                                   const axc_groups *groups, double scale, unsigned long long gen)
 {
     if (!(scale > 0))
         return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark_scaled: scale "
                                                             "%g, expected > 0", scale);
-    return set_mark(r, key, stamp, groups, 0, scale, 0);
+    return set_mark(r, key, stamp, groups, 0, scale, 1, gen);
 }
 
 axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
@@ -259,7 +261,7 @@ axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *sta
     if (!(scale > 0))
         return release(r, stamp), axc_fail(AXC_ERR_INVALID, "axc_records_mark_synced: scale %g, "
                                                             "expected > 0", scale);
-    return set_mark(r, key, stamp, groups, scale, 1.0, gen);
+    return set_mark(r, key, stamp, groups, scale, 1.0, 1, gen);
 }
 
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups)
@@ -282,6 +284,15 @@ double axc_records_synced(const axc_grad_records *r, uintptr_t key, unsigned lon
     return s && s->stamp ? s->synced : 0;
 }
 
+int axc_records_dated(const axc_grad_records *r, uintptr_t key, unsigned long long *gen)
+{
+    const slot *s = find(r, key);
+    int dated = s && s->stamp && s->dated;
+    if (gen)
+        *gen = dated ? s->gen : 0;
+    return dated;
+}
+
 double axc_records_scale(const axc_grad_records *r, uintptr_t key)
 {
     const slot *s = find(r, key);
@@ -290,12 +301,12 @@ double axc_records_scale(const axc_grad_records *r, uintptr_t key)
     return s->synced > 0 ? s->synced : s->scaled;
 }
 
-size_t axc_records_scaled_keys(const axc_grad_records *r, uintptr_t *out, size_t cap)
+size_t axc_records_dated_keys(const axc_grad_records *r, uintptr_t *out, size_t cap)
 {
     size_t n = 0;
     for (size_t i = 0; i < r->cap; i++) {
         const slot *s = &r->slots[i];
-        if (s->used && s->stamp && (s->synced > 0 || s->scaled != 1.0)) {
+        if (s->used && s->stamp && s->dated) {
             if (n < cap)
                 out[n] = s->key;
             n++;

@@ -132,7 +132,8 @@ int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *sy
                         double *scale);
 /* p.grad synced (sync_gradients completed its sums over g and multiplied it by scale > 0) */
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale);
-/* p.grad summed over g and multiplied by scale > 0 (sync_gradients_depth_parallel(mean=True)) */
+/* p.grad summed over g and multiplied by scale > 0 (1: not) by sync_gradients_depth_parallel:
+ * a mark with a generation, as a synced one */
 int axc_py_grad_mark_scaled(PyObject *p, const axc_groups *g, double scale);
 /* a pending gradient of p (keep may be NULL), then its bucket (-1: none) written */
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
@@ -150,8 +151,11 @@ int axc_py_grad_check_unsynced(PyObject *p);
 /* A gradient is about to be accumulated into p.grad while it is synced (sync_gradients ran, no
  * backward since): p.grad becomes this rank's unscaled share of the sum (divided by the scale
  * and by the rank count of its groups), unmarked, so that the next sync_gradients sums and
- * scales old and new alike. Nothing when it is not synced. */
+ * scales old and new alike. Nothing when it is not synced (nor scaled). */
 int axc_py_grad_unsync(PyObject *p);
+/* As axc_py_grad_unsync for any mark a sync made (sync_gradients_depth_parallel's too, scaled
+ * or not): what a sync does to a .grad whose mark is older than the last gradient arrived */
+int axc_py_grad_unsync_dated(PyObject *p);
 
 /* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
  * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the

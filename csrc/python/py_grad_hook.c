@@ -192,7 +192,8 @@ static int unsyncing(PyObject *p)
     return 0;
 }
 
-int axc_py_grad_unsync(PyObject *p)
+/* axc_py_grad_unsync; `dated`: also a mark sync_gradients_depth_parallel made without a scale */
+static int unsync(PyObject *p, int dated)
 {
     axc_groups summed;
     double synced;
@@ -205,7 +206,9 @@ int axc_py_grad_unsync(PyObject *p)
     double scale;
     if (axc_py_grad_mark_of(p, 0, &summed, &synced, &scale) < 0)
         return -1;
-    if (!(synced > 0) && scale == 1.0)
+    if (!(synced > 0) && scale == 1.0 &&
+        !(dated && summed.n && axc_records_dated(axc_runtime_records(axc_py_runtime()),
+                                                 (uintptr_t)p, NULL)))
         return 0;
     if (!(grid = grid_now()))
         return -1;
@@ -232,6 +235,9 @@ int axc_py_grad_unsync(PyObject *p)
         }
     return rc;
 }
+
+int axc_py_grad_unsync(PyObject *p) { return unsync(p, 0); }
+int axc_py_grad_unsync_dated(PyObject *p) { return unsync(p, 1); }
 
 /* n = p.numel() elements of the open bucket over `groups` for gradients like p's */
 static PyObject *bucket_view(PyObject *p, const axc_groups *groups, int *id)

@@ -133,8 +133,9 @@ static PyMethodDef forget_def = {"forget_mark", forget_mark, METH_O, NULL};
 
 /* marks p.grad (as it is now) summed over g (none, or no .grad: forgets), and with synced > 0
  * synced (sync_gradients completed its sums and multiplied it by `synced`; g may be none),
- * else multiplied by `scaled` (1: not); -1 with an exception */
-static int mark(PyObject *p, const axc_groups *g, double synced, double scaled)
+ * else with `dated` as sync_gradients_depth_parallel's, multiplied by `scaled` (1: not); -1
+ * with an exception */
+static int mark(PyObject *p, const axc_groups *g, double synced, double scaled, int dated)
 {
     if (intern() < 0)
         return -1;
@@ -168,10 +169,10 @@ static int mark(PyObject *p, const axc_groups *g, double synced, double scaled)
     Py_DECREF(grad);
     if (!stamp)
         return -1;
-    axc_status st =
-        synced > 0 ? axc_records_mark_synced(recs(), key_of(p), stamp, g, synced,
-                                             axc_runtime_grad_arrivals(axc_py_runtime()))
-                   : axc_records_mark_scaled(recs(), key_of(p), stamp, g, scaled);
+    unsigned long long gen = axc_runtime_grad_arrivals(axc_py_runtime());
+    axc_status st = synced > 0 ? axc_records_mark_synced(recs(), key_of(p), stamp, g, synced, gen)
+                    : dated    ? axc_records_mark_scaled(recs(), key_of(p), stamp, g, scaled, gen)
+                               : axc_records_mark(recs(), key_of(p), stamp, g);
     if (st != AXC_OK) {
         axc_py_raise(st);
         return -1;
@@ -196,7 +197,7 @@ static PyObject *py_mark_summed(PyObject *self, PyObject *args)
     PyObject *p, *groups;
     axc_groups g;
     if (!PyArg_ParseTuple(args, "OO", &p, &groups) || intern() < 0 || parse_groups(groups, &g) < 0 ||
-        mark(p, &g, 0, 1.0) < 0)
+        mark(p, &g, 0, 1.0, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -233,14 +234,14 @@ int axc_py_grad_forget_dropped(PyObject *p)
     Py_DECREF(grad);
     return 0;
 }
-int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g, 0, 1.0); }
+int axc_py_grad_mark(PyObject *p, const axc_groups *g) { return mark(p, g, 0, 1.0, 0); }
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale)
 {
-    return mark(p, g, scale, 1.0);
+    return mark(p, g, scale, 1.0, 1);
 }
 int axc_py_grad_mark_scaled(PyObject *p, const axc_groups *g, double scale)
 {
-    return mark(p, g, 0, scale);
+    return mark(p, g, 0, scale, 1);
 }
 
 int axc_py_grad_record(PyObject *p, PyObject *dw, PyObject *keep, int replace,
@@ -414,7 +415,7 @@ static int apply(const axc_grad_record *r)
         Py_XDECREF(sum);
     }
     if (rc == 0)
-        rc = mark(p, &g, 0, 1.0);
+        rc = mark(p, &g, 0, 1.0, 0);
 out:
     Py_XDECREF(view);
     Py_XDECREF(cur);
@@ -491,16 +492,15 @@ PyObject *axc_py_grad_records_drop(uint64_t gen)
     Py_RETURN_NONE;
 }
 
-/* grad_records_clear(): forgets everything pending, the pass and the synced and scaled marks
- * (init, finalize: what a sync of the old grid summed and scaled means nothing on the next
- * one) */
+/* grad_records_clear(): forgets everything pending, the pass and the marks a sync made (init,
+ * finalize: what a sync of the old grid summed and scaled means nothing on the next one) */
 static PyObject *py_records_clear(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
     axc_records_clear(recs());
     uintptr_t key;
-    while (axc_records_scaled_keys(recs(), &key, 1)) /* (a release may run Python: one by one) */
+    while (axc_records_dated_keys(recs(), &key, 1)) /* (a release may run Python: one by one) */
         axc_records_mark(recs(), key, NULL, NULL);
     PyObject *c = g_counting;
     g_counting = NULL;

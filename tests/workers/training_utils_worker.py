@@ -410,6 +410,41 @@ def check_unused_after_zero_in_place(g):
                   f"unused after zero_grad(set_to_none=False), step {step}: {name}")
 
 
+def check_unused_after_depth_sync(g):
+    """As check_unused_after_zero_in_place, synced by sync_gradients_depth_parallel (expert
+    layout, means; all there is to sum when G_data = 1, as AxoNN's tests do, else followed by
+    sync_gradients): a parameter a rank's step did not use keeps the depth sync's mark of the
+    step before, which must not make that rank skip a depth sum the others make (was: its zeroed
+    .grad still read as summed over depth, and the ranks' sums went out of step). The sums are
+    the serial ones."""
+    blocks = g.G_data * g.G_intra_d  # (the expert layout's token blocks)
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    gen = torch.Generator().manual_seed(43)
+    xs = torch.randn(blocks, 3, 4, generator=gen)
+
+    def model():
+        torch.manual_seed(6)
+        return nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
+
+    def loss(m, b, step):
+        y = m["a"](xs[b])
+        return (m["b"](y) if step == 0 or b % 2 == 0 else y).pow(2).sum()
+
+    par, ser = model(), model()
+    for step in (0, 1, 2):
+        par.zero_grad(set_to_none=False)
+        ser.zero_grad(set_to_none=False)
+        loss(par, blk, step).backward()
+        for b in range(blocks):
+            loss(ser, b, step).backward()
+        sync_gradients_depth_parallel(par, mean=True, expert_mode=True)
+        if g.G_data > 1:
+            axonn_c.sync_gradients(par, mean=True, expert_mode=True)
+        for name, p in ser.named_parameters():
+            close(dict(par.named_parameters())[name].grad, p.grad / blocks,
+                  f"unused after a depth sync, step {step}: {name}")
+
+
 def check_main_grad(g):
     """sync_gradients(gradient_attr_name="main_grad") on copies of .grad made after an
     overlapped backward (AxoNN's pattern): the copies carry the sums .grad got during
@@ -640,6 +675,7 @@ def main():
         check_main_grad(g)
         check_sync_twice_and_accumulate(g)
         check_unused_after_zero_in_place(g)
+        check_unused_after_depth_sync(g)
         check_unfrozen_copy(g)
         check_sync_memory(g)
         if stale is not None:

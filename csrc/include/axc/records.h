@@ -79,10 +79,11 @@ axc_status axc_records_mark(axc_grad_records *r, uintptr_t key, void *stamp, con
  * over one ownership of it, so one is released.) */
 axc_status axc_records_mark_synced(axc_grad_records *r, uintptr_t key, void *stamp,
                                    const axc_groups *groups, double scale, unsigned long long gen);
-/* As axc_records_mark, and key's .grad is multiplied by `scale` (> 0; 1: a plain mark): what
- * sync_gradients_depth_parallel(mean=True) leaves. */
+/* As axc_records_mark, a mark sync_gradients_depth_parallel made in generation `gen` (as
+ * axc_records_mark_synced's), and key's .grad is multiplied by `scale` (> 0; 1: not; mean=True:
+ * 1/depth). */
 axc_status axc_records_mark_scaled(axc_grad_records *r, uintptr_t key, void *stamp,
-                                   const axc_groups *groups, double scale);
+                                   const axc_groups *groups, double scale, unsigned long long gen);
 /* 1 and the stamp (borrowed) and groups when key has a mark, else 0. */
 int axc_records_marked(const axc_grad_records *r, uintptr_t key, void **stamp, axc_groups *groups);
 /* The scale of key's synced mark (and its generation in *gen, when not NULL); 0 when its mark
@@ -91,9 +92,11 @@ double axc_records_synced(const axc_grad_records *r, uintptr_t key, unsigned lon
 /* The scale key's marked .grad carries: its synced mark's scale, or its mark's scale; 1 when it
  * has no mark. */
 double axc_records_scale(const axc_grad_records *r, uintptr_t key);
-/* The keys whose mark is synced or carries a scale: how many there are, the first `cap` of them
- * written to out. */
-size_t axc_records_scaled_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
+/* 1 and its generation (when gen is not NULL) when key's mark was made by a sync
+ * (axc_records_mark_synced, axc_records_mark_scaled), else 0. */
+int axc_records_dated(const axc_grad_records *r, uintptr_t key, unsigned long long *gen);
+/* The keys whose mark a sync made: how many there are, the first `cap` of them written to out. */
+size_t axc_records_dated_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
 size_t axc_records_marks(const axc_grad_records *r);
 
 /* ---- records of the pass */
