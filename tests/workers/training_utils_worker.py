@@ -379,32 +379,41 @@ def check_sync_twice_and_accumulate(g):
             compare_grads(par, ser, f"{what}: then mean={mean} again")
 
 
-def check_unused_after_zero_in_place(g):
-    """zero_grad(set_to_none=False) keeps the synced .grads (zeroed in place); a step that uses
-    a parameter on some ranks only (an unused branch) must still sum it on every rank (no rank
-    skips it as synced), also when the model is synced in two calls (the first must not make
-    the second look like a repeat): the sums are the serial ones, no rank raises or waits."""
-    world, rank = g.world_size, g.rank
-    gen = torch.Generator().manual_seed(41)
-    xs = torch.randn(world, 3, 4, generator=gen)
+def unused_branch_steps(blocks, mine, steps, sync):
+    """Steps of a model of two nn.Linear, "a" then "b", on `blocks` token blocks (this rank's:
+    `mine`), with zero_grad(set_to_none=False): from the second step on, odd blocks leave "b"
+    unused. Yields (step, parallel model, serial model) after sync(parallel model)."""
+    xs = torch.randn(blocks, 3, 4, generator=torch.Generator().manual_seed(41))
 
     def model():
         torch.manual_seed(5)
         return nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
 
-    def loss(m, r, step):
-        y = m["a"](xs[r])
-        return (m["b"](y) if step == 0 or r % 2 == 0 else y).pow(2).sum()
+    def loss(m, b, step):
+        y = m["a"](xs[b])
+        return (m["b"](y) if step == 0 or b % 2 == 0 else y).pow(2).sum()
 
     par, ser = model(), model()
-    for step in (0, 1):
+    for step in range(steps):
         par.zero_grad(set_to_none=False)
         ser.zero_grad(set_to_none=False)
-        loss(par, rank, step).backward()
-        for r in range(world):
-            loss(ser, r, step).backward()
+        loss(par, mine, step).backward()
+        for b in range(blocks):
+            loss(ser, b, step).backward()
+        sync(par)
+        yield step, par, ser
+
+
+def check_unused_after_zero_in_place(g):
+    """zero_grad(set_to_none=False) keeps the synced .grads (zeroed in place); a step that uses
+    a parameter on some ranks only (an unused branch) must still sum it on every rank (no rank
+    skips it as synced), also when the model is synced in two calls (the first must not make
+    the second look like a repeat): the sums are the serial ones, no rank raises or waits."""
+    def sync(par):
         axonn_c.sync_gradients(par["a"])
         axonn_c.sync_gradients(par["b"])
+
+    for step, par, ser in unused_branch_steps(g.world_size, g.rank, 2, sync):
         for name, p in ser.named_parameters():
             close(dict(par.named_parameters())[name].grad, p.grad,
                   f"unused after zero_grad(set_to_none=False), step {step}: {name}")
@@ -418,28 +427,14 @@ def check_unused_after_depth_sync(g):
     .grad still read as summed over depth, and the ranks' sums went out of step). The sums are
     the serial ones."""
     blocks = g.G_data * g.G_intra_d  # (the expert layout's token blocks)
-    blk = g.data_rank * g.G_intra_d + g.depth_rank
-    gen = torch.Generator().manual_seed(43)
-    xs = torch.randn(blocks, 3, 4, generator=gen)
 
-    def model():
-        torch.manual_seed(6)
-        return nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
-
-    def loss(m, b, step):
-        y = m["a"](xs[b])
-        return (m["b"](y) if step == 0 or b % 2 == 0 else y).pow(2).sum()
-
-    par, ser = model(), model()
-    for step in (0, 1, 2):
-        par.zero_grad(set_to_none=False)
-        ser.zero_grad(set_to_none=False)
-        loss(par, blk, step).backward()
-        for b in range(blocks):
-            loss(ser, b, step).backward()
+    def sync(par):
         sync_gradients_depth_parallel(par, mean=True, expert_mode=True)
         if g.G_data > 1:
             axonn_c.sync_gradients(par, mean=True, expert_mode=True)
+
+    for step, par, ser in unused_branch_steps(blocks, g.data_rank * g.G_intra_d + g.depth_rank,
+                                              3, sync):
         for name, p in ser.named_parameters():
             close(dict(par.named_parameters())[name].grad, p.grad / blocks,
                   f"unused after a depth sync, step {step}: {name}")
