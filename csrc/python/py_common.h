@@ -148,14 +148,12 @@ PyObject *axc_py_grad_records_drop(uint64_t gen);
 /* py_grad_hook.c: raises (RuntimeError, -1) when p.grad was already summed over ranks
  * (run_concurrent takes unsummed gradients only; a synced .grad is fine: axc_py_grad_unsync) */
 int axc_py_grad_check_unsynced(PyObject *p);
-/* A gradient is about to be accumulated into p.grad while it is synced (sync_gradients ran, no
- * backward since): p.grad becomes this rank's unscaled share of the sum (divided by the scale
- * and by the rank count of its groups), unmarked, so that the next sync_gradients sums and
- * scales old and new alike. Nothing when it is not synced (nor scaled). */
+/* A gradient is about to be accumulated into p.grad while a sync's mark is on it (sync_gradients
+ * or sync_gradients_depth_parallel ran, no backward since; also what a sync does to a .grad
+ * whose such mark is older than the last gradient arrived): p.grad becomes this rank's unscaled
+ * share of the sum (divided by the scale and by the rank count of its groups), unmarked, so
+ * that the next sync sums and scales old and new alike. Nothing for any other mark. */
 int axc_py_grad_unsync(PyObject *p);
-/* As axc_py_grad_unsync for any mark a sync made (sync_gradients_depth_parallel's too, scaled
- * or not): what a sync does to a .grad whose mark is older than the last gradient arrived */
-int axc_py_grad_unsync_dated(PyObject *p);
 
 /* py_sync.c: sums tensors[0 .. n) in place over `g` (in this order), waiting for the result:
  * packed into gradient buckets of `bytes` (the same ones as backward's, emptied first by the

@@ -192,8 +192,16 @@ static int unsyncing(PyObject *p)
     return 0;
 }
 
-/* axc_py_grad_unsync; `dated`: also a mark sync_gradients_depth_parallel made without a scale */
-static int unsync(PyObject *p, int dated)
+/* whether p's valid mark (summed over `summed`, synced by `synced`, carrying `scale`) was made
+ * by a sync: synced, or sync_gradients_depth_parallel's (scaled or not) */
+static int made_by_sync(PyObject *p, const axc_groups *summed, double synced, double scale)
+{
+    return synced > 0 || scale != 1.0 ||
+           (summed->n && axc_records_dated(axc_runtime_records(axc_py_runtime()), (uintptr_t)p,
+                                           NULL));
+}
+
+int axc_py_grad_unsync(PyObject *p)
 {
     axc_groups summed;
     double synced;
@@ -206,9 +214,7 @@ static int unsync(PyObject *p, int dated)
     double scale;
     if (axc_py_grad_mark_of(p, 0, &summed, &synced, &scale) < 0)
         return -1;
-    if (!(synced > 0) && scale == 1.0 &&
-        !(dated && summed.n && axc_records_dated(axc_runtime_records(axc_py_runtime()),
-                                                 (uintptr_t)p, NULL)))
+    if (!made_by_sync(p, &summed, synced, scale))
         return 0;
     if (!(grid = grid_now()))
         return -1;
@@ -235,9 +241,6 @@ static int unsync(PyObject *p, int dated)
         }
     return rc;
 }
-
-int axc_py_grad_unsync(PyObject *p) { return unsync(p, 0); }
-int axc_py_grad_unsync_dated(PyObject *p) { return unsync(p, 1); }
 
 /* n = p.numel() elements of the open bucket over `groups` for gradients like p's */
 static PyObject *bucket_view(PyObject *p, const axc_groups *groups, int *id)
@@ -383,8 +386,8 @@ int axc_py_grad_check_unsynced(PyObject *p)
     axc_groups summed;
     double synced, scale;
     int rc = axc_py_grad_mark_of(p, 0, &summed, &synced, &scale);
-    /* (a synced or scaled one is unsynced as its gradient comes) */
-    if (rc < 0 || !summed.n || synced > 0 || scale != 1.0)
+    /* (one a sync made is unsynced as its gradient comes) */
+    if (rc < 0 || !summed.n || made_by_sync(p, &summed, synced, scale))
         return rc;
     PyErr_SetString(PyExc_RuntimeError,
                     "run_concurrent: a parameter's .grad was already summed over ranks (by an "
@@ -409,14 +412,14 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
         f.pending = last != NULL;
         f.last_replace = last && last->replace;
         if (f.synced < 0) {
-            axc_groups ignored;
+            axc_groups summed;
             double synced, scale;
-            if (axc_py_grad_mark_of(p, 0, &ignored, &synced, &scale) < 0) {
+            if (axc_py_grad_mark_of(p, 0, &summed, &synced, &scale) < 0) {
                 rc = -1;
                 break;
             }
-            /* (a scaled mark too: sync_gradients_depth_parallel(mean=True)'s) */
-            f.synced = synced > 0 || scale != 1.0;
+            /* (sync_gradients_depth_parallel's marks too) */
+            f.synced = made_by_sync(p, &summed, synced, scale);
         }
         axc_groups last_groups = last ? last->groups : groups;
         switch (axc_grad_decide(&f)) {

@@ -593,14 +593,14 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced, &carried) < 0)
             goto drop;
         unsigned long long gen = 0;
-        int dated = (synced > 0 || done.n > 0) &&
+        int dated = (synced > 0 || done.n > 0 || carried != 1.0) &&
                     axc_records_dated(axc_runtime_records(axc_py_runtime()), (uintptr_t)p, &gen);
         if (dated && a->marks_grad && gen != a->arrivals) {
             /* a sync marked it, a backward ran since, but not into this .grad (else it would
              * be unsynced, or its mark replaced): it takes part in the sums again as every
              * rank's share, as on the ranks where it did (an unused parameter, a .grad zeroed
              * in place) */
-            if (axc_py_grad_unsync_dated(p) < 0)
+            if (axc_py_grad_unsync(p) < 0)
                 goto drop;
             done.n = 0;
             synced = 0;

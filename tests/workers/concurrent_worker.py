@@ -272,6 +272,35 @@ def check_autocast(g, n):
         assert err < 2e-2, f"{what}: dW off by {err:.3e} (relative) from serial fp32"
 
 
+def check_after_depth_sync(g, n):
+    """Micro-batches accumulating into .grads that sync_gradients_depth_parallel summed (expert
+    layout, G_data = 1: that sync is the whole sum), mean=False and True, no zero_grad between:
+    each .grad is turned back into this rank's share as its first micro-batch gradient comes
+    (was, with mean=False: refused as "already summed"), and the next depth sync gives the
+    serial gradient of both steps."""
+    from axonn_c.parallel import sync_gradients_depth_parallel
+
+    D = g.G_intra_d
+    for mean in (False, True):
+        what = f"after a depth sync (mean={mean}) rank {g.rank}"
+        torch.manual_seed(8)
+        ref, par = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        par.load_state_dict(ref.state_dict())
+        gen = torch.Generator().manual_seed(9)
+        xs = [torch.randn(D * 2 * n, 8, generator=gen) for _ in range(2)]
+        mine = slice(g.depth_rank * 2 * n, (g.depth_rank + 1) * 2 * n)
+        for step, x in enumerate(xs):
+            (ref(x) ** 2).sum().backward()
+            if step == 0:
+                (par(x[mine]) ** 2).sum().backward()
+            else:
+                axonn_c.run_concurrent(lambda xb: (par(xb) ** 2).sum().backward(), x[mine])
+            sync_gradients_depth_parallel(par, mean=mean, expert_mode=True)
+        for name, p in par.named_parameters():
+            want = dict(ref.named_parameters())[name].grad / (D if mean else 1)
+            close(p.grad, want, torch.float32, f"{what} {name}")
+
+
 def check_refuses_summed(g):
     """With overlap on, a plain backward sums .grad over data (or depth) during backward; adding
     unsummed micro-batch gradients to it would be wrong: refused until sync_gradients."""
@@ -310,6 +339,8 @@ def main():
                 check_then_plain_backward(g, n, overlap)
             if n == 2 and overlap:
                 check_accumulation(g, n)
+            if n == 2 and g.G_intra_d > 1 and g.G_data == 1:
+                check_after_depth_sync(g, n)
             if overlap:
                 check_really_concurrent(g, n)
                 if g.G_data > 1 or g.G_intra_d > 1:
