@@ -3,7 +3,8 @@
 
 axc_grad_action axc_grad_decide(const axc_grad_facts *f)
 {
-    /* a .grad sync_gradients completed, about to take more: first back to this rank's share
+    /* a .grad a sync marked (sync_gradients, sync_gradients_depth_parallel), about to take
+     * more: first back to this rank's share
      * (only when the pass accumulates into it: torch.autograd.grad leaves .grad as it is; a
      * micro-batch's always does, and the other threads' gradients for it wait meanwhile) */
     if (f->synced && f->initialized) {

@@ -23,8 +23,9 @@ static int has(const axc_groups *g, axc_group_kind k)
 }
 
 void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double done_synced,
-                     double done_scale, unsigned several, const axc_groups *only, int marks_grad,
-                     double scale, axc_sync_choice *out)
+                     double done_scale, int done_dated, unsigned several,
+                     const axc_groups *only, int marks_grad, double scale,
+                     axc_sync_choice *out)
 {
     memset(out, 0, sizeof *out);
     out->scaled = out->factor = 1.0;
@@ -53,8 +54,13 @@ void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double do
             out->sum.g[out->sum.n++] = k;
     }
     if (only) {
-        if (!out->sum.n) {
-            out->skip = 1; /* nothing of `only` to sum: neither summed nor scaled */
+        /* a group of `only` a backward summed (not a sync: its mean is not applied yet) */
+        int by_backward = 0;
+        for (int i = 0; !done_dated && i < groups->n; i++)
+            by_backward |= (several >> groups->g[i] & 1u) && has(done, groups->g[i]) &&
+                           has(only, groups->g[i]);
+        if (!out->sum.n && !(by_backward && scale != 1.0)) {
+            out->skip = 1; /* nothing of `only` to sum nor to scale */
             return;
         }
         out->factor = scale;

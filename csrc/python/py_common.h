@@ -146,7 +146,7 @@ PyObject *axc_py_grad_records_finish(void); /* _C.grad_records_finish() */
  * before the deferred work was waited for, axc/layer_residuals.h) */
 PyObject *axc_py_grad_records_drop(uint64_t gen);
 /* py_grad_hook.c: raises (RuntimeError, -1) when p.grad was already summed over ranks
- * (run_concurrent takes unsummed gradients only; a synced .grad is fine: axc_py_grad_unsync) */
+ * (run_concurrent takes unsummed gradients only; one a sync marked is fine: axc_py_grad_unsync) */
 int axc_py_grad_check_unsynced(PyObject *p);
 /* A gradient is about to be accumulated into p.grad while a sync's mark is on it (sync_gradients
  * or sync_gradients_depth_parallel ran, no backward since; also what a sync does to a .grad

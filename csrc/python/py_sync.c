@@ -586,6 +586,7 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
     }
     axc_groups groups, done = {0};
     double synced = 0, carried = 1.0;
+    int dated = 0;
     if (names_to_groups(groups_obj, "a parameter's _axonn_grad_groups", &groups) < 0)
         goto drop;
     if (axc_records_marks(axc_runtime_records(axc_py_runtime()))) { /* (else no mark to read) */
@@ -593,8 +594,8 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced, &carried) < 0)
             goto drop;
         unsigned long long gen = 0;
-        int dated = (synced > 0 || done.n > 0 || carried != 1.0) &&
-                    axc_records_dated(axc_runtime_records(axc_py_runtime()), (uintptr_t)p, &gen);
+        dated = (synced > 0 || done.n > 0 || carried != 1.0) &&
+                axc_records_dated(axc_runtime_records(axc_py_runtime()), (uintptr_t)p, &gen);
         if (dated && a->marks_grad && gen != a->arrivals) {
             /* a sync marked it, a backward ran since, but not into this .grad (else it would
              * be unsynced, or its mark replaced): it takes part in the sums again as every
@@ -605,9 +606,10 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
             done.n = 0;
             synced = 0;
             carried = 1.0;
+            dated = 0;
         }
     }
-    axc_sync_decide(&groups, &done, synced, carried, a->several, a->only, a->marks_grad,
+    axc_sync_decide(&groups, &done, synced, carried, dated, a->several, a->only, a->marks_grad,
                     a->scale, c);
     *grad = g;
     rc = 0;

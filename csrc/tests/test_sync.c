@@ -31,8 +31,9 @@ static void row_f(int line, axc_groups groups, axc_groups done, double done_sync
 {
     axc_sync_choice c;
     memset(&c, 0xAB, sizeof c); /* (every field must be written) */
-    axc_sync_decide(&groups, &done, done_synced, done_scale, several, only, marks_grad, scale,
-                    &c);
+    /* (a mark with a synced or carried scale is a sync's; a plain one a backward's) */
+    axc_sync_decide(&groups, &done, done_synced, done_scale, done_synced > 0 || done_scale != 1.0,
+                    several, only, marks_grad, scale, &c);
     double mark_scale = c.synced > 0 ? c.synced : only ? c.scaled : 0;
     int ok = c.skip == skip && is(&c.sum, sum) && c.mark == mark &&
              (mark != AXC_SYNC_MARK_SET || (is(&c.marked, marked) && mark_scale == synced)) &&
@@ -154,14 +155,24 @@ int main(void)
     /* a copy under another attribute: the same factor, .grad's mark forgotten */
     ROW_F(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, 0.5, NULL, 0, several, 0.25, 0, G(1, DATA, 0),
           FORGET, none, 0, 0.5, 0);
+    /* summed over depth by a backward (overlap on), mean=True: only scaled, and marked so */
+    ROW_S(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, &depth_only, 1, several, 0.5, 0, none, SET,
+          G(1, DEPTH, 0), 0, 0);
+    /* ... a copy under another attribute too (not marked) */
+    ROW_S(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, &depth_only, 0, several, 0.5, 0, none, KEEP,
+          none, 0, 0);
     /* a second sync_gradients_depth_parallel: nothing (not scaled twice) */
     ROW_F(G(2, DEPTH, DATA), G(1, DEPTH, 0), 0, 0.5, &depth_only, 1, several, 0.5, 1, none, KEEP,
           none, 0, 1.0, 0);
     /* no done at all (NULL) reads as none */
     axc_sync_choice c;
     axc_groups dd = G(2, DEPTH, DATA);
-    axc_sync_decide(&dd, NULL, 0, 1.0, several, &depth_only, 1, 1.0, &c);
+    axc_sync_decide(&dd, NULL, 0, 1.0, 0, several, &depth_only, 1, 1.0, &c);
     CHECK(!c.skip && is(&c.sum, G(1, DEPTH, 0)) && c.mark == SET && is(&c.marked, G(1, DEPTH, 0)));
+    /* summed over depth by a sync (mean=False, scale 1: dated), then mean=True: nothing */
+    axc_groups d1 = G(1, DEPTH, 0);
+    axc_sync_decide(&dd, &d1, 0, 1.0, 1, several, &depth_only, 1, 0.5, &c);
+    CHECK(c.skip && c.mark == KEEP && c.rescale == 0);
 
     /* the order: sets by first appearance, members in parameter order, skipped ones out */
     axc_sync_choice ch[7] = {{0}};

@@ -274,10 +274,10 @@ def check_autocast(g, n):
 
 def check_after_depth_sync(g, n):
     """Micro-batches accumulating into .grads that sync_gradients_depth_parallel summed (expert
-    layout, G_data = 1: that sync is the whole sum), mean=False and True, no zero_grad between:
-    each .grad is turned back into this rank's share as its first micro-batch gradient comes
-    (was, with mean=False: refused as "already summed"), and the next depth sync gives the
-    serial gradient of both steps."""
+    layout, G_data = 1: that sync is the whole sum), mean=False and True, no zero_grad between,
+    then a plain backward: each .grad is turned back into
+    this rank's share as its first gradient comes (was, with mean=False: refused as "already
+    summed"), and each depth sync gives the serial gradient of the steps so far."""
     from axonn_c.parallel import sync_gradients_depth_parallel
 
     D = g.G_intra_d
@@ -287,18 +287,18 @@ def check_after_depth_sync(g, n):
         ref, par = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
         par.load_state_dict(ref.state_dict())
         gen = torch.Generator().manual_seed(9)
-        xs = [torch.randn(D * 2 * n, 8, generator=gen) for _ in range(2)]
+        xs = [torch.randn(D * 2 * n, 8, generator=gen) for _ in range(3)]
         mine = slice(g.depth_rank * 2 * n, (g.depth_rank + 1) * 2 * n)
         for step, x in enumerate(xs):
             (ref(x) ** 2).sum().backward()
-            if step == 0:
-                (par(x[mine]) ** 2).sum().backward()
-            else:
+            if step == 1:
                 axonn_c.run_concurrent(lambda xb: (par(xb) ** 2).sum().backward(), x[mine])
+            else:
+                (par(x[mine]) ** 2).sum().backward()
             sync_gradients_depth_parallel(par, mean=mean, expert_mode=True)
-        for name, p in par.named_parameters():
-            want = dict(ref.named_parameters())[name].grad / (D if mean else 1)
-            close(p.grad, want, torch.float32, f"{what} {name}")
+            for name, p in par.named_parameters():
+                want = dict(ref.named_parameters())[name].grad / (D if mean else 1)
+                close(p.grad, want, torch.float32, f"{what} step {step} {name}")
 
 
 def check_refuses_summed(g):

@@ -24,7 +24,8 @@ typedef struct axc_grad_facts {
     int overlap;         /* the data overlap knob in force for the parameter */
     int groups;          /* how many of its groups have more than one rank */
     int plain;           /* the gradient is strided and of the parameter's dtype */
-    int synced;          /* .grad is synced (sync_gradients ran, no backward since; the caller
+    int synced;          /* .grad carries a mark a sync made (sync_gradients or
+                          * sync_gradients_depth_parallel ran, no backward since; the caller
                           * learns it before deciding) */
 } axc_grad_facts;
 
@@ -32,7 +33,8 @@ typedef enum axc_grad_action {
     AXC_GRAD_NOTHING,         /* autograd takes the gradient untouched */
     AXC_GRAD_ASK_ACCUMULATES, /* fill in `accumulates`, decide again */
     AXC_GRAD_DROP_ABANDONED,  /* drop an abandoned pass, set abandoned_checked, decide again */
-    AXC_GRAD_UNSYNC,          /* a synced .grad becomes this rank's unscaled share; decide again */
+    AXC_GRAD_UNSYNC,          /* a synced .grad (any sync's mark) becomes this rank's unscaled
+                               * share; decide again */
     AXC_GRAD_CHECK_UNSYNCED,  /* a micro-batch thread: a .grad summed already is an error */
     AXC_GRAD_ADD_AFTER,       /* a record of its own, added after the pending one */
     AXC_GRAD_FINISH_FIRST,    /* complete the pending work, then decide again */

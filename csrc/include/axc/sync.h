@@ -44,15 +44,17 @@ unsigned axc_sync_several(const axc_grid *grid);
  * are summed already (its mark; none when it has none), `done_synced` the mark's synced scale
  * (0: not synced), `done_scale` the scale the gradient carries already (a mark's that is not
  * synced: sync_gradients_depth_parallel(mean=True) divided it by the depth; 1: none), which a
- * later sync_gradients replaces by its own (so a mean is divided once). `several`:
+ * later sync_gradients replaces by its own (so a mean is divided once), `done_dated` whether a
+ * sync made the mark (else a backward's sums: not scaled yet). `several`:
  * axc_sync_several's mask. `only`: NULL for every group
  * (sync_gradients), else these only (sync_gradients_depth_parallel: a parameter with nothing to
  * sum over them is skipped). `marks_grad`: the gradient synced is .grad itself, which the marks
  * describe (another attribute, e.g. a main_grad copied from .grad, is summed but leaves .grad's
  * mark to sync_gradients). `scale`: what the sync multiplies by (1: nothing). */
 void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double done_synced,
-                     double done_scale, unsigned several, const axc_groups *only, int marks_grad,
-                     double scale, axc_sync_choice *out);
+                     double done_scale, int done_dated, unsigned several,
+                     const axc_groups *only, int marks_grad, double scale,
+                     axc_sync_choice *out);
 
 /* The parameters of one set of sums: plan->order[first .. first + count) are their indices,
  * in parameter order, all summed over `groups` and multiplied by `factor`. */
