@@ -130,6 +130,11 @@ int axc_py_grad_mark(PyObject *p, const axc_groups *g); /* p.grad summed over g 
  * (the mark of a copy under another attribute, main_grad, made before) */
 int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *synced,
                         double *scale);
+/* whether the mark axc_py_grad_mark_of read (summed, synced, scale) was made by a sync
+ * (synced, or sync_gradients_depth_parallel's, scaled or not), and its generation in *gen
+ * (when not NULL; 0 when not) */
+int axc_py_grad_made_by_sync(PyObject *p, const axc_groups *summed, double synced, double scale,
+                             unsigned long long *gen);
 /* p.grad synced (sync_gradients completed its sums over g and multiplied it by scale > 0) */
 int axc_py_grad_mark_synced(PyObject *p, const axc_groups *g, double scale);
 /* p.grad summed over g and multiplied by scale > 0 (1: not) by sync_gradients_depth_parallel:

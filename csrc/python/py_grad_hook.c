@@ -192,15 +192,6 @@ static int unsyncing(PyObject *p)
     return 0;
 }
 
-/* whether p's valid mark (summed over `summed`, synced by `synced`, carrying `scale`) was made
- * by a sync: synced, or sync_gradients_depth_parallel's (scaled or not) */
-static int made_by_sync(PyObject *p, const axc_groups *summed, double synced, double scale)
-{
-    return synced > 0 || scale != 1.0 ||
-           (summed->n && axc_records_dated(axc_runtime_records(axc_py_runtime()), (uintptr_t)p,
-                                           NULL));
-}
-
 int axc_py_grad_unsync(PyObject *p)
 {
     axc_groups summed;
@@ -214,7 +205,7 @@ int axc_py_grad_unsync(PyObject *p)
     double scale;
     if (axc_py_grad_mark_of(p, 0, &summed, &synced, &scale) < 0)
         return -1;
-    if (!made_by_sync(p, &summed, synced, scale))
+    if (!axc_py_grad_made_by_sync(p, &summed, synced, scale, NULL))
         return 0;
     if (!(grid = grid_now()))
         return -1;
@@ -387,7 +378,7 @@ int axc_py_grad_check_unsynced(PyObject *p)
     double synced, scale;
     int rc = axc_py_grad_mark_of(p, 0, &summed, &synced, &scale);
     /* (one a sync made is unsynced as its gradient comes) */
-    if (rc < 0 || !summed.n || made_by_sync(p, &summed, synced, scale))
+    if (rc < 0 || !summed.n || axc_py_grad_made_by_sync(p, &summed, synced, scale, NULL))
         return rc;
     PyErr_SetString(PyExc_RuntimeError,
                     "run_concurrent: a parameter's .grad was already summed over ranks (by an "
@@ -419,7 +410,7 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
                 break;
             }
             /* (sync_gradients_depth_parallel's marks too) */
-            f.synced = made_by_sync(p, &summed, synced, scale);
+            f.synced = axc_py_grad_made_by_sync(p, &summed, synced, scale, NULL);
         }
         axc_groups last_groups = last ? last->groups : groups;
         switch (axc_grad_decide(&f)) {

@@ -220,6 +220,16 @@ int axc_py_grad_mark_of(PyObject *p, int dropped_ok, axc_groups *out, double *sy
     return summed_of(p, dropped_ok, out, synced, scale);
 }
 
+int axc_py_grad_made_by_sync(PyObject *p, const axc_groups *summed, double synced, double scale,
+                             unsigned long long *gen)
+{
+    if (gen)
+        *gen = 0;
+    /* (a valid mark has groups, a synced scale or a scale; a stale one reads as none) */
+    return (summed->n || synced > 0 || scale != 1.0) &&
+           axc_records_dated(recs(), key_of(p), gen);
+}
+
 int axc_py_grad_forget_dropped(PyObject *p)
 {
     if (!axc_records_marks(recs()) || !axc_records_marked(recs(), key_of(p), NULL, NULL))

@@ -593,9 +593,8 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         /* (main_grad: a copy made from the marked .grad, which may be dropped since) */
         if (axc_py_grad_mark_of(p, !a->marks_grad, &done, &synced, &carried) < 0)
             goto drop;
-        unsigned long long gen = 0;
-        dated = (synced > 0 || done.n > 0 || carried != 1.0) &&
-                axc_records_dated(axc_runtime_records(axc_py_runtime()), (uintptr_t)p, &gen);
+        unsigned long long gen;
+        dated = axc_py_grad_made_by_sync(p, &done, synced, carried, &gen);
         if (dated && a->marks_grad && gen != a->arrivals) {
             /* a sync marked it, a backward ran since, but not into this .grad (else it would
              * be unsynced, or its mark replaced): it takes part in the sums again as every
