@@ -8,7 +8,8 @@
 #              CUDA/NCCL headers
 #   gpu        pytest -m gpu tests/test_gpu.py (nccl at world size 1; shm with CUDA tensors), and
 #              the bias gradient on CUDA (tests/test_gemm.py -k "bias_grad and cuda"), also with
-#              AXONN_C_BIAS_GRAD_KERNEL=1 (and test_linear_gpu.py with it)
+#              AXONN_C_BIAS_GRAD_KERNEL=1 (and test_linear_gpu.py with it); the codec tests with
+#              AXONN_C_CODEC_KERNELS=warp
 #   linear     the GEMM and Linear on CUDA (cuBLASLt; CUDA-graph capture), bench_linear on cuda
 #   multirank  the multi-process suite with CUDA tensors (torchrun, 2/3/4 ranks sharing the GPU,
 #              shm backend), and init(overlap=True) training steps with CUDA tensors at 2 and 4
@@ -17,7 +18,8 @@
 #              way of issuing a GEMM (torch, cuBLASLt through ctypes, axonn_c), with cuBLASLt's log
 #   train      bf16 GPT training throughput and MFU at a world of one: axonn_c against plain
 #              PyTorch eager and torch.compile (bench_train_gpu.py; TRAIN_PRESET, TRAIN_VARIANTS)
-#   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py)
+#   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py),
+#              also with AXONN_C_CODEC_KERNELS=warp
 #   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone (also
 #              with AXONN_C_BIAS_GRAD_KERNEL=1) and per layer of a stack of 8 (bench_host.py)
 #   profile    a sampling profile (py-spy --native, from .whl/py_spy-*.whl when it is not installed)
@@ -197,6 +199,10 @@ if want train; then
 fi
 if want codec; then
     step codec_cuda 120 "$PY" "$REPO/benchmarks/bench_codec_cuda.py" --json "$OUT/codec_cuda.json"
+    # the warp-reduced encode and feedback kernels (AXONN_C_CODEC_KERNELS=warp), for the A/B
+    # (their bytes against the CPU's: the gpu stage)
+    step codec_cuda_warp 120 env AXONN_C_CODEC_KERNELS=warp "$PY" \
+        "$REPO/benchmarks/bench_codec_cuda.py" --json "$OUT/codec_cuda_warp.json"
 fi
 if want host; then
     step host_cuda 240 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda.json"
@@ -241,6 +247,10 @@ if want gpu; then
         -p no:cacheprovider "$REPO/tests/test_gemm.py" -k "bias_grad and cuda"
     step pytest_linear_gpu_bias_kernel 600 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" -m pytest -q -rs \
         -m gpu -p no:cacheprovider "$REPO/tests/test_linear_gpu.py"
+    # the codec kernels' bytes against the CPU reference's with AXONN_C_CODEC_KERNELS=warp (opt-in
+    # until this has passed on a GPU; the default kernels' run in pytest_gpu)
+    step pytest_codec_warp_cuda 300 env AXONN_C_CODEC_KERNELS=warp "$PY" -m pytest -q -rs -m gpu \
+        -p no:cacheprovider "$REPO/tests/test_gpu.py" -k "codec or compressed"
     # pytest GPU tests (nccl world size 1 + shm multi-rank with CUDA tensors)
     step pytest_gpu 1500 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
         --junitxml="$LOGS/pytest_gpu.xml" "$REPO/tests/test_gpu.py" "$REPO/tests/test_linear_gpu.py"

@@ -37,6 +37,11 @@ static const axc_env_setting settings[] = {
      "(`csrc/device/bias_grad_kernels.cu`) instead of the cuBLASLt GEMV, less host time per "
      "Linear backward; off until `benchmarks/gpu_suite.sh` has run it on a GPU (read once, at "
      "the first CUDA bias gradient of up to 1024 rows outside a graph capture)"},
+    {"AXONN_C_CODEC_KERNELS", "`csrc/compress/codec_cuda.c`", "`block`",
+     "`warp`: the CUDA codec encode and error-feedback kernels reduce each codec block by warp "
+     "shuffles in a thread block sized to it (`csrc/compress/codec_kernels.cu`), the same bytes; "
+     "off until `benchmarks/gpu_suite.sh` has run it on a GPU (read once, at the first CUDA "
+     "codec kernel; another value makes the kernels unavailable, naming it)"},
     {"AXONN_C_CPU_ONLY", "`setup.py`", "unset", "`1`: build without the CUDA parts"},
     {"AXONN_C_CUDA_INCLUDE", "`setup.py`", "none",
      "extra directories (`:`-separated) to look for CUDA/NCCL/cuBLASLt headers in"},
