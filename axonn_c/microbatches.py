@@ -47,7 +47,7 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import Tensor, nn
 
-from . import _C, grads
+from . import _C, grads, validate
 from .parallel import _model_expert_mode, _replicated_groups
 from .state import first_hook, forget_hook, is_initialized, microbatch_active, refuse_cuda, session
 
@@ -114,18 +114,20 @@ class _Call:
         return _C.microbatch_gather(layer, phase == "bwd", w, w.is_leaf, numel)
 
 
-def _open_call(model: Optional[nn.Module], n: int, owner: object) -> tuple:
+def _open_call(model: Optional[nn.Module], n: int, owner: object,
+               expert_mode: Optional[bool] = None) -> tuple:
     """Opens `owner`'s call (n micro-batches) in C, whose reducer sums `model`'s gradients over
     their groups (sync_gradients' groups) while the micro-batches run (None: no reducer). C
     picks the parameters and their fixed order (reverse registration, about the order backward
     finishes them) and buckets them; this registers the hook that counts the micro-batches'
     arrivals and returns the order for _C.microbatch_reduce_all. Whatever this raises, the
     caller ends with _C.microbatch_end(owner), which ends the call only if this opened it (an
-    exception taken as the C call returns, an interrupt, looks raised by it)."""
+    exception taken as the C call returns, an interrupt, looks raised by it). `expert_mode`:
+    sync_gradients' (None: read from the model's layers)."""
     params, replicated = (), ()
     if model is not None:  # (a frozen parameter has no gradient to sum, and takes no hook)
         params = [p for p in model.parameters() if p.requires_grad]
-        replicated = _replicated_groups(_model_expert_mode(model, None))
+        replicated = _replicated_groups(_model_expert_mode(model, expert_mode))
     order = _C.microbatch_begin(owner, n, params, replicated, session.bucket_bytes,
                                 SCATTER_BLOCKS_IN_FLIGHT)
     for p in order:
@@ -176,7 +178,7 @@ def _join(ended: List[threading.Event], abort: bool = False) -> None:
 
 
 def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] = None,
-                   dim: int = 0) -> List[Any]:
+                   dim: int = 0, expert_mode: Optional[bool] = None) -> List[Any]:
     """Runs fn(*micro_batch_inputs) for n micro-batches at once (n from
     init(concurrent_microbatches=n)), one thread each, and returns the n results in
     micro-batch order.
@@ -187,7 +189,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     micro-batches (scale each loss by its share of the batch for a mean). With `model=` (the
     module whose parameters fn trains) their sums over ranks run while the micro-batches still
     compute; call axonn_c.sync_gradients(model) afterwards in any case, as after any backward
-    (it sums what is left and scales). Every rank must call it with the same n and the same
+    (it sums what is left and scales). `expert_mode`: the layout the sums assume, as
+    sync_gradients' (None: the model's axonn_c layers', the easy layout without any; pass the
+    value the later sync_gradients gets). Every rank must call it with the same n and the same
     split sizes (collectives are matched per micro-batch).
 
     The grad mode and CPU autocast are the caller's. CPU tensors only for now: on CUDA, torch's
@@ -199,6 +203,7 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     if not is_initialized():
         raise RuntimeError("axonn_c is not initialised: call axonn_c.init(..., "
                            "concurrent_microbatches=n) first")
+    expert_mode = validate.check_bool("run_concurrent: expert_mode", expert_mode, none_ok=True)
     if microbatch_active():
         raise RuntimeError("run_concurrent cannot be nested: fn is already running on a "
                            "micro-batch thread")
@@ -266,7 +271,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
     owner = object()  # (whose call microbatch_end ends: never another caller's)
     call = None  # (this call's session.concurrent_call, once set)
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
-        order = _open_call(model if reducing else None, n, owner)  # (the call is open)
+        order = _open_call(model if reducing else None, n, owner,
+                           expert_mode)  # (the call is open)
         call = session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set

@@ -85,6 +85,9 @@ def test_errors_name_the_problem(world_of_one):
         axonn_c.run_concurrent(lambda a: a, torch.zeros(1))
     with pytest.raises(ValueError, match="at least one Tensor"):
         axonn_c.run_concurrent(lambda a: a, 3)
+    with pytest.raises(TypeError, match=r"run_concurrent: expert_mode must be a bool or None, "
+                                        r"got 'yes'"):
+        axonn_c.run_concurrent(lambda a: a, torch.zeros(4), expert_mode="yes")
     with pytest.raises(RuntimeError, match="cannot be nested"):
         axonn_c.run_concurrent(lambda a: axonn_c.run_concurrent(lambda b: b, a), torch.zeros(4))
     with pytest.raises(ZeroDivisionError):  # fn's own error reaches the caller

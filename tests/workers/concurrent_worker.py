@@ -277,12 +277,15 @@ def check_after_depth_sync(g, n):
     layout, G_data = 1: that sync is the whole sum), mean=False and True, no zero_grad between,
     then a plain backward: each .grad is turned back into
     this rank's share as its first gradient comes (was, with mean=False: refused as "already
-    summed"), and each depth sync gives the serial gradient of the steps so far."""
+    summed"), and each depth sync gives the serial gradient of the steps so far. Also with
+    run_concurrent(model=, expert_mode=True), whose reducer then sums over depth only, as the
+    depth sync does (was: no expert_mode=, and a plain model's sums were the easy layout's, over
+    every rank: on a grid with columns, each column's copy summed in)."""
     from axonn_c.parallel import sync_gradients_depth_parallel
 
     D = g.G_intra_d
-    for mean in (False, True):
-        what = f"after a depth sync (mean={mean}) rank {g.rank}"
+    for mean, with_model in ((False, False), (True, False), (True, True)):
+        what = f"after a depth sync (mean={mean}, model={with_model}) rank {g.rank}"
         torch.manual_seed(8)
         ref, par = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
         par.load_state_dict(ref.state_dict())
@@ -292,7 +295,9 @@ def check_after_depth_sync(g, n):
         for step, x in enumerate(xs):
             (ref(x) ** 2).sum().backward()
             if step == 1:
-                axonn_c.run_concurrent(lambda xb: (par(xb) ** 2).sum().backward(), x[mine])
+                axonn_c.run_concurrent(lambda xb: (par(xb) ** 2).sum().backward(), x[mine],
+                                       **({"model": par, "expert_mode": True} if with_model
+                                          else {}))
             else:
                 (par(x[mine]) ** 2).sum().backward()
             sync_gradients_depth_parallel(par, mean=mean, expert_mode=True)
