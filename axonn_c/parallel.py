@@ -118,7 +118,7 @@ def sync_gradients_depth_parallel(model: nn.Module, mean: bool = False,
     whose gradients differ over depth: Linear biases, replicated parameters in the expert
     layout). A later sync_gradients does not sum them over depth again. `mean=True` divides what
     it sums by G_intra_d; a later sync_gradients replaces that scale by its own (its mean= is
-    divided once in all)."""
+    divided once in all), as does a second call with the other mean= (a repeat sums nothing)."""
     _sync(model, mean, expert_mode, gradient_attr_name, vectorize, only=("depth",))
 
 

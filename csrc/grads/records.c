@@ -39,6 +39,7 @@ struct axc_grad_records {
     void *ctx;
     slot *slots;
     size_t cap, used, marks, chunks;
+    size_t dated; /* the marks a sync made */
     axc_grad_record *recs;
     size_t nrecs, rcap;
     axc_taken_grad *taken;
@@ -215,6 +216,8 @@ static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
         if (s && old) {
             s->stamp = NULL;
             r->marks--;
+            r->dated -= s->dated != 0;
+            s->dated = 0;
             drop_if_empty(r, s);
         }
         release(r, old);
@@ -231,6 +234,7 @@ static axc_status set_mark(axc_grad_records *r, uintptr_t key, void *stamp,
     void *old = s->stamp;
     if (!old)
         r->marks++;
+    r->dated = r->dated + (dated != 0) - (old && s->dated);
     s->stamp = stamp;
     s->marked = groups ? *groups : (axc_groups){.n = 0};
     s->synced = synced > 0 ? synced : 0;
@@ -316,6 +320,7 @@ size_t axc_records_dated_keys(const axc_grad_records *r, uintptr_t *out, size_t 
 }
 
 size_t axc_records_marks(const axc_grad_records *r) { return r->marks; }
+size_t axc_records_dated_count(const axc_grad_records *r) { return r->dated; }
 
 /* ---------------------------------------------------------------------------------- records */
 

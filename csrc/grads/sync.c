@@ -59,17 +59,22 @@ void axc_sync_decide(const axc_groups *groups, const axc_groups *done, double do
         for (int i = 0; !done_dated && i < groups->n; i++)
             by_backward |= (several >> groups->g[i] & 1u) && has(done, groups->g[i]) &&
                            has(only, groups->g[i]);
-        if (!out->sum.n && !(by_backward && scale != 1.0)) {
+        /* .grad summed over `only` by an earlier sync of `only` with another mean=: its
+         * scale is replaced by this one, as a second sync_gradients does (a copy under another
+         * attribute is left: no mark of its own would stop a repeat scaling it again) */
+        int resync = marks_grad && done_dated && !out->sum.n && any_done &&
+                     fabs(scale / carried - 1.0) > 1e-12;
+        if (!out->sum.n && !(by_backward && scale != 1.0) && !resync) {
             out->skip = 1; /* nothing of `only` to sum nor to scale */
             return;
         }
-        out->factor = scale;
+        out->factor = resync ? scale / carried : scale;
         if (marks_grad) { /* .grad is then summed over what it was and these, and scaled */
             out->mark = AXC_SYNC_MARK_SET;
             if (done)
                 out->marked = *done;
             axc_groups_union(&out->marked, &out->sum);
-            out->scaled = carried * scale;
+            out->scaled = resync ? scale : carried * scale;
         }
         return;
     }

@@ -24,6 +24,8 @@ static PyObject *s_overlap_attr, *s_groups_attr, *s_ident_attr, *s_names[AXC_GRO
 static PyObject *s_grad, *s_dtype, *s_layout, *s_numel, *s_reshape, *s_copy_, *s_add_, *s_div_,
     *s_detach, *s_clone, *s_alpha, *s_minus_one;
 static PyObject *g_strided, *g_empty_like; /* torch.strided, torch.empty_like */
+/* torch._C._current_graph_task_id (Py_None where torch has none) */
+static PyObject *g_pass_id;
 static unsigned long g_works; /* gradients past the fast path: grad_hook_works() */
 
 typedef struct {
@@ -488,6 +490,58 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
     return rc;
 }
 
+/* The backward pass the calling thread runs: its graph task's number (>= 0), -1 when torch
+ * cannot tell (outside the engine, or no such function), -2 with an exception. */
+static long long current_pass(void)
+{
+    if (!g_pass_id) { /* (torch, once: not when the module loads) */
+        PyObject *tc = PyImport_ImportModule("torch._C");
+        g_pass_id = tc ? PyObject_GetAttrString(tc, "_current_graph_task_id") : NULL;
+        Py_XDECREF(tc);
+        if (!g_pass_id) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -2;
+            PyErr_Clear();
+            g_pass_id = Py_NewRef(Py_None);
+        }
+    }
+    if (g_pass_id == Py_None)
+        return -1;
+    PyObject *r = PyObject_CallNoArgs(g_pass_id);
+    long long id = r ? PyLong_AsLongLong(r) : -1;
+    Py_XDECREF(r);
+    if (id == -1 && PyErr_Occurred())
+        return -2;
+    return id < 0 ? -1 : id;
+}
+
+/* Counts p's gradient as an arrival (what a sync's mark is compared with:
+ * axc_runtime_grad_arrivals) once per backward pass that accumulates into .grad, asking the
+ * hook's `accumulates` at the pass's first gradient while a sync's mark exists (without one
+ * the count is compared with nothing: counted unasked). torch.autograd.grad hands its
+ * gradients back: it is no backward into .grad, and counting it would make a rank that alone
+ * ran one (a diagnostic) read its synced gradients as stale and sum them again, out of step
+ * with the other ranks. -1 with an exception. */
+static int count_arrival(GradHook *h, PyObject *p)
+{
+    axc_runtime *rt = axc_py_runtime();
+    long long pass = current_pass();
+    if (pass < -1)
+        return -1;
+    if (pass >= 0 && axc_runtime_grad_pass_counted(rt, pass))
+        return 0;
+    if (!axc_records_dated_count(axc_runtime_records(rt))) {
+        axc_runtime_grad_arrived_in(rt, pass);
+        return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(h->accumulates, p);
+    int acc = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (acc > 0)
+        axc_runtime_grad_arrived_in(rt, pass);
+    return acc < 0 ? -1 : 0;
+}
+
 static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     GradHook *h = (GradHook *)self;
@@ -508,8 +562,9 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     int own;
     axc_groups groups;
-    axc_runtime_grad_arrived(axc_py_runtime());
-    int rc = axc_py_grad_forget_dropped(p);
+    int rc = count_arrival(h, p);
+    if (rc == 0)
+        rc = axc_py_grad_forget_dropped(p);
     if (rc == 0)
         rc = hook_settings(p, &own, &groups);
     if (rc == 0 && axc_runtime_grad_needs_work(axc_py_runtime(), (uintptr_t)p, own, &groups)) {

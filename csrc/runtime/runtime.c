@@ -34,6 +34,7 @@ struct axc_runtime {
     size_t grad_bucket_bytes; /* the bucket size of backward's sums (init(bucket_size=)) */
     /* gradients that reached a hook or a deferred Linear weight (any thread) */
     _Atomic unsigned long long grad_arrivals;
+    _Atomic long long grad_arrivals_pass; /* the backward pass counted last (-1: none) */
 };
 
 /* set by run_concurrent on its micro-batch threads */
@@ -63,6 +64,7 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
     rt->kept_ctx = ops->kept_ctx;
     rt->grad_sync = 1;
     rt->grad_bucket_bytes = 4u << 20;
+    rt->grad_arrivals_pass = -1;
     axc_status st = axc_timeline_create(&rt->timeline);
     if (st == AXC_OK)
         st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
@@ -284,6 +286,15 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
 }
 
 void axc_runtime_grad_arrived(axc_runtime *rt) { rt->grad_arrivals++; }
+void axc_runtime_grad_arrived_in(axc_runtime *rt, long long pass)
+{
+    rt->grad_arrivals++;
+    rt->grad_arrivals_pass = pass < 0 ? -1 : pass;
+}
+int axc_runtime_grad_pass_counted(const axc_runtime *rt, long long pass)
+{
+    return pass >= 0 && rt->grad_arrivals_pass == pass;
+}
 unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt) { return rt->grad_arrivals; }
 
 void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 0; }

@@ -83,12 +83,14 @@ int main(void)
     CHECK_OK(axc_records_mark_synced(r, 2, own(120), &data, 1.0, 7));
     uintptr_t keys[2] = {0, 0};
     CHECK(axc_records_dated_keys(r, NULL, 0) == 2 && axc_records_dated_keys(r, keys, 1) == 2 &&
-          (keys[0] == 1 || keys[0] == 2));
+          (keys[0] == 1 || keys[0] == 2) && axc_records_dated_count(r) == 2);
     CHECK_OK(axc_records_mark(r, 2, NULL, NULL));
-    CHECK(nreleased == 5 && axc_records_dated_keys(r, keys, 2) == 1 && keys[0] == 1);
+    CHECK(nreleased == 5 && axc_records_dated_keys(r, keys, 2) == 1 && keys[0] == 1 &&
+          axc_records_dated_count(r) == 1);
     nreleased = 4;
     CHECK_OK(axc_records_mark(r, 1, own(112), &data)); /* a plain mark again: not synced */
-    CHECK(nreleased == 5 && axc_records_synced(r, 1, NULL) == 0 && axc_records_marks(r) == 1);
+    CHECK(nreleased == 5 && axc_records_synced(r, 1, NULL) == 0 && axc_records_marks(r) == 1 &&
+          axc_records_dated_count(r) == 0);
     CHECK(axc_records_mark_synced(r, 1, own(113), &data, 0, 7) == AXC_ERR_INVALID && nreleased == 6);
     CHECK_OK(axc_records_mark(r, 1, NULL, NULL));
     CHECK(nreleased == 7 && axc_records_marks(r) == 0);
@@ -100,13 +102,15 @@ int main(void)
           axc_records_marked(r, 1, NULL, &got) && got.n == 1);
     /* a mark a sync made has a generation (a plain one none); init forgets every dated one */
     CHECK(axc_records_dated(r, 1, &gen) && gen == 12);
-    CHECK(axc_records_dated_keys(r, keys, 2) == 1 && keys[0] == 1);
+    CHECK(axc_records_dated_keys(r, keys, 2) == 1 && keys[0] == 1 &&
+          axc_records_dated_count(r) == 1);
     CHECK_OK(axc_records_mark_synced(r, 1, own(115), &data, 0.25, 3));
+    CHECK(axc_records_dated_count(r) == 1); /* (replaced: still one) */
     CHECK(axc_records_scale(r, 1) == 0.25 && nreleased == 8);
     CHECK(axc_records_dated(r, 1, &gen) && gen == 3);
     CHECK_OK(axc_records_mark(r, 1, own(116), &data));
     CHECK(axc_records_scale(r, 1) == 1.0 && nreleased == 9 && !axc_records_dated(r, 1, &gen) &&
-          gen == 0 && axc_records_dated_keys(r, keys, 2) == 0);
+          gen == 0 && axc_records_dated_keys(r, keys, 2) == 0 && axc_records_dated_count(r) == 0);
     CHECK(axc_records_mark_scaled(r, 1, own(117), &data, -1, 1) == AXC_ERR_INVALID &&
           nreleased == 10);
     /* unscaled (sync_gradients_depth_parallel(mean=False)): dated all the same */

@@ -302,6 +302,15 @@ static void one_rank(void)
     /* closed: no communicator or scheduler; the buckets and keep-alives exist */
     CHECK(!axc_runtime_is_open(rt) && !axc_runtime_comm(rt) && !axc_runtime_sched(rt));
     CHECK(axc_runtime_buckets(rt) && axc_runtime_keeps(rt));
+    /* arrivals: counted once per backward pass (pass 0 is one: nothing counted yet), each time
+     * where the pass is unknown */
+    unsigned long long a0 = axc_runtime_grad_arrivals(rt);
+    CHECK(!axc_runtime_grad_pass_counted(rt, 0) && !axc_runtime_grad_pass_counted(rt, -1));
+    axc_runtime_grad_arrived_in(rt, 0);
+    CHECK(axc_runtime_grad_pass_counted(rt, 0) && !axc_runtime_grad_pass_counted(rt, 1));
+    axc_runtime_grad_arrived_in(rt, -1);
+    axc_runtime_grad_arrived(rt);
+    CHECK(axc_runtime_grad_arrivals(rt) == a0 + 3 && !axc_runtime_grad_pass_counted(rt, -1));
     CHECK_OK(axc_runtime_close(rt)); /* closing what is closed is fine */
     /* closed: no gradient needs work unless something is pending or marked */
     axc_groups world = {.n = 1, .g = {AXC_GROUP_WORLD}};

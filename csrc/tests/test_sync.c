@@ -169,10 +169,19 @@ int main(void)
     axc_groups dd = G(2, DEPTH, DATA);
     axc_sync_decide(&dd, NULL, 0, 1.0, 0, several, &depth_only, 1, 1.0, &c);
     CHECK(!c.skip && is(&c.sum, G(1, DEPTH, 0)) && c.mark == SET && is(&c.marked, G(1, DEPTH, 0)));
-    /* summed over depth by a sync (mean=False, scale 1: dated), then mean=True: nothing */
+    /* summed over depth by a sync (mean=False, scale 1: dated), then mean=True: only scaled,
+     * the mark's scale replaced; and back (mean=False after mean=True) */
     axc_groups d1 = G(1, DEPTH, 0);
     axc_sync_decide(&dd, &d1, 0, 1.0, 1, several, &depth_only, 1, 0.5, &c);
-    CHECK(c.skip && c.mark == KEEP && c.rescale == 0);
+    CHECK(!c.skip && c.sum.n == 0 && c.factor == 0.5 && c.mark == SET &&
+          is(&c.marked, G(1, DEPTH, 0)) && c.scaled == 0.5 && c.rescale == 0);
+    axc_sync_decide(&dd, &d1, 0, 0.5, 1, several, &depth_only, 1, 1.0, &c);
+    CHECK(!c.skip && c.sum.n == 0 && c.factor == 2.0 && c.mark == SET && c.scaled == 1.0);
+    /* ... the same mean= again: nothing; a copy under another attribute: nothing */
+    axc_sync_decide(&dd, &d1, 0, 1.0, 1, several, &depth_only, 1, 1.0, &c);
+    CHECK(c.skip && c.mark == KEEP);
+    axc_sync_decide(&dd, &d1, 0, 1.0, 1, several, &depth_only, 0, 0.5, &c);
+    CHECK(c.skip && c.mark == KEEP);
 
     /* the order: sets by first appearance, members in parameter order, skipped ones out */
     axc_sync_choice ch[7] = {{0}};

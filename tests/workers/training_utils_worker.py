@@ -245,6 +245,8 @@ def check_expert(g, mean, depth_mean=None):
         sync_gradients_depth_parallel(par, mean=depth_mean)
         sync_gradients_depth_parallel(par, mean=depth_mean)  # (a repeat: nothing)
         what = f"expert sync_gradients_depth_parallel(mean={depth_mean}), then {what}"
+        check_depth_mean_changed(par, lambda: loss_fn(par(xl), t[tok], mean, t.numel()),
+                                 depth_mean)
     axonn_c.sync_gradients(par, mean=mean)  # layout read from the model: expert
     compare_grads(par, ser, what)
     if depth_mean is not None:
@@ -259,6 +261,36 @@ def check_expert(g, mean, depth_mean=None):
     got = axonn_c.clip_grad_norm_(par.parameters(), 1e9)
     want = torch.nn.utils.clip_grad_norm_(ser.parameters(), 1e9)
     close(got, want, "expert: clip_grad_norm_ total norm")
+
+
+def check_depth_mean_changed(par, loss, depth_mean):
+    """After sync_gradients_depth_parallel(mean=depth_mean), another call with the other mean=
+    and no backward between: the gradients a single call with that mean= gives (was: left as
+    they were, so mean=True after mean=False kept the sum); and back again."""
+    def grads():
+        return {n: p.grad.clone() for n, p in par.named_parameters() if p.grad is not None}
+
+    def fresh(m):
+        par.zero_grad()
+        loss().backward()
+        sync_gradients_depth_parallel(par, mean=m)
+        return grads()
+
+    def same(a, b, what):
+        if list(a) != list(b):
+            raise AssertionError(f"{what}: gradients of {sorted(set(a) ^ set(b))} differ")
+        for n in a:
+            close(a[n], b[n], f"{what}: grad of {n}")
+
+    first = grads()
+    sync_gradients_depth_parallel(par, mean=not depth_mean)
+    other = grads()
+    sync_gradients_depth_parallel(par, mean=depth_mean)
+    same(grads(), first, f"depth sync mean={depth_mean}, {not depth_mean}, {depth_mean}")
+    same(other, fresh(not depth_mean),
+         f"depth sync mean={depth_mean} then mean={not depth_mean} against mean="
+         f"{not depth_mean} alone")
+    same(fresh(depth_mean), first, f"a fresh depth sync mean={depth_mean}")
 
 
 def check_sharded_state_dict(g):
@@ -347,7 +379,9 @@ def check_sync_twice_and_accumulate(g):
     (a depth-sharded Linear weight was halved by mean=True, a sum doubled by mean=False) and one
     with another mean= only rescales; a backward that accumulates into synced gradients (no
     zero_grad between steps) gives the serial sum of both steps' gradients, overlap on and
-    off."""
+    off. A torch.autograd.grad on one data-parallel replica between the two calls is no
+    backward into .grad (was: its ranks alone read their synced gradients as stale and summed
+    them again, and the ranks' sums went out of step)."""
     shards = g.world_size  # (easy layout: every rank holds other tokens)
     for overlap in (True, False):
         for mean in (False, True):
@@ -363,6 +397,11 @@ def check_sync_twice_and_accumulate(g):
                 loss_fn(ser(x), t, mean, t.numel()).backward()
                 loss_fn(par(x[mine]), t[mine], mean, t.numel()).backward()
                 axonn_c.sync_gradients(par, mean=mean)
+                # a torch.autograd.grad between (a diagnostic) on one data-parallel replica
+                # only (its tensor-parallel ranks together: the layers' own collectives)
+                if g.data_rank == 0:
+                    params = [p for p in par.parameters() if p.requires_grad]
+                    torch.autograd.grad(loss_fn(par(x[mine]), t[mine], mean, t.numel()), params)
                 axonn_c.sync_gradients(par, mean=mean)
                 compare_grads(par, ser, f"{what}: step {step}")
             # another mean= rescales what was synced, and back

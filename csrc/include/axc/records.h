@@ -98,6 +98,7 @@ int axc_records_dated(const axc_grad_records *r, uintptr_t key, unsigned long lo
 /* The keys whose mark a sync made: how many there are, the first `cap` of them written to out. */
 size_t axc_records_dated_keys(const axc_grad_records *r, uintptr_t *out, size_t cap);
 size_t axc_records_marks(const axc_grad_records *r);
+size_t axc_records_dated_count(const axc_grad_records *r); /* the marks a sync made */
 
 /* ---- records of the pass */
 /* Appends a record; takes its owners (released on failure too). */
