@@ -41,6 +41,22 @@ def test_codec_round_trip_in_python():
         assert (y - x).abs().max().item() <= 5 / 7 / 2 * 1.001
 
 
+def test_codec_feedback_in_python():
+    # residual += mult * (x - decoded), per codec block, left as it was on a block where x or
+    # decoded is not finite (the CPU reference the CUDA kernel is compared with)
+    x = torch.linspace(-1, 1, 96)
+    dec = x + 0.25
+    dec[70] = float("nan")  # (the third block of 32)
+    res = torch.full((96,), 1.0)
+    _C.codec_feedback("int8", 32, x, dec, res, 0.5)
+    assert torch.equal(res[:64], torch.full((64,), 1.0 - 0.125))
+    assert torch.equal(res[64:], torch.full((32,), 1.0))
+    with pytest.raises(ValueError, match="x has 96 elements, decoded 95 and residual 96"):
+        _C.codec_feedback("int8", 32, x, dec[:95], res, 0.5)
+    with pytest.raises(TypeError, match="residual has dtype float64, expected float32"):
+        _C.codec_feedback("int8", 32, x, dec, res.double(), 0.5)
+
+
 def test_compression_argument_errors(world_of_one):
     axonn_c.init()
     x = torch.ones(10)

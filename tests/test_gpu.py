@@ -251,8 +251,10 @@ def test_run_concurrent_refuses_cuda(monkeypatch):
 
 def test_codec_kernels_bytes_equal_cpu():
     """The CUDA codec kernels write the CPU reference's bytes (encode, with and without error
-    feedback) and decode (and decode-accumulate) to the same floats, for every codec, several
-    block sizes and lengths, with zeros, outliers and non-finite values."""
+    feedback) and decode (and decode-accumulate) to the same floats, and the owner's error
+    feedback gives the same residual, for every codec, block sizes of one to eight warps and
+    more, and several lengths, with zeros, outliers and non-finite values (with
+    AXONN_C_CODEC_KERNELS=warp too: benchmarks/gpu_suite.sh)."""
     from axonn_c import _C
 
     assert _C.codec_cuda_compiled(), "built without nvcc: no CUDA codec kernels"
@@ -266,7 +268,7 @@ def test_codec_kernels_bytes_equal_cpu():
             x[300], x[600] = float("inf"), float("nan")
         res = torch.randn(n, generator=gen) * 1e-3
         for codec in ("none", "bf16", "fp8", "int8", "int4"):
-            for block in (32, 256, 4096):
+            for block in (32, 64, 128, 256, 4096):
                 nbytes = _C.codec_encoded_bytes(codec, n, block)
                 for residual in (None, res):
                     cpu_enc = torch.empty(nbytes, dtype=torch.uint8)
@@ -286,6 +288,12 @@ def test_codec_kernels_bytes_equal_cpu():
                 gpu_out = acc.cuda()
                 _C.codec_decode(codec, block, cpu_enc.cuda(), gpu_out, True, stream)
                 assert torch.equal(gpu_out.cpu().view(torch.int32), cpu_out.view(torch.int32))
+                cpu_fb = res.clone()
+                _C.codec_feedback(codec, block, x, cpu_out, cpu_fb, 0.5)
+                gpu_fb = res.cuda()
+                _C.codec_feedback(codec, block, x.cuda(), gpu_out, gpu_fb, 0.5, stream)
+                assert torch.equal(gpu_fb.cpu().view(torch.int32), cpu_fb.view(torch.int32)), (
+                    f"feedback {codec}/{block} n={n}")
 
 
 def test_compressed_collectives_nccl_one_rank(nccl1):

@@ -115,6 +115,49 @@ static PyObject *py_codec_encode(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* codec_feedback(codec, block, x f32, decoded f32, residual f32, mult, stream): residual +=
+ * mult * (x - decoded) on the codec blocks where x and decoded are finite (the error feedback of
+ * a compressed sum's owner), CPU tensors or CUDA tensors (the kernel, ordered on `stream`) */
+static PyObject *py_codec_feedback(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *name;
+    int block;
+    double mult;
+    PyObject *x_t, *dec_t, *res_t;
+    unsigned long long stream = 0;
+    axc_codec codec;
+    if (!PyArg_ParseTuple(args, "siOOOd|K", &name, &block, &x_t, &dec_t, &res_t, &mult,
+                          &stream) ||
+        codec_args(name, block, &codec, &block) < 0)
+        return NULL;
+    py_tensor x, dec, res;
+    if (read_as(x_t, "x", AXC_DT_F32, &x) < 0 || read_as(dec_t, "decoded", AXC_DT_F32, &dec) < 0 ||
+        read_as(res_t, "residual", AXC_DT_F32, &res) < 0)
+        return NULL;
+    int device = same_device("codec_feedback", &x, &dec, &res);
+    if (device == -2)
+        return NULL;
+    if (dec.numel != x.numel || res.numel != x.numel) {
+        PyErr_Format(PyExc_ValueError,
+                     "codec_feedback: x has %zu elements, decoded %zu and residual %zu (expected "
+                     "the same count)", x.numel, dec.numel, res.numel);
+        return NULL;
+    }
+    axc_status st = AXC_OK;
+    void *sp = (void *)(uintptr_t)stream;
+    Py_BEGIN_ALLOW_THREADS
+    if (device >= 0)
+        st = axc_codec_cuda_feedback(codec, block, x.ptr, dec.ptr, x.numel, (float)mult, res.ptr,
+                                     sp);
+    else
+        axc_codec_feedback(codec, block, x.ptr, dec.ptr, x.numel, (float)mult, res.ptr);
+    Py_END_ALLOW_THREADS
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 /* codec_decode(codec, block, input u8, output f32, accumulate, stream): as codec_encode */
 static PyObject *py_codec_decode(PyObject *self, PyObject *args)
 {
@@ -315,6 +358,9 @@ PyMethodDef axc_py_compress_methods[] = {
      "codec_encode(codec, block, input, output, residual[, stream]): encodes."},
     {"codec_decode", py_codec_decode, METH_VARARGS,
      "codec_decode(codec, block, input, output, accumulate[, stream]): decodes."},
+    {"codec_feedback", py_codec_feedback, METH_VARARGS,
+     "codec_feedback(codec, block, x, decoded, residual, mult[, stream]): residual += mult * "
+     "(x - decoded) where finite."},
     {"compressed_collective", py_compressed_collective, METH_VARARGS,
      "Starts a compressed collective (internal)."},
     {NULL, NULL, 0, NULL},
