@@ -525,15 +525,15 @@ static long long current_pass(void)
 static int count_arrival(GradHook *h, PyObject *p)
 {
     axc_runtime *rt = axc_py_runtime();
+    if (!axc_records_dated_count(axc_runtime_records(rt))) {
+        axc_runtime_grad_arrived(rt);
+        return 0;
+    }
     long long pass = current_pass();
     if (pass < -1)
         return -1;
     if (pass >= 0 && axc_runtime_grad_pass_counted(rt, pass))
         return 0;
-    if (!axc_records_dated_count(axc_runtime_records(rt))) {
-        axc_runtime_grad_arrived_in(rt, pass);
-        return 0;
-    }
     PyObject *r = PyObject_CallOneArg(h->accumulates, p);
     int acc = r ? PyObject_IsTrue(r) : -1;
     Py_XDECREF(r);
