@@ -193,8 +193,7 @@ def _c_round(timer: CTimer, layer, x, g, iters: int) -> float:
     return timer.total / iters
 
 
-def _spin(layer, x, g, seconds: float) -> None:
-    name = sys._getframe(1).f_code.co_name
+def _spin(name: str, layer, x, g, seconds: float) -> None:
     print(f"spinning {name}", flush=True)  # (a profiler attaches once it reads this)
     t0 = time.perf_counter()
     calls = 0
@@ -207,15 +206,15 @@ def _spin(layer, x, g, seconds: float) -> None:
 
 # one loop per layer and overlap setting: a profiler's stacks name the loop they sampled
 def spin_axonn_c_overlap_off(layer, x, g, seconds: float) -> None:
-    _spin(layer, x, g, seconds)
+    _spin("spin_axonn_c_overlap_off", layer, x, g, seconds)
 
 
 def spin_axonn_c_overlap_on(layer, x, g, seconds: float) -> None:
-    _spin(layer, x, g, seconds)
+    _spin("spin_axonn_c_overlap_on", layer, x, g, seconds)
 
 
 def spin_nn_linear(layer, x, g, seconds: float) -> None:
-    _spin(layer, x, g, seconds)
+    _spin("spin_nn_linear", layer, x, g, seconds)
 
 
 SPIN_LOOPS = ("axonn_c_off", "axonn_c_on", "nn_linear")
