@@ -10,6 +10,7 @@ import argparse
 import copy
 import io
 import math
+import random
 import warnings
 
 import torch
@@ -418,6 +419,93 @@ def check_sync_twice_and_accumulate(g):
             compare_grads(par, ser, f"{what}: then mean={mean} again")
 
 
+def random_sequence_models(g, layout, seed):
+    """(serial model, parallel model, shards, data(k) -> (serial loss fn, parallel loss fn)) of
+    check_random_sequences: the easy layout's EasyMLP, or the expert layout's ExpertMLP (tokens
+    split over data x depth, the input's features over columns)."""
+    if layout == "easy":
+        ser, par = easy_pair(71 + seed, 13)
+
+        def data(k):
+            x, t, mine = batch(g, 1000 * seed + k)
+            return (lambda: loss_fn(ser(x), t, False, t.numel()),
+                    lambda: loss_fn(par(x[mine]), t[mine], False, t.numel()))
+        return ser, par, g.world_size, data
+    shards = g.G_data * g.G_intra_d
+    models = []
+    for lin, expert in ((serial_lin, False), (parallel_lin, True)):
+        torch.manual_seed(71 + seed)
+        models.append(ExpertMLP(lin, expert))
+        randomize_norms(models[-1], 13)
+    ser, par = models
+    blk = g.data_rank * g.G_intra_d + g.depth_rank
+    k_in = 16 // g.G_intra_c
+
+    def data(k):
+        gen = torch.Generator().manual_seed(1000 * seed + k)
+        x = torch.randn(shards * 2, 16, generator=gen)
+        t = torch.randn(shards * 2, 24, generator=gen)
+        tok = slice(blk * 2, (blk + 1) * 2)
+        xl = x[tok, g.col_rank * k_in:(g.col_rank + 1) * k_in]
+        return (lambda: loss_fn(ser(x), t, False, t.numel()),
+                lambda: loss_fn(par(xl), t[tok], False, t.numel()))
+    return ser, par, shards, data
+
+
+def check_random_sequences(g):
+    """Random sequences (the same on every rank) of backward passes, backward passes under
+    no_grad_sync, sync_gradients(mean=False/True) (repeated too), sync_gradients_depth_parallel,
+    zero_grad (to None and in place) and a torch.autograd.grad probe on one data-parallel
+    replica, easy and expert layout, overlap off and on: after every sync, par's gradients are
+    the serial model's sum of every backward since the last zero_grad, times the last sync's
+    scale (1/shards for a mean). A model of what the marks must add up to, whatever order the
+    calls come in."""
+    ops = ("backward", "backward", "no_sync_backward", "sync_sum", "sync_mean", "zero_none",
+           "zero_in_place", "probe", "depth_sum", "depth_mean")
+    for layout in ("easy", "expert"):
+        for overlap in (False, True):
+            for seed in range(3):
+                rng = random.Random(100 * seed + 10 * overlap + (layout == "expert"))
+                ser, par, shards, data = random_sequence_models(g, layout, seed)
+                seq = [rng.choice(ops) for _ in range(12)] + ["sync_mean"]
+                what = f"random sequence {seq} ({layout}, overlap={overlap})"
+                with axonn_c.optimize_communication(overlap_data=overlap):
+                    for k, op in enumerate(seq):
+                        random_sequence_op(g, op, ser, par, shards, data(k), f"{what}: op {k}")
+
+
+def random_sequence_op(g, op, ser, par, shards, losses, what):
+    """One op of check_random_sequences; `losses`: the serial and the parallel loss fn."""
+    ser_loss, par_loss = losses
+    if op in ("backward", "no_sync_backward"):
+        ser_loss().backward()
+        if op == "backward":
+            par_loss().backward()
+        else:
+            with axonn_c.no_grad_sync():
+                par_loss().backward()
+    elif op in ("sync_sum", "sync_mean"):
+        mean = op == "sync_mean"
+        axonn_c.sync_gradients(par, mean=mean)
+        if any(p.grad is not None for p in ser.parameters()):
+            factor = 1.0 / shards if mean else 1.0  # (a power of two: exact both ways)
+            with torch.no_grad():
+                for p in ser.parameters():
+                    p.grad.mul_(factor)
+            compare_grads(par, ser, f"{what} ({op})")
+            with torch.no_grad():
+                for p in ser.parameters():
+                    p.grad.div_(factor)
+    elif op in ("depth_sum", "depth_mean"):  # (compared at the next sync)
+        sync_gradients_depth_parallel(par, mean=op == "depth_mean")
+    elif op in ("zero_none", "zero_in_place"):
+        for m in (par, ser):
+            m.zero_grad(set_to_none=op == "zero_none")
+    elif g.data_rank == 0:  # probe: no backward into .grad
+        params = [p for p in par.parameters() if p.requires_grad]
+        torch.autograd.grad(par_loss(), params)
+
+
 def unused_branch_steps(blocks, mine, steps, sync):
     """Steps of a model of two nn.Linear, "a" then "b", on `blocks` token blocks (this rank's:
     `mine`), with zero_grad(set_to_none=False): from the second step on, odd blocks leave "b"
@@ -708,6 +796,7 @@ def main():
         check_saved_mid_step(g)
         check_main_grad(g)
         check_sync_twice_and_accumulate(g)
+        check_random_sequences(g)
         check_unused_after_zero_in_place(g)
         check_unused_after_depth_sync(g)
         check_unfrozen_copy(g)
