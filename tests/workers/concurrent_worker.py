@@ -306,6 +306,54 @@ def check_after_depth_sync(g, n):
                 close(p.grad, want, torch.float32, f"{what} step {step} {name}")
 
 
+def check_random_sequences(g, n):
+    """training_utils_worker's random sequences of backward passes, syncs, depth syncs,
+    zero_grad and autograd.grad probes, with run_concurrent steps among them (without and with
+    model=, whose reducer sums during the call): after every sync the serial sum times the last
+    sync's scale. A run_concurrent refused because .grad was already summed (an overlapped
+    backward or a model= call, no sync since) must be refused on every rank; both models then
+    start over from zero_grad (what ran of the micro-batches is not the serial model's)."""
+    import random
+
+    import training_utils_worker as tu
+
+    ops = tu.RANDOM_OPS + ("concurrent", "concurrent_model", "concurrent_model")
+    calls, refused = 0, 0
+    for layout in ("easy", "expert"):
+        for overlap in (False, True):
+            for seed in range(2):
+                rng = random.Random(7 + 100 * seed + 10 * overlap + (layout == "expert"))
+                ser, par, shards, data = tu.random_sequence_models(g, layout, seed)
+                seq = [rng.choice(ops) for _ in range(12)] + ["sync_mean"]
+                what = f"random sequence {seq} ({layout}, overlap={overlap}, n={n})"
+                with axonn_c.optimize_communication(overlap_data=overlap):
+                    for k, op in enumerate(seq):
+                        batch_k = data(k)
+                        if not op.startswith("concurrent"):
+                            tu.random_sequence_op(g, op, ser, par, shards, batch_k,
+                                                  f"{what}: op {k}")
+                            continue
+                        ser_loss, x, t, total = batch_k
+                        kw = {"model": par, "expert_mode": layout == "expert"} \
+                            if op == "concurrent_model" else {}
+                        calls += 1
+                        try:
+                            axonn_c.run_concurrent(
+                                lambda xb, tb: tu.loss_fn(par(xb), tb, False, total).backward(),
+                                x, t, **kw)
+                        except RuntimeError as e:
+                            if "already summed" not in str(e):
+                                raise
+                            refused += 1
+                            for m in (par, ser):
+                                m.zero_grad(set_to_none=True)
+                            continue
+                        ser_loss().backward()
+    if g.rank == 0:
+        print(f"random sequences on {g.G_data},{g.G_intra_r},{g.G_intra_c},{g.G_intra_d}: "
+              f"{calls} run_concurrent calls, {refused} refused", flush=True)
+
+
 def check_refuses_summed(g):
     """With overlap on, a plain backward sums .grad over data (or depth) during backward; adding
     unsummed micro-batch gradients to it would be wrong: refused until sync_gradients."""
@@ -348,6 +396,8 @@ def main():
                 check_after_depth_sync(g, n)
             if overlap:
                 check_really_concurrent(g, n)
+            if n == 2 and overlap and with_model:
+                check_random_sequences(g, n)
                 if g.G_data > 1 or g.G_intra_d > 1:
                     check_refuses_summed(g)
             axonn_c.finalize()

@@ -419,17 +419,21 @@ def check_sync_twice_and_accumulate(g):
             compare_grads(par, ser, f"{what}: then mean={mean} again")
 
 
+RANDOM_OPS = ("backward", "backward", "no_sync_backward", "sync_sum", "sync_mean", "zero_none",
+              "zero_in_place", "probe", "depth_sum", "depth_mean")
+
+
 def random_sequence_models(g, layout, seed):
-    """(serial model, parallel model, shards, data(k) -> (serial loss fn, parallel loss fn)) of
-    check_random_sequences: the easy layout's EasyMLP, or the expert layout's ExpertMLP (tokens
-    split over data x depth, the input's features over columns)."""
+    """(serial model, parallel model, shards, data) of check_random_sequences: the easy layout's
+    EasyMLP, or the expert layout's ExpertMLP (tokens split over data x depth, the input's
+    features over columns). data(k) -> (serial loss fn, this rank's input, target, n) of the
+    k-th op: the parallel loss is loss_fn(par(input), target, False, n)."""
     if layout == "easy":
         ser, par = easy_pair(71 + seed, 13)
 
         def data(k):
             x, t, mine = batch(g, 1000 * seed + k)
-            return (lambda: loss_fn(ser(x), t, False, t.numel()),
-                    lambda: loss_fn(par(x[mine]), t[mine], False, t.numel()))
+            return lambda: loss_fn(ser(x), t, False, t.numel()), x[mine], t[mine], t.numel()
         return ser, par, g.world_size, data
     shards = g.G_data * g.G_intra_d
     models = []
@@ -446,9 +450,8 @@ def random_sequence_models(g, layout, seed):
         x = torch.randn(shards * 2, 16, generator=gen)
         t = torch.randn(shards * 2, 24, generator=gen)
         tok = slice(blk * 2, (blk + 1) * 2)
-        xl = x[tok, g.col_rank * k_in:(g.col_rank + 1) * k_in]
         return (lambda: loss_fn(ser(x), t, False, t.numel()),
-                lambda: loss_fn(par(xl), t[tok], False, t.numel()))
+                x[tok, g.col_rank * k_in:(g.col_rank + 1) * k_in], t[tok], t.numel())
     return ser, par, shards, data
 
 
@@ -460,30 +463,28 @@ def check_random_sequences(g):
     the serial model's sum of every backward since the last zero_grad, times the last sync's
     scale (1/shards for a mean). A model of what the marks must add up to, whatever order the
     calls come in."""
-    ops = ("backward", "backward", "no_sync_backward", "sync_sum", "sync_mean", "zero_none",
-           "zero_in_place", "probe", "depth_sum", "depth_mean")
     for layout in ("easy", "expert"):
         for overlap in (False, True):
             for seed in range(3):
                 rng = random.Random(100 * seed + 10 * overlap + (layout == "expert"))
                 ser, par, shards, data = random_sequence_models(g, layout, seed)
-                seq = [rng.choice(ops) for _ in range(12)] + ["sync_mean"]
+                seq = [rng.choice(RANDOM_OPS) for _ in range(12)] + ["sync_mean"]
                 what = f"random sequence {seq} ({layout}, overlap={overlap})"
                 with axonn_c.optimize_communication(overlap_data=overlap):
                     for k, op in enumerate(seq):
                         random_sequence_op(g, op, ser, par, shards, data(k), f"{what}: op {k}")
 
 
-def random_sequence_op(g, op, ser, par, shards, losses, what):
-    """One op of check_random_sequences; `losses`: the serial and the parallel loss fn."""
-    ser_loss, par_loss = losses
+def random_sequence_op(g, op, ser, par, shards, batch_k, what):
+    """One op of check_random_sequences on batch_k (data(k) of random_sequence_models)."""
+    ser_loss, x, t, n = batch_k
     if op in ("backward", "no_sync_backward"):
         ser_loss().backward()
         if op == "backward":
-            par_loss().backward()
+            loss_fn(par(x), t, False, n).backward()
         else:
             with axonn_c.no_grad_sync():
-                par_loss().backward()
+                loss_fn(par(x), t, False, n).backward()
     elif op in ("sync_sum", "sync_mean"):
         mean = op == "sync_mean"
         axonn_c.sync_gradients(par, mean=mean)
@@ -501,9 +502,12 @@ def random_sequence_op(g, op, ser, par, shards, losses, what):
     elif op in ("zero_none", "zero_in_place"):
         for m in (par, ser):
             m.zero_grad(set_to_none=op == "zero_none")
-    elif g.data_rank == 0:  # probe: no backward into .grad
-        params = [p for p in par.parameters() if p.requires_grad]
-        torch.autograd.grad(par_loss(), params)
+    elif op == "probe":  # no backward into .grad (on one data-parallel replica)
+        if g.data_rank == 0:
+            params = [p for p in par.parameters() if p.requires_grad]
+            torch.autograd.grad(loss_fn(par(x), t, False, n), params)
+    else:
+        raise ValueError(f"unknown op {op}")
 
 
 def unused_branch_steps(blocks, mine, steps, sync):
