@@ -386,7 +386,9 @@ int axc_py_grad_check_unsynced(PyObject *p)
                     "run_concurrent: a parameter's .grad was already summed over ranks (by an "
                     "earlier backward with overlap on, or an earlier run_concurrent with model=), "
                     "and sync_gradients() has not run since; call axonn_c.sync_gradients(model) "
-                    "(or zero the gradients) before run_concurrent");
+                    "(or zero the gradients) before run_concurrent (without model=, its "
+                    "micro-batches may have added to other parameters' .grad before this "
+                    "refusal: zero the gradients before running this step again)");
     return -1;
 }
 

@@ -310,9 +310,10 @@ def check_random_sequences(g, n):
     """training_utils_worker's random sequences of backward passes, syncs, depth syncs,
     zero_grad and autograd.grad probes, with run_concurrent steps among them (without and with
     model=, whose reducer sums during the call): after every sync the serial sum times the last
-    sync's scale. A run_concurrent refused because .grad was already summed (an overlapped
-    backward or a model= call, no sync since) must be refused on every rank; both models then
-    start over from zero_grad (what ran of the micro-batches is not the serial model's)."""
+    sync's scale. A run_concurrent is refused because .grad was already summed (an overlapped
+    backward or a model= call, no sync or zero_grad(set_to_none=True) since) only then, and on
+    every rank alike; both models then start over from zero_grad (what ran of the micro-batches
+    is not the serial model's). init(overlap=True)'s overlaps stay on (overlap_data toggled)."""
     import random
 
     import training_utils_worker as tu
@@ -326,17 +327,25 @@ def check_random_sequences(g, n):
                 ser, par, shards, data = tu.random_sequence_models(g, layout, seed)
                 seq = [rng.choice(ops) for _ in range(12)] + ["sync_mean"]
                 what = f"random sequence {seq} ({layout}, overlap={overlap}, n={n})"
-                with axonn_c.optimize_communication(overlap_data=overlap):
+                may_refuse = False  # (a .grad summed over ranks and not synced since)
+                with axonn_c.optimize_communication(
+                        overlap_all_reduce=True, overlap_reduce_scatter=True,
+                        overlap_all_gather=True, overlap_data=overlap):
                     for k, op in enumerate(seq):
                         batch_k = data(k)
                         if not op.startswith("concurrent"):
                             tu.random_sequence_op(g, op, ser, par, shards, batch_k,
                                                   f"{what}: op {k}")
+                            if op in ("sync_sum", "sync_mean", "zero_none"):
+                                may_refuse = False
+                            elif op == "backward" and overlap:
+                                may_refuse = True
                             continue
                         ser_loss, x, t, total = batch_k
                         kw = {"model": par, "expert_mode": layout == "expert"} \
                             if op == "concurrent_model" else {}
                         calls += 1
+                        refusal = None
                         try:
                             axonn_c.run_concurrent(
                                 lambda xb, tb: tu.loss_fn(par(xb), tb, False, total).backward(),
@@ -344,11 +353,23 @@ def check_random_sequences(g, n):
                         except RuntimeError as e:
                             if "already summed" not in str(e):
                                 raise
+                            refusal = str(e)
+                        everywhere = torch.tensor([float(refusal is not None)])
+                        axonn_c.comm.all_reduce(everywhere)
+                        if everywhere.item() not in (0.0, float(g.world_size)):
+                            raise AssertionError(f"{what}: op {k} ({op}) refused on "
+                                                 f"{int(everywhere.item())} ranks only")
+                        if refusal is not None:
+                            if not may_refuse:
+                                raise AssertionError(f"{what}: op {k} ({op}) refused, no .grad "
+                                                     f"summed since the last sync: {refusal}")
                             refused += 1
                             for m in (par, ser):
                                 m.zero_grad(set_to_none=True)
+                            may_refuse = False
                             continue
                         ser_loss().backward()
+                        may_refuse = may_refuse or op == "concurrent_model"
     if g.rank == 0:
         print(f"random sequences on {g.G_data},{g.G_intra_r},{g.G_intra_c},{g.G_intra_d}: "
               f"{calls} run_concurrent calls, {refused} refused", flush=True)
