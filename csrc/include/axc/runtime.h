@@ -109,9 +109,10 @@ int axc_runtime_grad_sync(const axc_runtime *rt);
 void axc_runtime_set_overlap_data(axc_runtime *rt, int on);
 int axc_runtime_overlap_data(const axc_runtime *rt);
 void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes); /* (0 is ignored) */
-/* The gradients arrived so far (at a deferred Linear weight, or a gradient hook's first of a
- * pass that accumulates into .grad, not torch.autograd.grad's; any thread; a backward pass has
- * some on every rank): a synced mark keeps the count it was made at, and a
+/* The gradients arrived so far (at a deferred Linear weight, or at a gradient hook: while a
+ * sync's mark exists only its first of a pass that accumulates into .grad, not
+ * torch.autograd.grad's; any thread; a backward pass has some on every rank): a synced mark
+ * keeps the count it was made at, and a
  * sync_gradients leaves that .grad alone only while no gradient arrived since; after a
  * backward, a synced .grad no gradient reached in it (an unused parameter, a .grad zeroed in
  * place) takes part in the sums again, on every rank alike. */
