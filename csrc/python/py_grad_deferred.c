@@ -114,7 +114,7 @@ int axc_py_deferred_prepare(PyObject *param, Py_ssize_t n, int overlap_data, int
                             axc_py_deferred_dw *dd)
 {
     *dd = (axc_py_deferred_dw){.bucket = -1, .chunk = chunk};
-    axc_runtime_grad_arrived(axc_py_runtime());
+    axc_runtime_grad_arrived(axc_py_runtime(), -1);
     if (n < 0) {
         PyErr_Format(PyExc_ValueError, "a deferred gradient of n=%zd elements, expected n >= 0",
                      n);

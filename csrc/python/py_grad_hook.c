@@ -392,8 +392,21 @@ int axc_py_grad_check_unsynced(PyObject *p)
     return -1;
 }
 
-/* Carries out what axc_grad_decide says for p's gradient g, gathering the facts it asks for. */
-static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_groups *hooked)
+/* h's accumulates(p): 1 when the running pass accumulates into p.grad, 0 when not, -1 with an
+ * exception */
+static int ask_accumulates(GradHook *h, PyObject *p)
+{
+    PyObject *r = PyObject_CallOneArg(h->accumulates, p);
+    int acc = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    return acc;
+}
+
+/* Carries out what axc_grad_decide says for p's gradient g, gathering the facts it asks for;
+ * `accumulates`: whether the pass accumulates into .grad when count_arrival asked already, else
+ * -1. */
+static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_groups *hooked,
+                     int accumulates)
 {
     axc_runtime *rt = axc_py_runtime();
     axc_grad_records *recs = axc_runtime_records(rt);
@@ -422,9 +435,7 @@ static int take_grad(GradHook *h, PyObject *p, PyObject *g, int own, const axc_g
             done = 1;
             break;
         case AXC_GRAD_ASK_ACCUMULATES: {
-            PyObject *r = PyObject_CallOneArg(h->accumulates, p);
-            f.accumulates = r ? PyObject_IsTrue(r) : -1;
-            Py_XDECREF(r);
+            f.accumulates = accumulates >= 0 ? accumulates : ask_accumulates(h, p);
             if (f.accumulates < 0) {
                 rc = -1;
                 break;
@@ -523,12 +534,13 @@ static long long current_pass(void)
  * the count is compared with nothing: counted unasked). torch.autograd.grad hands its
  * gradients back: it is no backward into .grad, and counting it would make a rank that alone
  * ran one (a diagnostic) read its synced gradients as stale and sum them again, out of step
- * with the other ranks. -1 with an exception. */
-static int count_arrival(GradHook *h, PyObject *p)
+ * with the other ranks. *accumulates: the answer when asked, else -1. -1 with an exception. */
+static int count_arrival(GradHook *h, PyObject *p, int *accumulates)
 {
     axc_runtime *rt = axc_py_runtime();
+    *accumulates = -1;
     if (!axc_records_dated_count(axc_runtime_records(rt))) {
-        axc_runtime_grad_arrived(rt);
+        axc_runtime_grad_arrived(rt, -1);
         return 0;
     }
     long long pass = current_pass();
@@ -536,12 +548,10 @@ static int count_arrival(GradHook *h, PyObject *p)
         return -1;
     if (pass >= 0 && axc_runtime_grad_pass_counted(rt, pass))
         return 0;
-    PyObject *r = PyObject_CallOneArg(h->accumulates, p);
-    int acc = r ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
-    if (acc > 0)
-        axc_runtime_grad_arrived_in(rt, pass);
-    return acc < 0 ? -1 : 0;
+    *accumulates = ask_accumulates(h, p);
+    if (*accumulates > 0)
+        axc_runtime_grad_arrived(rt, pass);
+    return *accumulates < 0 ? -1 : 0;
 }
 
 static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -562,16 +572,16 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
             return NULL;
         Py_RETURN_NONE;
     }
-    int own;
+    int own, accumulates;
     axc_groups groups;
-    int rc = count_arrival(h, p);
+    int rc = count_arrival(h, p, &accumulates);
     if (rc == 0)
         rc = axc_py_grad_forget_dropped(p);
     if (rc == 0)
         rc = hook_settings(p, &own, &groups);
     if (rc == 0 && axc_runtime_grad_needs_work(axc_py_runtime(), (uintptr_t)p, own, &groups)) {
         g_works++;
-        rc = take_grad(h, p, g, own, &groups);
+        rc = take_grad(h, p, g, own, &groups, accumulates);
     }
     Py_DECREF(p);
     if (rc < 0)

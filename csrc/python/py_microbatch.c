@@ -470,7 +470,7 @@ static PyObject *py_apply_scatters(PyObject *self, PyObject *noargs)
         void *w, *out;
         if (!axc_mb_scatter_result(mb, i, &w, &out))
             continue;
-        axc_runtime_grad_arrived(axc_py_runtime());
+        axc_runtime_grad_arrived(axc_py_runtime(), -1);
         /* (a synced .grad first becomes this rank's share: this is a gradient arriving) */
         PyObject *v = axc_py_grad_unsync((PyObject *)w) < 0
                           ? NULL

@@ -285,11 +285,11 @@ axc_status axc_runtime_start_due_sums(axc_runtime *rt)
     return st;
 }
 
-void axc_runtime_grad_arrived(axc_runtime *rt) { rt->grad_arrivals++; }
-void axc_runtime_grad_arrived_in(axc_runtime *rt, long long pass)
+void axc_runtime_grad_arrived(axc_runtime *rt, long long pass)
 {
     rt->grad_arrivals++;
-    rt->grad_arrivals_pass = pass < 0 ? -1 : pass;
+    if (pass >= 0)
+        rt->grad_arrivals_pass = pass;
 }
 int axc_runtime_grad_pass_counted(const axc_runtime *rt, long long pass)
 {

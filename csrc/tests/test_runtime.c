@@ -306,10 +306,10 @@ static void one_rank(void)
      * where the pass is unknown */
     unsigned long long a0 = axc_runtime_grad_arrivals(rt);
     CHECK(!axc_runtime_grad_pass_counted(rt, 0) && !axc_runtime_grad_pass_counted(rt, -1));
-    axc_runtime_grad_arrived_in(rt, 0);
+    axc_runtime_grad_arrived(rt, 0);
     CHECK(axc_runtime_grad_pass_counted(rt, 0) && !axc_runtime_grad_pass_counted(rt, 1));
-    axc_runtime_grad_arrived_in(rt, -1);
-    axc_runtime_grad_arrived(rt);
+    axc_runtime_grad_arrived(rt, -1);
+    axc_runtime_grad_arrived(rt, -1);
     CHECK(axc_runtime_grad_arrivals(rt) == a0 + 3 && !axc_runtime_grad_pass_counted(rt, -1));
     CHECK_OK(axc_runtime_close(rt)); /* closing what is closed is fine */
     /* closed: no gradient needs work unless something is pending or marked */

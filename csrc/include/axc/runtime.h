@@ -116,10 +116,9 @@ void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes); /* (0 is 
  * sync_gradients leaves that .grad alone only while no gradient arrived since; after a
  * backward, a synced .grad no gradient reached in it (an unused parameter, a .grad zeroed in
  * place) takes part in the sums again, on every rank alike. */
-void axc_runtime_grad_arrived(axc_runtime *rt);
-/* ... counted once per backward pass (`pass`: its graph task's number, >= 0; -1: unknown,
- * counted each time): axc_runtime_grad_pass_counted says whether `pass` was counted last */
-void axc_runtime_grad_arrived_in(axc_runtime *rt, long long pass);
+/* `pass`: the backward pass's graph task number (>= 0), whose later gradients the hooks need not
+ * count (axc_runtime_grad_pass_counted: whether `pass` was counted last), or -1 (unknown) */
+void axc_runtime_grad_arrived(axc_runtime *rt, long long pass);
 int axc_runtime_grad_pass_counted(const axc_runtime *rt, long long pass);
 unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt);
 size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt);
