@@ -99,8 +99,9 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     the easy layout, G_data * G_intra_d in the expert one), so that a per-rank mean loss gives
     the gradient of the global mean loss, as torch's DistributedDataParallel does.
 
-    Parameters whose gradient is None are skipped; every rank must have gradients for the same
-    parameters. Small gradients are packed into one flat buffer per set of groups (`vectorize`;
+    Parameters whose gradient is None are skipped, and so are frozen ones (requires_grad False:
+    their .grad is left as it is, as DistributedDataParallel does); every rank must have
+    gradients for the same parameters. Small gradients are packed into one flat buffer per set of groups (`vectorize`;
     False reduces each gradient on its own). Does nothing inside `no_grad_sync()`.
 
     With the data overlap on (init(overlap=True)), the sums are done during backward and this

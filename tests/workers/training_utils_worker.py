@@ -9,6 +9,7 @@ that train like the original. Every comparison is float32, rtol 1e-5, atol 1e-6.
 import argparse
 import copy
 import io
+import itertools
 import math
 import random
 import warnings
@@ -651,6 +652,37 @@ def check_unfrozen_copy(g):
     close(results[1], results[0], "an unfrozen copy's weight gradient vs a never-frozen one's")
 
 
+def check_frozen_at_sync(g):
+    """A parameter frozen when sync_gradients runs is left alone, as DDP does (its .grad keeps
+    this rank's value, neither summed nor scaled); unfrozen later, a backward without zero_grad
+    adds to it and the next sync gives the serial sum (or mean) of both steps, for a parameter
+    whose gradient hook was never set (frozen at the first sync), a Linear weight and a Linear
+    bias, overlap on and off (was: summed while frozen, then autograd added to it without the
+    hook and the next sync summed the sum again)."""
+    for overlap, mean in itertools.product((True, False), (False, True)):
+        for name in ("ln_in.weight", "fc1.weight", "fc1.bias"):
+            what = f"frozen at sync ({name}, overlap={overlap}, mean={mean})"
+            ser, par = easy_pair(23, 7)
+            for m in par.modules():
+                if isinstance(m, axonn_c.Linear):
+                    m.overlap_data = m.defer_wgrad = overlap
+            frozen = [dict(m.named_parameters())[name] for m in (par, ser)]
+            for step, seed in enumerate((41, 42)):
+                x, t, mine = batch(g, seed)
+                loss_fn(ser(x), t, mean, t.numel()).backward()
+                loss_fn(par(x[mine]), t[mine], mean, t.numel()).backward()
+                if step == 0:
+                    for p in frozen:
+                        p.requires_grad_(False)
+                    kept = frozen[0].grad.clone()
+                axonn_c.sync_gradients(par, mean=mean)
+                if step == 0:
+                    assert torch.equal(frozen[0].grad, kept), f"{what}: a frozen .grad changed"
+                    for p in frozen:
+                        p.requires_grad_(True)
+            compare_grads(par, ser, f"{what}: unfrozen, two steps")
+
+
 def check_rank_local_copy(g):
     """A copy of the model made on one rank only (an EMA, say) gets gradient hooks on that rank
     alone: backward's overlapped sums must still name the model's parameters alike on every
@@ -804,6 +836,7 @@ def main():
         check_unused_after_zero_in_place(g)
         check_unused_after_depth_sync(g)
         check_unfrozen_copy(g)
+        check_frozen_at_sync(g)
         check_sync_memory(g)
         if stale is not None:
             check_stale_layer(*stale)
