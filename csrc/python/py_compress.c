@@ -5,6 +5,7 @@
 
 #include "axc/comm.h"
 #include "axc/compress.h"
+#include "axc/cuda_rt.h"
 #include "py_common.h"
 
 /* py_comm.c */
@@ -77,7 +78,8 @@ static int same_device(const char *what, const py_tensor *a, const py_tensor *b,
 }
 
 /* codec_encode(codec, block, input f32, output u8, residual f32 or None, stream): CPU tensors,
- * or CUDA tensors (the kernels, ordered on `stream`) */
+ * or CUDA tensors (the kernels, launched on their device whichever is current, ordered on
+ * `stream`: one of that device's, 0 for its default stream) */
 static PyObject *py_codec_encode(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -107,11 +109,22 @@ static PyObject *py_codec_encode(PyObject *self, PyObject *args)
     }
     axc_status st;
     void *sp = (void *)(uintptr_t)stream;
-    Py_BEGIN_ALLOW_THREADS st =
-        device >= 0 ? axc_codec_cuda_encode(codec, block, in.ptr, res.ptr, in.numel, out.ptr, sp)
-        : res_t != Py_None ? axc_codec_encode_ef(codec, block, in.ptr, res.ptr, in.numel, out.ptr)
-                           : axc_codec_encode(codec, block, in.ptr, in.numel, out.ptr);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    const axc_cuda_api *cu;
+    int prev;
+    Py_BEGIN_ALLOW_THREADS
+    if (device >= 0) { /* (launched on the tensors' device, whichever is current) */
+        st = axc_cuda_device_enter(device, &cu, &prev, "codec_encode");
+        if (st == AXC_OK)
+            st = axc_cuda_device_leave(cu, device, prev,
+                                       axc_codec_cuda_encode(codec, block, in.ptr, res.ptr,
+                                                             in.numel, out.ptr, sp));
+    } else if (res_t != Py_None)
+        st = axc_codec_encode_ef(codec, block, in.ptr, res.ptr, in.numel, out.ptr);
+    else
+        st = axc_codec_encode(codec, block, in.ptr, in.numel, out.ptr);
+    Py_END_ALLOW_THREADS
+    if (st != AXC_OK)
+        return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
@@ -146,11 +159,16 @@ static PyObject *py_codec_feedback(PyObject *self, PyObject *args)
     }
     axc_status st = AXC_OK;
     void *sp = (void *)(uintptr_t)stream;
+    const axc_cuda_api *cu;
+    int prev;
     Py_BEGIN_ALLOW_THREADS
-    if (device >= 0)
-        st = axc_codec_cuda_feedback(codec, block, x.ptr, dec.ptr, x.numel, (float)mult, res.ptr,
-                                     sp);
-    else
+    if (device >= 0) {
+        st = axc_cuda_device_enter(device, &cu, &prev, "codec_feedback");
+        if (st == AXC_OK)
+            st = axc_cuda_device_leave(cu, device, prev,
+                                       axc_codec_cuda_feedback(codec, block, x.ptr, dec.ptr,
+                                                               x.numel, (float)mult, res.ptr, sp));
+    } else
         axc_codec_feedback(codec, block, x.ptr, dec.ptr, x.numel, (float)mult, res.ptr);
     Py_END_ALLOW_THREADS
     if (st != AXC_OK)
@@ -185,11 +203,21 @@ static PyObject *py_codec_decode(PyObject *self, PyObject *args)
         return NULL;
     }
     axc_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        device >= 0 ? axc_codec_cuda_decode(codec, block, in.ptr, out.numel, out.ptr, accumulate,
-                                            (void *)(uintptr_t)stream)
-                    : axc_codec_decode(codec, block, in.ptr, out.numel, out.ptr, accumulate);
-    Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+    const axc_cuda_api *cu;
+    int prev;
+    Py_BEGIN_ALLOW_THREADS
+    if (device >= 0) {
+        st = axc_cuda_device_enter(device, &cu, &prev, "codec_decode");
+        if (st == AXC_OK)
+            st = axc_cuda_device_leave(cu, device, prev,
+                                       axc_codec_cuda_decode(codec, block, in.ptr, out.numel,
+                                                             out.ptr, accumulate,
+                                                             (void *)(uintptr_t)stream));
+    } else
+        st = axc_codec_decode(codec, block, in.ptr, out.numel, out.ptr, accumulate);
+    Py_END_ALLOW_THREADS
+    if (st != AXC_OK)
+        return axc_py_raise(st);
     Py_RETURN_NONE;
 }
 
