@@ -164,68 +164,48 @@ class Sequential(nn.Sequential):
         call that left a reduction in flight) and returns the output. forward() runs it
         through; forward_backward runs the next micro-batch's steps inside this one's backward."""
         mods = list(self)
-        # the plan (which calls leave a chunk waiting, where dX may be awaited) is the same on
-        # every rank; whether a call really holds its result also needs it to be plain (no hooks)
-        plans = [_holds_forward(m) for m in mods]
         linear = [isinstance(m, Linear) for m in mods]
         plain = [_plain_call(m) for m in mods]
         # exactly `chunks` pieces (some may be empty): every rank of a group makes the same calls
         vals = list(torch.tensor_split(x, self.chunks, dim=0))
-        n, L = len(vals), len(mods)
-        nxt = [0] * n  # the next child of each chunk
-        held = [0] * n  # when a chunk waits: its place in the order of waits (0: not waiting)
-        number = [0] * n  # ... and the result number to await (0: nothing was held)
-        ticket = 0
+        # the order (which chunk calls its next child, when the oldest held reduction is
+        # awaited) is decided in C from the children planned to hold a result, the same on
+        # every rank; whether a call really holds its result also needs it to be plain (no hooks)
+        plan = _C.ChunkPlan(len(vals), [_holds_forward(m) for m in mods])
         grad_on = torch.is_grad_enabled()
         # awaits[c]: vals[c] passed through _AwaitGrad, so the next child may hold its dX. The
         # node is made as soon as the value exists (not when the next child runs): autograd runs
         # ready nodes newest first, so it then runs after the other chunks' nodes of the next
         # layer, which is what lets their GEMMs hide this chunk's dX all-reduce.
-        awaits = [False] * n
+        awaits = [False] * len(vals)
 
         def wrap(c: int, l: int) -> None:  # vals[c] is about to enter child l
-            if l < L and linear[l] and grad_on and vals[c].requires_grad:
+            if l < len(mods) and linear[l] and grad_on and vals[c].requires_grad:
                 vals[c], awaits[c] = _AwaitGrad.apply(vals[c]), True
 
-        for c in range(n):
+        for c in range(len(vals)):
             wrap(c, 0)
         try:
-            while True:
-                # the first chunk that can go on; when all wait, the oldest reduction completes
-                c = next((i for i in range(n) if nxt[i] < L and not held[i]), None)
-                if c is None:
-                    waiting = [i for i in range(n) if held[i]]
-                    if not waiting:
-                        break
-                    c = min(waiting, key=held.__getitem__)
-                    if number[c]:
-                        _C.sched_await_number(number[c])  # (vals[c] keeps its memory alive)
-                    held[c] = number[c] = 0
-                    continue
-                l, v = nxt[c], vals[c]
+            while (step := plan.next()) is not None:  # (awaits while every chunk waits)
+                c, l = step
                 # (any other Linear call in here is a chunk call that waits for its own reductions:
                 # hold_flags gives it HOLD_CHUNK)
                 session.thread.hold_target = (
                     (mods[l], HOLD_FWD | HOLD_CHUNK | (HOLD_BWD if awaits[c] else 0))
                     if plain[l] else None)
-                before = _C.sched_counters()[1]
                 session.thread.hold_depth += 1
                 try:
-                    out = mods[l](v)
+                    out = mods[l](vals[c])
                 finally:
                     session.thread.hold_target = None
                     session.thread.hold_depth -= 1
                 if not isinstance(out, Tensor):
                     raise TypeError(f"axonn_c.Sequential: child {l} ({type(mods[l]).__name__}) "
                                     f"returned {type(out).__name__}, expected one tensor")
-                after = _C.sched_counters()[1]
-                number[c] = after if after != before else 0
-                if plans[l] or number[c]:
-                    ticket += 1
-                    held[c] = ticket
-                vals[c], nxt[c], awaits[c] = out, l + 1, False
+                held = plan.ran()  # (C reads whether the call left a reduction held)
+                vals[c], awaits[c] = out, False
                 wrap(c, l + 1)
-                yield bool(held[c])
+                yield held
         except BaseException:
             try:  # nothing may still write into tensors being dropped
                 _C.sched_await_results()

@@ -106,7 +106,7 @@ PyMODINIT_FUNC PyInit__C(void)
         goto fail;
     if (axc_py_comm_add_types(m) < 0 || axc_py_linear_add_types(m) < 0 ||
         axc_py_grads_add_types(m) < 0 || axc_py_grad_hook_add_types(m) < 0 ||
-        axc_py_grad_pass_add_types(m) < 0)
+        axc_py_grad_pass_add_types(m) < 0 || axc_py_sched_add_types(m) < 0)
         goto fail;
     return m;
 fail:

@@ -208,5 +208,6 @@ int axc_py_comm_add_types(PyObject *module);
 int axc_py_linear_add_types(PyObject *module); /* py_linear_call.c */
 int axc_py_grads_add_types(PyObject *module);  /* py_grads.c: its interned names */
 int axc_py_grad_hook_add_types(PyObject *module); /* py_grad_hook.c: GradHook */
+int axc_py_sched_add_types(PyObject *module);     /* py_sched.c: ChunkPlan */
 
 #endif

@@ -3,8 +3,10 @@
  * call into it releases the GIL: the scheduler's lock is held while torch's CUDA caching
  * allocator runs (gathered weights), and that allocator may take the GIL (memory history
  * recording Python stacks), so a thread holding the GIL must never wait for that lock. */
+#include <limits.h>
 #include <stdint.h>
 
+#include "axc/chunk_plan.h"
 #include "axc/sched.h"
 #include "py_common.h"
 
@@ -276,6 +278,132 @@ static PyObject *py_sched_order(PyObject *self, PyObject *noargs)
     PyObject *out = events_to_list(ev, (size_t)n, 0);
     PyMem_Free(ev);
     return out;
+}
+
+/* ChunkPlan(chunks, holds): axonn_c.Sequential's chunk order (axc/chunk_plan.h) carried out on
+ * the scheduler: next() awaits the oldest held reduction whenever every chunk waits and returns
+ * (chunk, child) to call next, or None at the end; ran() after that call says whether it left
+ * its chunk waiting (a result held, or a child planned to hold one). */
+typedef struct {
+    PyObject_HEAD
+    axc_chunk_plan *plan;
+    uint64_t held_before; /* the scheduler's held-result count when the call was handed out */
+} ChunkPlan;
+
+static uint64_t results_held(axc_sched *s) /* (releases the GIL: the scheduler's lock) */
+{
+    axc_sched_stats t;
+    Py_BEGIN_ALLOW_THREADS axc_sched_stats_get(s, &t);
+    Py_END_ALLOW_THREADS return t.results_held;
+}
+
+static PyObject *chunk_plan_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    int chunks;
+    PyObject *holds_obj;
+    static char *names[] = {"chunks", "holds", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iO", names, &chunks, &holds_obj))
+        return NULL;
+    PyObject *seq = PySequence_Fast(holds_obj, "ChunkPlan: holds must be a sequence of bools");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    unsigned char *holds = PyMem_Malloc(n ? (size_t)n : 1);
+    int bad = !holds;
+    for (Py_ssize_t i = 0; !bad && i < n; i++) {
+        int v = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, i));
+        bad = v < 0;
+        holds[i] = (unsigned char)(v > 0);
+    }
+    Py_DECREF(seq);
+    ChunkPlan *self = NULL;
+    if (!bad && n > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "ChunkPlan: %zd children (expected at most %d)", n,
+                     INT_MAX);
+        bad = 1;
+    }
+    if (!bad) {
+        axc_chunk_plan *plan;
+        axc_status st = axc_chunk_plan_new(chunks, (int)n, holds, &plan);
+        if (st != AXC_OK)
+            axc_py_raise(st);
+        else if (!(self = (ChunkPlan *)type->tp_alloc(type, 0)))
+            axc_chunk_plan_free(plan);
+        else
+            self->plan = plan;
+    } else if (!holds)
+        PyErr_NoMemory();
+    PyMem_Free(holds);
+    return (PyObject *)self;
+}
+
+static void chunk_plan_dealloc(PyObject *o)
+{
+    axc_chunk_plan_free(((ChunkPlan *)o)->plan);
+    Py_TYPE(o)->tp_free(o);
+}
+
+static PyObject *chunk_plan_next(PyObject *o, PyObject *noargs)
+{
+    (void)noargs;
+    ChunkPlan *self = (ChunkPlan *)o;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    for (;;) {
+        int chunk, layer;
+        uint64_t number;
+        axc_chunk_step step = axc_chunk_plan_next(self->plan, &chunk, &layer, &number);
+        if (step == AXC_CHUNK_DONE)
+            Py_RETURN_NONE;
+        if (step == AXC_CHUNK_RUN) {
+            self->held_before = results_held(s);
+            return Py_BuildValue("(ii)", chunk, layer);
+        }
+        if (number) { /* (the chunk's value, kept by the caller, keeps its memory alive) */
+            axc_status st;
+            Py_BEGIN_ALLOW_THREADS st = axc_sched_await_number(s, number);
+            Py_END_ALLOW_THREADS
+            if (st != AXC_OK)
+                return axc_py_raise(st);
+        }
+    }
+}
+
+static PyObject *chunk_plan_ran(PyObject *o, PyObject *noargs)
+{
+    (void)noargs;
+    ChunkPlan *self = (ChunkPlan *)o;
+    axc_sched *s = sched_or_raise();
+    if (!s)
+        return NULL;
+    uint64_t after = results_held(s);
+    return PyBool_FromLong(
+        axc_chunk_plan_ran(self->plan, after != self->held_before ? after : 0));
+}
+
+static PyMethodDef chunk_plan_methods[] = {
+    {"next", chunk_plan_next, METH_NOARGS,
+     "next() -> (chunk, child) to call next, or None: awaits the oldest held reduction while "
+     "every chunk waits"},
+    {"ran", chunk_plan_ran, METH_NOARGS,
+     "ran() -> bool: the call next() handed out returned; whether its chunk now waits"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ChunkPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "axonn_c._C.ChunkPlan",
+    .tp_basicsize = sizeof(ChunkPlan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ChunkPlan(chunks, holds): axonn_c.Sequential's chunk order on the scheduler",
+    .tp_new = chunk_plan_new,
+    .tp_dealloc = chunk_plan_dealloc,
+    .tp_methods = chunk_plan_methods,
+};
+
+int axc_py_sched_add_types(PyObject *module)
+{
+    return axc_py_add_type(module, &ChunkPlanType, "ChunkPlan");
 }
 
 PyMethodDef axc_py_sched_methods[] = {
