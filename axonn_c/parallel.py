@@ -193,6 +193,40 @@ def tag_norm_groups(model: nn.Module) -> None:
             m.bias._axonn_norm_groups = (m._shapes["gout"],)
 
 
+def _by_device_dtype(tensors: List[Tensor]) -> Dict[tuple, List[Tensor]]:
+    """{(device, dtype, dense on cpu/cuda): tensors}: the lists torch's foreach kernels take."""
+    out: Dict[tuple, List[Tensor]] = {}
+    for t in tensors:
+        dense = t.layout == torch.strided and t.device.type in ("cpu", "cuda")
+        out.setdefault((t.device, t.dtype, dense), []).append(t)
+    return out
+
+
+def _grad_norm(t: Tensor, norm_type: float) -> Tensor:
+    """One gradient's norm, at least in float32 (a sparse one's: of its coalesced values)."""
+    v = t.coalesce().values() if t.is_sparse else t
+    v = v if v.dtype == torch.float64 else v.float()
+    if math.isinf(norm_type):  # (on the CPU much faster than vector_norm's)
+        return v.abs().max() if v.numel() else v.new_zeros(())
+    return torch.linalg.vector_norm(v, norm_type)
+
+
+def _grad_norms(grads: List[Tensor], norm_type: float, device) -> Tensor:
+    """The norms of `grads` in float32 on `device`, one per gradient: a few foreach kernels per
+    device and dtype, as torch's clip_grad_norm_ computes them (was: three kernels each)."""
+    norms: List[Tensor] = []
+    for (dev, dtype, dense), same in _by_device_dtype(grads).items():
+        # (CPU's foreach max-norm is slower than a max per tensor, and the same sums)
+        if dense and (dev.type == "cuda" or not math.isinf(norm_type)):  # (float64 stays)
+            norms.extend(torch._foreach_norm(same, norm_type,
+                                             dtype=torch.promote_types(dtype, torch.float32)))
+        else:
+            norms.extend(_grad_norm(t, norm_type) for t in same)
+    if not norms:
+        return torch.zeros(0, device=device, dtype=torch.float32)
+    return torch.stack([n.to(device, torch.float32) for n in norms])
+
+
 @torch.no_grad()
 def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float,
                     norm_type: float = 2.0, error_if_nonfinite: bool = False,
@@ -212,29 +246,29 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     g = grid()
     # (the device of the parameters, not of the gradients present: a rank whose gradients are
     # all missing takes its part in the same collectives, on the same device, as the others)
-    device, dtype = (parameters[0].device if parameters else torch.device("cpu")), torch.float32
+    device = parameters[0].device if parameters else torch.device("cpu")
+    zero = torch.zeros(1, device=device, dtype=torch.float32)
     if math.isinf(norm_type):
-        local = torch.zeros((), device=device, dtype=dtype)
-        for p in parameters:
-            if p.grad is not None and p.grad.numel():
-                local = torch.maximum(local, p.grad.detach().abs().max().to(device, dtype))
+        present = [p.grad for p in parameters if p.grad is not None and p.grad.numel()]
+        local = torch.cat([zero, _grad_norms(present, norm_type, device)]).max().reshape(1)
         if g.world_size > 1:
-            local = local.reshape(1).contiguous()
             comm.all_reduce(local, group="world", op="max")
-            local = local.reshape(())
-        total = local
+        total = local.reshape(())
     else:
-        sums: Dict[Tuple[str, ...], Tensor] = OrderedDict()
+        by_groups: Dict[Tuple[str, ...], List[Tensor]] = {}
+        nontrivial: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
         for p in parameters:  # (a missing gradient counts as zeros: every rank has every key)
-            groups = _nontrivial(_norm_groups(p))
-            total_g = sums.setdefault(groups, torch.zeros((), device=device, dtype=dtype))
+            groups = _norm_groups(p)
+            if groups not in nontrivial:
+                nontrivial[groups] = _nontrivial(groups)
+            present = by_groups.setdefault(nontrivial[groups], [])
             if p.grad is not None:
-                s = torch.linalg.vector_norm(p.grad.detach().float(), norm_type) ** norm_type
-                sums[groups] = total_g + s.to(device)
+                present.append(p.grad)
         # the same set of group tuples on every rank: order them by name, not by encounter
-        total_p = torch.zeros((), device=device, dtype=dtype)
-        for groups in sorted(sums):
-            s = sums[groups].reshape(1).contiguous()
+        total_p = torch.zeros((), device=device, dtype=torch.float32)
+        for groups in sorted(by_groups):
+            s = torch.cat([zero, _grad_norms(by_groups[groups], norm_type, device)
+                           .pow(norm_type)]).sum().reshape(1)
             for name in groups:
                 comm.all_reduce(s, group=name, op="sum")
             total_p = total_p + s.reshape(())
@@ -243,9 +277,14 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
         raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite "
                            f"({total.item()}), so it cannot be clipped")
     clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    for p in parameters:
-        if p.grad is not None:
-            p.grad.detach().mul_(clip_coef.to(p.grad.device, p.grad.dtype))
+    for (dev, dtype, dense), same in _by_device_dtype(
+            [p.grad for p in parameters if p.grad is not None]).items():
+        coef = clip_coef.to(dev, dtype)
+        if dense:
+            torch._foreach_mul_(same, coef)
+        else:
+            for t in same:
+                t.mul_(coef)
     return total
 
 

@@ -21,7 +21,8 @@
 #   codec      the CUDA codec kernels' bandwidth against the device's copy (bench_codec_cuda.py),
 #              also with AXONN_C_CODEC_KERNELS=warp
 #   host       host cost of one Linear forward + backward on CUDA against nn.Linear, alone (also
-#              with AXONN_C_BIAS_GRAD_KERNEL=1) and per layer of a stack of 8 (bench_host.py)
+#              with AXONN_C_BIAS_GRAD_KERNEL=1) and per layer of a stack of 8 (bench_host.py);
+#              clip_grad_norm_ against torch's (bench_clip.py)
 #   profile    a sampling profile (py-spy --native, from .whl/py_spy-*.whl when it is not installed)
 #              of bench_host.py --spin on CUDA, one process per loop (profile_host.sh): axonn_c.Linear
 #              (overlap off, on) and nn.Linear, summarised by profile_summary.py into
@@ -209,6 +210,8 @@ if want host; then
     # the same with the bias gradient's small-M kernel (AXONN_C_BIAS_GRAD_KERNEL=1), for the A/B
     step host_cuda_bias_kernel 240 env AXONN_C_BIAS_GRAD_KERNEL=1 "$PY" \
         "$REPO/benchmarks/bench_host.py" --device cuda --json "$OUT/host_cuda_bias_kernel.json"
+    # clip_grad_norm_ on 144 CUDA gradients against torch's (foreach kernels both)
+    step clip_cuda 60 "$PY" "$REPO/benchmarks/bench_clip.py" --device cuda --json "$OUT/clip_cuda.json"
     # per layer of a stack of 8 (a step's fixed work shared, as in a model; HOST_STACK=0 skips)
     [ "${HOST_STACK:-1}" = 0 ] || step host_cuda_stack 180 "$PY" "$REPO/benchmarks/bench_host.py" --device cuda --layers 8 \
         --rounds 30 --json "$OUT/host_cuda_stack.json"

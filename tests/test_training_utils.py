@@ -135,6 +135,34 @@ def test_clip_grad_norm_edge_cases(world1):
     assert float(total) == 2.0
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, math.inf])
+def test_clip_grad_norm_mixed_gradients(world1, norm_type):
+    """Gradients of several dtypes, a sparse one (nn.Embedding(sparse=True)), an empty one and
+    a missing one (the foreach norms group them by device and dtype): the total norm and the
+    clipped gradients of torch's clip_grad_norm_ computed in float64 on dense copies (torch's
+    own takes no sparse gradient and sums a bfloat16 one's norm in bfloat16)."""
+    torch.manual_seed(3)
+    emb = nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 3, 3])).sum().backward()
+    params = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(7).bfloat16()),
+              nn.Parameter(torch.randn(2, 2).double()), nn.Parameter(torch.randn(0)),
+              nn.Parameter(torch.randn(3)), emb.weight]
+    for p in params[:4]:
+        p.grad = torch.randn_like(p) * 3
+    dense = [None if p.grad is None else p.grad.to_dense().double().clone() for p in params]
+    present = torch.cat([g.flatten() for g in dense if g is not None])
+    want = torch.linalg.vector_norm(present, norm_type)
+    got = axonn_c.clip_grad_norm_(params, 0.5, norm_type=norm_type)
+    assert torch.allclose(got.double(), want, rtol=1e-5), (got, want)
+    coef = min(1.0, 0.5 / (float(want) + 1e-6))
+    for p, g in zip(params, dense):
+        if g is None:
+            assert p.grad is None
+            continue
+        tol = 1e-2 if p.dtype == torch.bfloat16 else 1e-5
+        assert torch.allclose(p.grad.to_dense().double(), g * coef, rtol=tol, atol=tol), p.shape
+
+
 def test_no_grad_sync_and_mixed_layouts(world1):
     m = nn.Sequential(axonn_c.Linear(4, 4), axonn_c.Linear(4, 4, expert_mode=True))
     for p in m.parameters():
