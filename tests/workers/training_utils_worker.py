@@ -122,13 +122,19 @@ def randomize_norms(model, seed):
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
 
 
-def compare_grads(par, ser, what):
+def compare_grads(par, ser, what, skip_frozen=False):
     pmods = dict(par.named_modules())
     for name, p in ser.named_parameters():
+        if skip_frozen and not p.requires_grad:  # (left alone by sync_gradients)
+            continue
         mod_name, _, pname = name.rpartition(".")
         layer = pmods[mod_name]
         got = getattr(layer, pname).grad
         want = p.grad
+        if got is None or want is None:  # (a parameter frozen since a zero_grad: in both)
+            if got is not None or want is not None:
+                raise AssertionError(f"{what}: grad of {name} is None in one model only")
+            continue
         if isinstance(layer, axonn_c.Linear):
             want = shard_weight(layer, want) if pname == "weight" else shard_bias(layer, want)
         close(got, want, f"{what}: grad of {name}")
@@ -469,16 +475,22 @@ def check_random_sequences(g):
             for seed in range(3):
                 rng = random.Random(100 * seed + 10 * overlap + (layout == "expert"))
                 ser, par, shards, data = random_sequence_models(g, layout, seed)
-                seq = [rng.choice(RANDOM_OPS) for _ in range(12)] + ["sync_mean"]
+                seq = [rng.choice(RANDOM_OPS + ("freeze",)) for _ in range(12)] + ["sync_mean"]
                 what = f"random sequence {seq} ({layout}, overlap={overlap})"
                 with axonn_c.optimize_communication(overlap_data=overlap):
                     for k, op in enumerate(seq):
-                        random_sequence_op(g, op, ser, par, shards, data(k), f"{what}: op {k}")
+                        random_sequence_op(g, op, ser, par, shards, data(k), f"{what}: op {k}",
+                                           k=k)
+                    for m in (par, ser):
+                        m.requires_grad_(True)
+                    random_sequence_op(g, "sync_mean", ser, par, shards, None,
+                                       f"{what}: every parameter unfrozen")
 
 
-def random_sequence_op(g, op, ser, par, shards, batch_k, what):
-    """One op of check_random_sequences on batch_k (data(k) of random_sequence_models)."""
-    ser_loss, x, t, n = batch_k
+def random_sequence_op(g, op, ser, par, shards, batch_k, what, k=0):
+    """One op of check_random_sequences on batch_k (data(k) of random_sequence_models); k picks
+    the parameter "freeze" freezes or unfreezes (in both models)."""
+    ser_loss, x, t, n = batch_k if batch_k is not None else (None,) * 4
     if op in ("backward", "no_sync_backward"):
         ser_loss().backward()
         if op == "backward":
@@ -493,16 +505,23 @@ def random_sequence_op(g, op, ser, par, shards, batch_k, what):
             factor = 1.0 / shards if mean else 1.0  # (a power of two: exact both ways)
             with torch.no_grad():
                 for p in ser.parameters():
-                    p.grad.mul_(factor)
-            compare_grads(par, ser, f"{what} ({op})")
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+            compare_grads(par, ser, f"{what} ({op})", skip_frozen=True)
             with torch.no_grad():
                 for p in ser.parameters():
-                    p.grad.div_(factor)
+                    if p.grad is not None:
+                        p.grad.div_(factor)
     elif op in ("depth_sum", "depth_mean"):  # (compared at the next sync)
         sync_gradients_depth_parallel(par, mean=op == "depth_mean")
     elif op in ("zero_none", "zero_in_place"):
         for m in (par, ser):
             m.zero_grad(set_to_none=op == "zero_none")
+    elif op == "freeze":  # a frozen parameter is left alone by the syncs (checked unfrozen)
+        names = sorted(name for name, _ in ser.named_parameters())
+        for m in (par, ser):
+            p = dict(m.named_parameters())[names[k % len(names)]]
+            p.requires_grad_(not p.requires_grad)
     elif op == "probe":  # no backward into .grad (on one data-parallel replica)
         if g.data_rank == 0:
             params = [p for p in par.parameters() if p.requires_grad]
