@@ -179,34 +179,42 @@ def accumulates(param: Tensor) -> bool:
 
 # ----------------------------------------------------------------- parameters with a grad hook
 
-def hook(param: Tensor, groups: Tuple[str, ...]) -> bool:
+def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
     """Sums param's gradient over `groups` during backward (when the data overlap is on):
     registered once per parameter; `groups` can be changed later (param._axonn_hook_groups).
     Not in a world of one, where it would never have anything to do: a layer registers it when
     it first runs on a larger grid (Linear._check_placement), sync_gradients on its next call.
-    Not on a frozen parameter (torch refuses a hook there): returns True then, and the first
-    call after it is unfrozen registers it (sync_gradients calls again for every parameter but
-    a Linear weight, whose layer calls again while this is pending: Linear._shapes)."""
+    A frozen parameter gets it too (torch sets no hook on a tensor that does not require grad,
+    so requires_grad is switched on for the registration; the hook stays when it is switched
+    back): sync_gradients sums a frozen parameter's .grad like any other (the replicas stay
+    alike), and once it is unfrozen a backward that adds to that synced .grad must first turn
+    it back into this rank's share, which only the hook does."""
     param._axonn_hook_groups = tuple(groups)
     if not is_initialized() or group_size("world") == 1:
-        return False
-    if not param.requires_grad:  # (pending unless a call before it was frozen registered it)
-        pending = first_hook(param, "grad")
-        if pending:
-            forget_hook(param, "grad")
-        return pending
+        return
+    if not (param.is_floating_point() or param.is_complex()):
+        return  # (no gradient ever: torch lets only these require grad)
     if first_hook(param, "grad"):
         # the gradient of the pass (all its uses summed, before autograd accumulates it) goes
         # into a bucket with the .grad so far folded in, is recorded after a pending record, or
         # is left to autograd: decided and done in C (csrc/python/py_grad_hook.c, the decision
         # csrc/grads/grad_policy.c), which asks `accumulates` only when it matters; holds param
         # weakly
+        frozen = not param.requires_grad
+        try:
+            if frozen:
+                param.requires_grad_(True)
+        except RuntimeError:  # (an inference tensor outside inference mode: the next call tries)
+            forget_hook(param, "grad")
+            return
         try:
             param.register_hook(_C.GradHook(param, accumulates))
         except BaseException:
             forget_hook(param, "grad")  # (the next call tries again)
             raise
-    return False
+        finally:
+            if frozen:
+                param.requires_grad_(False)
 
 
 idle = _C.grad_idle  # nothing pending: no record, bucket, held result or taken .grad

@@ -531,15 +531,13 @@ class Linear(nn.Module):
         # what reaches autograd for it (a cast weight's gradient, another use of the weight: a
         # tied or regularised weight) is summed during backward, and added to a deferred
         # gradient of the same pass instead of being overwritten by it
-        # (a frozen parameter takes no hook yet: tried again while it is pending, _shapes)
-        pending = grads.hook(w, w._axonn_grad_groups)
+        grads.hook(w, w._axonn_grad_groups)  # (a frozen one too: grads.hook)
         w._axonn_norm_groups = ("intra",)  # values differ over these (clip_grad_norm_)
         self._tag_layout()
         if b is not None:
             b._axonn_grad_groups = ("depth", "data")
             b._axonn_norm_groups = (self._shard_shapes["gout"],)
-            pending = grads.hook(b, b._axonn_grad_groups) or pending  # summed during backward
-        self._hooks_pending = pending
+            grads.hook(b, b._axonn_grad_groups)  # summed during backward
 
     def _tag_layout(self) -> None:
         """What a tie must match to share this weight's shard (auto_parallelize's registration
@@ -585,12 +583,8 @@ class Linear(nn.Module):
     def _shapes(self) -> dict:
         """The shard's shapes and this rank's place (_C.LinearCall.shapes), checked against the
         current grid once per init() in eager mode (compiled code: forward)."""
-        if (self._epoch != session.epoch or self._hooks_pending) and \
-                not torch.compiler.is_compiling():
-            if self._epoch != session.epoch:
-                self._check_placement()
-            elif any(p is not None and p.requires_grad for p in (self.weight, self.bias)):
-                self._tag_parameters()  # (unfrozen since: its gradient hooks now)
+        if self._epoch != session.epoch and not torch.compiler.is_compiling():
+            self._check_placement()
         return self._shard_shapes
 
     @property
@@ -886,7 +880,6 @@ class Linear(nn.Module):
         return tuple(out)
 
     _plain_memo = _calls = None
-    _hooks_pending = False  # a frozen parameter's gradient hook is still to be registered
     # its depth dW reduce-scatter may keep an error-feedback residual (C's, by layer id): how
     # compression.compression_state(model) finds the layers
     _keeps_depth_residual = True
@@ -916,7 +909,7 @@ class Linear(nn.Module):
         `deferring` one whose backward hands its gradients on (_DeferringLinear; its scheduler
         id set on it, which is this object's: a copy of the layer makes its own memo)."""
         if (use_bias == (self.bias is not None and not self.skip_bias_add) and w.dtype is dtype
-                and w is self._parameters.get("weight") and not self._hooks_pending):
+                and w is self._parameters.get("weight")):
             # (forward's check: input features, device)
             want = self._shapes["k_local"] if self.expert_mode else self.in_features
             self._plain_memo = ((session.epoch, session.knobs_version), dtype, want, call,

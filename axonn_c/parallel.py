@@ -99,9 +99,9 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
     the easy layout, G_data * G_intra_d in the expert one), so that a per-rank mean loss gives
     the gradient of the global mean loss, as torch's DistributedDataParallel does.
 
-    Parameters whose gradient is None are skipped, and so are frozen ones (requires_grad False:
-    their .grad is left as it is, as DistributedDataParallel does); every rank must have
-    gradients for the same parameters. Small gradients are packed into one flat buffer per set of groups (`vectorize`;
+    Parameters whose gradient is None are skipped; every rank must have gradients for the same
+    parameters. A frozen parameter's .grad is summed like the others (torch's optimizers step
+    every parameter that has one: the replicas stay alike). Small gradients are packed into one flat buffer per set of groups (`vectorize`;
     False reduces each gradient on its own). Does nothing inside `no_grad_sync()`.
 
     With the data overlap on (init(overlap=True)), the sums are done during backward and this
@@ -197,7 +197,8 @@ def _by_device_dtype(tensors: List[Tensor]) -> Dict[tuple, List[Tensor]]:
     """{(device, dtype, dense on cpu/cuda): tensors}: the lists torch's foreach kernels take."""
     out: Dict[tuple, List[Tensor]] = {}
     for t in tensors:
-        dense = t.layout == torch.strided and t.device.type in ("cpu", "cuda")
+        dense = (type(t) is Tensor and t.layout == torch.strided  # (no subclass: DTensor)
+                 and t.device.type in ("cpu", "cuda"))
         out.setdefault((t.device, t.dtype, dense), []).append(t)
     return out
 
@@ -218,10 +219,13 @@ def _grad_norms(grads: List[Tensor], norm_type: float, device) -> Tensor:
     for (dev, dtype, dense), same in _by_device_dtype(grads).items():
         # (CPU's foreach max-norm is slower than a max per tensor, and the same sums)
         if dense and (dev.type == "cuda" or not math.isinf(norm_type)):  # (float64 stays)
-            norms.extend(torch._foreach_norm(same, norm_type,
-                                             dtype=torch.promote_types(dtype, torch.float32)))
-        else:
-            norms.extend(_grad_norm(t, norm_type) for t in same)
+            try:
+                norms.extend(torch._foreach_norm(same, norm_type,
+                                                 dtype=torch.promote_types(dtype, torch.float32)))
+                continue
+            except TypeError:  # (a torch whose foreach norm takes no dtype)
+                pass
+        norms.extend(_grad_norm(t, norm_type) for t in same)
     if not norms:
         return torch.zeros(0, device=device, dtype=torch.float32)
     return torch.stack([n.to(device, torch.float32) for n in norms])

@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dev = torch.device(args.device)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and dev.index is not None:  # ("cuda": the current device)
         torch.cuda.set_device(dev)
     axonn_c.init()
     torch.manual_seed(0)

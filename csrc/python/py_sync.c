@@ -15,8 +15,7 @@
 
 static PyObject *s_numel, *s_reshape, *s_copy_, *s_mul_, *s_view_as, *s_grad, *s_grad_groups,
     *s_deferred, *s_minus_one, *s_is_cpu, *s_layout,
-    *s_is_contiguous, *s_data_ptr, *s_ident, *s_requires_grad, *g_strided,
-    *s_names[AXC_GROUP_COUNT];
+    *s_is_contiguous, *s_data_ptr, *s_ident, *g_strided, *s_names[AXC_GROUP_COUNT];
 
 static int intern(void)
 {
@@ -35,8 +34,7 @@ static int intern(void)
         !(s_layout = PyUnicode_InternFromString("layout")) ||
         !(s_is_contiguous = PyUnicode_InternFromString("is_contiguous")) ||
         !(s_data_ptr = PyUnicode_InternFromString("data_ptr")) ||
-        !(s_ident = PyUnicode_InternFromString("_axonn_grad_ident")) ||
-        !(s_requires_grad = PyUnicode_InternFromString("requires_grad")))
+        !(s_ident = PyUnicode_InternFromString("_axonn_grad_ident")))
         return -1;
     for (int i = 0; i < AXC_GROUP_COUNT; i++)
         if (!(s_names[i] = PyUnicode_InternFromString(axc_group_name((axc_group_kind)i))))
@@ -580,15 +578,7 @@ static int decide_one(const sync_args *a, PyObject *p, axc_sync_choice *c, PyObj
         if (is_deferred < 0 || (!is_deferred && !r))
             goto out;
     }
-    /* a frozen parameter is left alone, as DistributedDataParallel does: summed and marked
-     * here, its .grad would be taken for a synced one after it is unfrozen, when autograd adds
-     * to it without the gradient hook (registered only while it requires grad) */
-    PyObject *rg = PyObject_GetAttr(p, s_requires_grad);
-    int trains = rg ? PyObject_IsTrue(rg) : -1;
-    Py_XDECREF(rg);
-    if (trains < 0)
-        goto out;
-    PyObject *g = trains ? attr_or_null(p, a->attr) : NULL;
+    PyObject *g = attr_or_null(p, a->attr);
     if (!g) {
         c->skip = 1;
         rc = PyErr_Occurred() ? -1 : 0;
