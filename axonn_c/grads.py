@@ -204,7 +204,8 @@ def hook(param: Tensor, groups: Tuple[str, ...]) -> None:
         try:
             if frozen:
                 param.requires_grad_(True)
-        except RuntimeError:  # (an inference tensor outside inference mode: the next call tries)
+        except RuntimeError:  # (an inference tensor outside inference mode: it never requires
+            # grad there, so it never needs the hook; sync_gradients asks again each call)
             forget_hook(param, "grad")
             return
         try:

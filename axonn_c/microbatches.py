@@ -125,7 +125,7 @@ def _open_call(model: Optional[nn.Module], n: int, owner: object,
     exception taken as the C call returns, an interrupt, looks raised by it). `expert_mode`:
     sync_gradients' (None: read from the model's layers)."""
     params, replicated = (), ()
-    if model is not None:  # (a frozen parameter has no gradient to sum, and takes no hook)
+    if model is not None:  # (a frozen parameter has no gradient to sum: not the reducer's)
         params = [p for p in model.parameters() if p.requires_grad]
         replicated = _replicated_groups(_model_expert_mode(model, expert_mode))
     order = _C.microbatch_begin(owner, n, params, replicated, session.bucket_bytes,

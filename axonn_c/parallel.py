@@ -101,8 +101,9 @@ def sync_gradients(model: nn.Module, mean: bool = False, expert_mode: Optional[b
 
     Parameters whose gradient is None are skipped; every rank must have gradients for the same
     parameters. A frozen parameter's .grad is summed like the others (torch's optimizers step
-    every parameter that has one: the replicas stay alike). Small gradients are packed into one flat buffer per set of groups (`vectorize`;
-    False reduces each gradient on its own). Does nothing inside `no_grad_sync()`.
+    every parameter that has one: the replicas stay alike). Small gradients are packed into one
+    flat buffer per set of groups (`vectorize`; False reduces each gradient on its own). Does
+    nothing inside `no_grad_sync()`.
 
     With the data overlap on (init(overlap=True)), the sums are done during backward and this
     call only scales: Linear weights and biases from the first step, the model's other
