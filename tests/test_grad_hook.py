@@ -105,6 +105,23 @@ def test_a_marked_grad_or_a_microbatch_thread_calls_the_gradient_code():
     assert _C.grad_hook_works() == works + 3
 
 
+def test_a_parameter_frozen_after_its_forward_is_left_alone():
+    """Frozen between forward and backward: autograd accumulates nothing into it, and the hook
+    (which autograd still calls) does nothing either, even with work pending for it."""
+    calls = []
+    p = _hooked(calls)
+    p.grad = torch.zeros(3)
+    works = _C.grad_hook_works()
+    grads.mark_summed(p, ("data",))  # (work for it: past the fast path when it requires grad)
+    try:
+        y = (p * 2).sum()
+        p.requires_grad_(False)
+        y.backward()
+    finally:
+        grads.mark_summed(p, ())
+    assert _C.grad_hook_works() == works and calls == []
+    assert torch.equal(p.grad, torch.zeros(3))
+
 def test_no_grad_sync_sets_the_runtime_flag_and_restores_it():
     assert _C.grad_sync_enabled()
     with axonn_c.no_grad_sync():

@@ -11,7 +11,9 @@
  * `_axonn_overlap_data` (a Linear weight's own knob) and `_axonn_hook_groups` when called, so
  * both can change after it was registered. Whether the pass accumulates into .grad (rather than
  * handing the gradient back, torch.autograd.grad) is asked of the callable it was made with
- * (grads.accumulates: only autograd's Python API knows), only when the decision needs it. */
+ * (grads.accumulates: only autograd's Python API knows), only when the decision needs it. A
+ * parameter that no longer requires grad when its hook fires (frozen since its forward) is left
+ * alone, as autograd leaves it. */
 #include <math.h>
 #include <sched.h>
 
@@ -20,7 +22,8 @@
 #include "axc/grad_policy.h"
 #include "axc/records.h"
 
-static PyObject *s_overlap_attr, *s_groups_attr, *s_ident_attr, *s_names[AXC_GROUP_COUNT];
+static PyObject *s_overlap_attr, *s_groups_attr, *s_ident_attr, *s_requires_grad,
+    *s_names[AXC_GROUP_COUNT];
 static PyObject *s_grad, *s_dtype, *s_layout, *s_numel, *s_reshape, *s_copy_, *s_add_, *s_div_,
     *s_detach, *s_clone, *s_alpha, *s_minus_one;
 static PyObject *g_strided, *g_empty_like; /* torch.strided, torch.empty_like */
@@ -572,6 +575,17 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
             return NULL;
         Py_RETURN_NONE;
     }
+    /* frozen since its forward: autograd accumulates nothing into it (AccumulateGrad skips a
+     * tensor that no longer requires grad, after running this hook), and neither does this */
+    PyObject *req = PyObject_GetAttr(p, s_requires_grad);
+    int frozen = req ? req == Py_False : -1;
+    Py_XDECREF(req);
+    if (frozen) {
+        Py_DECREF(p);
+        if (frozen < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
     int own, accumulates;
     axc_groups groups;
     int rc = count_arrival(h, p, &accumulates);
@@ -738,7 +752,7 @@ int axc_py_grad_hook_add_types(PyObject *module)
         PyObject **at;
         const char *name;
     } names[] = {{&s_overlap_attr, "_axonn_overlap_data"}, {&s_groups_attr, "_axonn_hook_groups"},
-                 {&s_ident_attr, "_axonn_grad_ident"},
+                 {&s_ident_attr, "_axonn_grad_ident"}, {&s_requires_grad, "requires_grad"},
                  {&s_grad, "grad"}, {&s_dtype, "dtype"}, {&s_layout, "layout"},
                  {&s_numel, "numel"}, {&s_reshape, "reshape"}, {&s_copy_, "copy_"},
                  {&s_add_, "add_"}, {&s_div_, "div_"}, {&s_detach, "detach"},

@@ -699,6 +699,35 @@ def check_frozen_at_sync(g):
             compare_grads(par, ser, f"{what}: unfrozen, two steps")
 
 
+def check_frozen_in_backward(g):
+    """A parameter frozen between its forward and its backward gets no gradient, as in torch
+    (autograd's accumulation skips it; its gradient hook, registered at the step before, still
+    fires): overlap on and off, a Linear weight, a Linear bias and a norm's weight (was: the
+    hook bucketed the gradient and the end of the pass gave the frozen parameter a .grad)."""
+    for overlap in (True, False):
+        for name in ("ln_in.weight", "fc1.weight", "fc1.bias"):
+            what = f"frozen in backward ({name}, overlap={overlap})"
+            ser, par = easy_pair(29, 9)
+            for m in par.modules():
+                if isinstance(m, axonn_c.Linear):
+                    m.overlap_data = m.defer_wgrad = overlap
+            step_both(par, ser, g, 43, f"{what}: the step before")
+            frozen = [dict(m.named_parameters())[name] for m in (par, ser)]
+            x, t, mine = batch(g, 44)
+            for m in (par, ser):
+                m.zero_grad(set_to_none=True)
+            losses = (loss_fn(ser(x), t, False, t.numel()),
+                      loss_fn(par(x[mine]), t[mine], False, t.numel()))
+            for p in frozen:
+                p.requires_grad_(False)
+            for loss in losses:
+                loss.backward()
+            axonn_c.sync_gradients(par, mean=False)
+            compare_grads(par, ser, what)
+            for p in frozen:
+                p.requires_grad_(True)
+
+
 def check_rank_local_copy(g):
     """A copy of the model made on one rank only (an EMA, say) gets gradient hooks on that rank
     alone: backward's overlapped sums must still name the model's parameters alike on every
@@ -853,6 +882,7 @@ def main():
         check_unused_after_depth_sync(g)
         check_unfrozen_copy(g)
         check_frozen_at_sync(g)
+        check_frozen_in_backward(g)
         check_sync_memory(g)
         if stale is not None:
             check_stale_layer(*stale)
