@@ -669,6 +669,19 @@ def check_unfrozen_copy(g):
     close(results[1], results[0], "an unfrozen copy's weight gradient vs a never-frozen one's")
 
 
+FROZEN_NAMES = ("ln_in.weight", "fc1.weight", "fc1.bias")  # a norm's, a Linear's weight, bias
+
+
+def frozen_pair(seed, norm_seed, name, overlap):
+    """easy_pair with the Linears' overlap knobs set, and parameter `name` of both (par's, ser's)
+    to freeze."""
+    ser, par = easy_pair(seed, norm_seed)
+    for m in par.modules():
+        if isinstance(m, axonn_c.Linear):
+            m.overlap_data = m.defer_wgrad = overlap
+    return ser, par, [dict(m.named_parameters())[name] for m in (par, ser)]
+
+
 def check_frozen_at_sync(g):
     """A parameter frozen when sync_gradients runs is summed like the others (the replicas stay
     alike); unfrozen later, a backward without zero_grad adds to it and the next sync gives the
@@ -677,13 +690,9 @@ def check_frozen_at_sync(g):
     autograd added to the synced .grad without the hook, torch setting none on a frozen tensor,
     and the next sync summed the synced part again)."""
     for overlap, mean in itertools.product((True, False), (False, True)):
-        for name in ("ln_in.weight", "fc1.weight", "fc1.bias"):
+        for name in FROZEN_NAMES:
             what = f"frozen at sync ({name}, overlap={overlap}, mean={mean})"
-            ser, par = easy_pair(23, 7)
-            for m in par.modules():
-                if isinstance(m, axonn_c.Linear):
-                    m.overlap_data = m.defer_wgrad = overlap
-            frozen = [dict(m.named_parameters())[name] for m in (par, ser)]
+            ser, par, frozen = frozen_pair(23, 7, name, overlap)
             for step, seed in enumerate((41, 42)):
                 x, t, mine = batch(g, seed)
                 loss_fn(ser(x), t, mean, t.numel()).backward()
@@ -705,14 +714,10 @@ def check_frozen_in_backward(g):
     fires): overlap on and off, a Linear weight, a Linear bias and a norm's weight (was: the
     hook bucketed the gradient and the end of the pass gave the frozen parameter a .grad)."""
     for overlap in (True, False):
-        for name in ("ln_in.weight", "fc1.weight", "fc1.bias"):
+        for name in FROZEN_NAMES:
             what = f"frozen in backward ({name}, overlap={overlap})"
-            ser, par = easy_pair(29, 9)
-            for m in par.modules():
-                if isinstance(m, axonn_c.Linear):
-                    m.overlap_data = m.defer_wgrad = overlap
+            ser, par, frozen = frozen_pair(29, 9, name, overlap)
             step_both(par, ser, g, 43, f"{what}: the step before")
-            frozen = [dict(m.named_parameters())[name] for m in (par, ser)]
             x, t, mine = batch(g, 44)
             for m in (par, ser):
                 m.zero_grad(set_to_none=True)
