@@ -102,8 +102,7 @@ def _forward_impl(x: Tensor, w: Tensor, b: Optional[Tensor], call, hold: int = 0
     """x: [rows, features] -> (y, saved) through the layer's C handle `call`; saved is what
     backward needs besides x (easy layout; None in the expert layout). The handle checks the
     shard against the grid and allocates the outputs."""
-    wf = _shared_gather(w, call, "fwd")  # kept alive until the C call returns
-    y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), wf, bool(hold & HOLD_FWD))
+    y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), bool(hold & HOLD_FWD))
     if hold & HOLD_FWD:  # y may still be written by its all-reduce (axonn_c.Sequential)
         grads.keep_output(_C.sched_counters()[1], y)
     return y, saved
@@ -118,21 +117,12 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
     param.grad at the end of backward (csrc/python/py_grad_deferred.c); dw is None.
     need_dx=False (the input needs no gradient, e.g. a first layer on raw data): no dX GEMM and
     no dX collectives, dx is None."""
-    wf = _shared_gather(w, call, "bwd")  # kept alive until the C call returns
-    # concurrent micro-batches: dW's reduce-scatter shared by all of them (None: the layer's own)
-    dwf = _shared_scatter_block(w, call) if param is None else None
-    # the depth dW error-feedback residual is C's (by layer id, where C says the call needs one):
-    # a micro-batch thread or a dW no .grad receives takes scratch zeros, not the layer's
-    trains_residual = call.keeps_dw_residual and not microbatch_active() and trains()
     # (chunk calls of axonn_c.Sequential accumulate dW in the GEMM into the pass's chunk record;
-    # a held dx is kept by C until its all-reduce is awaited)
-    dx, dw, db = call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), param,
-                               bool(hold & HOLD_CHUNK), wf, dwf, trains_residual,
-                               need_dx and bool(hold & HOLD_BWD))
-    if dwf is not None:  # added to .grad when run_concurrent ends
-        session.concurrent_call.reduce_scatter(call.layer, w, dwf)
-        return dx, None, db
-    return dx, dw, db
+    # a held dx is kept by C until its all-reduce is awaited; `trains`, asked by C only when it
+    # matters: whether the dW reaches a .grad, which decides the depth error-feedback residual
+    # and a run_concurrent micro-batch's shared reduce-scatter)
+    return call.backward(dy, x, saved, w, need_dx, *_dev_stream_or_c(dy), param,
+                         bool(hold & HOLD_CHUNK), trains, need_dx and bool(hold & HOLD_BWD))
 
 
 def _deferred_param(param, call, hold: int):
@@ -147,33 +137,6 @@ def _deferred_param(param, call, hold: int):
     if mb and not hold:  # autograd accumulates each micro-batch's dW (microbatches.py)
         grads.check_unsynced(param)
     return param if call.defers(bool(hold), mb) and grads.accumulates(param) else None
-
-
-def _shares_depth(call) -> bool:
-    """An unscheduled depth-sharded call on a micro-batch thread of run_concurrent: its depth
-    traffic is shared by the micro-batches (axonn_c/microbatches.py)."""
-    return (call.shapes["depth_size"] > 1 and call.layer >= 0 and not call.scheduled
-            and session.concurrent_call is not None and microbatch_active())
-
-
-def _shared_gather(w: Tensor, call, phase: str) -> Optional[Tensor]:
-    """The weight gathered over depth once for all micro-batches, or None (the call gathers it
-    itself)."""
-    if not _shares_depth(call):
-        return None
-    s = call.shapes
-    return session.concurrent_call.gather(call.layer, phase, w, s["shard"] * s["depth_size"])
-
-
-def _shared_scatter_block(w: Tensor, call) -> Optional[Tensor]:
-    """A buffer for dW's unreduced block when the micro-batches share its depth reduce-scatter,
-    or None (the call reduce-scatters it itself)."""
-    if not _shares_depth(call):
-        return None
-    if not grads.accumulates(w):  # torch.autograd.grad wants dW handed back
-        return None
-    s = call.shapes
-    return session.concurrent_call.scatter_block(w, s["shard"] * s["depth_size"])
 
 
 def _placement_error(in_f: int, out_f: int, placed_on: tuple, now: Optional[tuple]) -> str:
@@ -384,7 +347,7 @@ class _DeferringLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, call):
-        y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), None, False)
+        y, saved = call.forward(x, w, b, *_dev_stream_or_c(x), False)
         ctx.save_for_backward(x, saved, w)
         # (the scheduler id as of this forward: a __dict__ copy of the layer shares the handle)
         ctx.call, ctx.layer, ctx.param = call, call.layer, w
@@ -405,7 +368,7 @@ class _DeferringLinear(torch.autograd.Function):
             return (*_general_backward(ctx, dy, x, saved, w, call, 0, param, False), None)
         p = param if param.requires_grad and grads.accumulates(param) else None
         dx, dw, db = call.backward(dy, x, saved, w, ctx.needs_input_grad[0],
-                                   *_dev_stream_or_c(dy), p, False, None, None, False, False)
+                                   *_dev_stream_or_c(dy), p, False, False, False)
         return dx, dw, db, None
 
 

@@ -86,34 +86,6 @@ def last_scatters() -> dict:
     return {"reduce_scatters": st["reduce_scatters"], "peak_blocks": st["peak_blocks"]}
 
 
-class _Call:
-    """The running run_concurrent call (session.concurrent_call): what axonn_c.Linear's calls on
-    the micro-batch threads share. Each micro-batch's uses of a layer are counted in C (per
-    micro-batch channel, layer and phase: csrc/grads/microbatch.c, axc_mb_next_use)."""
-
-    def scatter_block(self, w: Tensor, numel: int) -> Optional[Tensor]:
-        """A buffer for w's unreduced dW block ([numel]) when its depth reduce-scatter is shared
-        (reduce_scatter), else None (the layer reduce-scatters itself)."""
-        if not (w.is_leaf and w.requires_grad):
-            return None
-        if _C.microbatch_reduces(w):
-            return None
-        return w.new_empty((numel,))
-
-    def reduce_scatter(self, layer: int, w: Tensor, block: Tensor) -> None:
-        """Hands in this micro-batch's unreduced dW block of w: the last of the n to arrive sums
-        them and starts one depth reduce-scatter (csrc/grads/microbatch.c); the shard is added
-        to .grad when the call ends. Only for weights the reducer does not sum: it counts
-        autograd's accumulations, which these gradients bypass."""
-        _C.microbatch_scatter(layer, w, block)
-
-    def gather(self, layer: int, phase: str, w: Tensor, numel: int) -> Tensor:
-        """The weight shard `w` all-gathered over depth ([numel]), shared by the micro-batches
-        (one gather per (layer, phase, use); csrc/grads/microbatch.c)."""
-        # a per-call cast (autocast) can never match on the next call: not kept alive
-        return _C.microbatch_gather(layer, phase == "bwd", w, w.is_leaf, numel)
-
-
 def _open_call(model: Optional[nn.Module], n: int, owner: object,
                expert_mode: Optional[bool] = None) -> tuple:
     """Opens `owner`'s call (n micro-batches) in C, whose reducer sums `model`'s gradients over
@@ -269,11 +241,9 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
             ended[0].set()
 
     owner = object()  # (whose call microbatch_end ends: never another caller's)
-    call = None  # (this call's session.concurrent_call, once set)
     try:  # the call ends (microbatch_end) whatever happens, or every later call is refused
         order = _open_call(model if reducing else None, n, owner,
                            expert_mode)  # (the call is open)
-        call = session.concurrent_call = _Call()
         # abort: unless the try ends other than by an interrupt (the abort then runs in _join's
         # try, where a second interrupt is caught); starter: whether ended[0] will be set
         abort, starter = True, True
@@ -307,12 +277,8 @@ def run_concurrent(fn: Callable[..., Any], *inputs, model: Optional[nn.Module] =
         if ok:
             with torch.no_grad():  # each shard into its weight's .grad (set, or added), in C
                 _C.microbatch_apply_scatters()
-    finally:
-        try:  # (a no-op unless this call opened it: another caller's is left alone)
-            _C.microbatch_end(owner)
-        finally:  # (also after an interrupt taken as microbatch_end returned)
-            if call is not None and session.concurrent_call is call:
-                session.concurrent_call = None  # (finalize refuses while it is set)
+    finally:  # (a no-op unless this call opened it: another caller's is left alone)
+        _C.microbatch_end(owner)
     for e in errors:
         if e is not None:
             raise e

@@ -236,7 +236,7 @@ def _set_placement() -> None:
 def finalize() -> None:
     """Releases the communicators; init() may be called again afterwards."""
     # (refused before anything is reset, also while a call closes on another thread)
-    if session.concurrent_call is not None or _C.microbatch_running():
+    if _C.microbatch_running():
         raise RuntimeError("axonn_c.finalize() while run_concurrent runs (from fn, or on another "
                            "thread): finalize after it returns")
     session.epoch += 1

@@ -73,8 +73,6 @@ class Session:
     # (MASTER_ADDR, MASTER_PORT, rank, world) -> the store built from them, kept for later
     # inits (axonn_c/bootstrap.py)
     env_stores: dict = field(default_factory=dict)
-    # the run_concurrent call running now (microbatches.py), or None: its shared depth traffic
-    concurrent_call: object = None
     # the asynchronous checkpoint save in flight (axonn_c/checkpoint.py SaveHandle), or None:
     # the next save or load joins it
     checkpoint_pending: object = None

@@ -21,6 +21,23 @@ axc_sched *axc_py_sched(void);
 void axc_py_grads_runtime_ops(axc_runtime_ops *ops);
 /* py_microbatch.c: run_concurrent's gathered buffers and weight references */
 void axc_py_microbatch_ops(axc_mb_ops *ops);
+/* On a micro-batch thread of the open run_concurrent call: whether an unscheduled call of layer
+ * `layer` (its scheduler id, -1: none) over `depth_size` depth ranks shares its depth traffic
+ * with the other micro-batches (one all-gather of W per (layer, phase, use), one dW
+ * reduce-scatter of their summed blocks). */
+int axc_py_mb_shares_depth(int layer, int scheduled, int depth_size);
+/* w's depth shard all-gathered ([numel]) once for all micro-batches (axc_mb_gather; the calling
+ * micro-batch's use of (layer, phase) counted, axc_mb_next_use): a new reference, or NULL with an
+ * exception */
+PyObject *axc_py_mb_gather(int layer, int bwd, PyObject *w, Py_ssize_t numel);
+/* A new buffer ([numel], like w) for w's unreduced dW block when the micro-batches share its
+ * reduce-scatter; None when the call reduce-scatters itself (w is not a leaf requiring grad, or
+ * the running call's reducer sums it); NULL with an exception. */
+PyObject *axc_py_mb_scatter_block(PyObject *w, Py_ssize_t numel);
+/* Hands in this micro-batch's dW block of w: the last of the n to arrive sums them and starts
+ * one depth reduce-scatter (axc_mb_scatter); microbatch_apply_scatters adds the shard to .grad
+ * when the call ends. -1 with an exception. */
+int axc_py_mb_scatter(int layer, PyObject *w, PyObject *block);
 
 /* py_comm.c: with peers, aborts the job's collectives (every wait of every rank fails at once)
  * naming an interrupted run_concurrent and `why` (the exception); called with the GIL held */

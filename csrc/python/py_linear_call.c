@@ -288,20 +288,35 @@ static int layer_io(const LinearCall *self, const axc_comm *comm, PyObject *w, i
     return 0;
 }
 
-/* forward(x, w, b[, device, stream[, w_full, hold_result]]) -> (y, saved or None); x: [rows,
+/* W's block gathered over depth once for all micro-batches when the call shares its depth
+ * traffic (axc_py_mb_shares_depth), else None (the call gathers it itself): a new reference,
+ * kept until the call returns; NULL with an exception. */
+static PyObject *shared_gather(const LinearCall *self, const axc_comm *comm, PyObject *w, int bwd)
+{
+    int gd = axc_comm_grid(comm)->G_d;
+    if (!axc_py_mb_shares_depth(self->layer, self->d.scheduled, gd))
+        return Py_NewRef(Py_None);
+    axc_linear_shapes s;
+    axc_status st = axc_linear_shapes_for(comm, &self->d, 0, &s);
+    if (st != AXC_OK)
+        return axc_py_raise(st);
+    return axc_py_mb_gather(self->layer, bwd, w, (Py_ssize_t)(s.shard * gd));
+}
+
+/* forward(x, w, b[, device, stream[, hold_result]]) -> (y, saved or None); x: [rows,
  * features], contiguous; device -1: CPU, None: x's; stream None: torch's current stream of
- * the device; both left out: x's device and torch's current stream. w_full: the weight
- * gathered over depth by the caller, or None; hold_result: y's all-reduce is left in flight
- * (axc_linear_io.hold_result). */
+ * the device; both left out: x's device and torch's current stream. hold_result: y's
+ * all-reduce is left in flight (axc_linear_io.hold_result). On a run_concurrent micro-batch
+ * thread the call may take W gathered over depth for all micro-batches (shared_gather). */
 static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 3 && n != 5 && n != 7) {
+    if (n != 3 && n != 5 && n != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "LinearCall.forward(x, w, b[, device, stream[, w_full, hold_result]])");
+                        "LinearCall.forward(x, w, b[, device, stream[, hold_result]])");
         return NULL;
     }
-    PyObject *x = a[0], *w = a[1], *b = a[2], *w_full = n == 7 ? a[5] : Py_None;
-    int hold = n == 7 ? PyObject_IsTrue(a[6]) : 0;
+    PyObject *x = a[0], *w = a[1], *b = a[2];
+    int hold = n == 6 ? PyObject_IsTrue(a[5]) : 0;
     int device = -1;
     void *stream = NULL;
     if (hold < 0 || device_stream_of(x, n >= 5 ? a + 3 : NULL, &device, &stream) < 0 ||
@@ -314,18 +329,25 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
     int64_t rows = dim0(x), t_max = rows;
     if (rows < 0)
         return NULL;
+    PyObject *w_full = shared_gather(self, comm, w, 0), *y = NULL, *saved = NULL, *ws = NULL,
+             *out = NULL;
+    if (!w_full)
+        return NULL;
     axc_status st = AXC_OK;
     if (d->layout == AXC_LAYOUT_EASY) {
         Py_BEGIN_ALLOW_THREADS st = axc_linear_plane_tokens(comm, d, rows, device, stream, &t_max);
-        Py_END_ALLOW_THREADS if (st != AXC_OK) return axc_py_raise(st);
+        Py_END_ALLOW_THREADS
     }
     axc_linear_shapes s;
-    if ((st = axc_linear_shapes_for(comm, d, t_max, &s)) != AXC_OK)
-        return axc_py_raise(st);
+    if (st == AXC_OK)
+        st = axc_linear_shapes_for(comm, d, t_max, &s);
+    if (st != AXC_OK) {
+        axc_py_raise(st);
+        goto done;
+    }
     if (check_shard(self, w, &s) < 0)
-        return NULL;
+        goto done;
     int easy = d->layout == AXC_LAYOUT_EASY;
-    PyObject *y = NULL, *saved = NULL, *ws = NULL, *out = NULL;
     /* (each allocation only after the previous one succeeded: no C API call with an exception
      * set) */
     if (!(y = new_empty(x, rows, easy ? d->out_features : s.n_local, 1)) ||
@@ -356,6 +378,7 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
     }
     out = PyTuple_Pack(2, y, saved);
 done:
+    Py_DECREF(w_full);
     Py_XDECREF(y);
     Py_XDECREF(saved);
     Py_XDECREF(ws);
@@ -368,7 +391,7 @@ done:
  * scheduled call then queues the end of the pass, which ends the scheduler's step). */
 static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObject *dx,
                           PyObject *task_reads, PyObject *param, const axc_py_deferred_dw *dd,
-                          PyObject *ws, int depth, int shared_scatter)
+                          PyObject *ws, int depth, PyObject *w, PyObject *shared_block)
 {
     if (axc_test_fault("backward_keep")) {
         PyErr_SetString(PyExc_MemoryError, "AXONN_C_TEST_FAULT=backward_keep: the keep-alive "
@@ -388,8 +411,8 @@ static int after_backward(const LinearCall *self, const axc_linear_io *io, PyObj
             axc_py_grad_queue_finish() < 0)
             return -1;
     }
-    if (shared_scatter) /* (run_concurrent's reducer adds it to .grad when it ends) */
-        return 0;
+    if (shared_block != Py_None) /* (added to .grad when run_concurrent ends) */
+        return axc_py_mb_scatter(self->layer, w, shared_block);
     if (dd->dw) {
         /* the dW GEMM runs later (a scheduler task, Gd == 1; chunk calls run it in the call) */
         if (task_reads && axc_py_keep_alive(AXC_KEEP_TASK, *io->task_number, task_reads) < 0)
@@ -418,33 +441,43 @@ static void complete_queued(void)
     PyErr_Restore(et, ev, tb);
 }
 
-/* backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, w_full, dw_full,
- *          trains_residual, hold_result]]) -> (dx or None, dw or None, db or None).
+/* backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, trains, hold_result]])
+ * -> (dx or None, dw or None, db or None).
  * param: the weight parameter whose gradient this call defers (axonn_c/linear.py
  * _deferred_param), or None. Deferred, the call does the whole deferred weight gradient
  * (py_grad_deferred.c): takes where dW goes (a slice of an open data bucket, with the .grad so
  * far to fold in; `chunk`: axonn_c.Sequential's chunk record, accumulated in the dW GEMM), hands
  * dW's reduce-scatter to the scheduler (axc_linear_io.defer), keeps what a queued dW GEMM task
  * reads until it has run, and records the gradient (a chunk call: its part done); dw is then
- * None. w_full, dw_full: as axc_linear_io's, or None (dw_full: run_concurrent's shared
- * reduce-scatter, which excludes param); trains_residual: false where the call's dW reaches
- * no .grad or runs on a micro-batch thread (its depth reduce-scatter then takes scratch zeros
- * as its error-feedback residual, not the layer's); hold_result: dx's all-reduce is left in
- * flight, dx kept until it is awaited. A backward that raises records nothing (a piece taken
- * from a bucket stays unwritten, its pass dropped as abandoned); one that raises after its
- * work was queued first completes that work (complete_queued). */
+ * None. trains: whether this dW reaches a .grad (a bool, or a callable asked only when the
+ * answer matters: autograd's, grads.accumulates): a call that keeps a depth error-feedback
+ * residual takes scratch zeros instead of the layer's when it does not, or on a micro-batch
+ * thread; on a run_concurrent micro-batch thread a dW that does is handed to the reduce-scatter
+ * the micro-batches share (shared_gather's calls; not param's), and dw is None. hold_result:
+ * dx's all-reduce is left in flight, dx kept until it is awaited. A backward that raises
+ * records nothing (a piece taken from a bucket stays unwritten, its pass dropped as abandoned);
+ * one that raises after its work was queued first completes that work (complete_queued). */
+/* `trains`: a bool, or a callable asked (1, 0, -1 with an exception) */
+static int ask(PyObject *trains)
+{
+    PyObject *r = PyCallable_Check(trains) ? PyObject_CallNoArgs(trains) : Py_NewRef(trains);
+    int v = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    return v;
+}
+
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
-    if (n != 5 && n != 7 && n != 13) {
+    if (n != 5 && n != 7 && n != 11) {
         PyErr_SetString(PyExc_TypeError,
                         "LinearCall.backward(dy, x, saved, w, need_dx[, device, stream[, param, "
-                        "chunk, w_full, dw_full, trains_residual, hold_result]])");
+                        "chunk, trains, hold_result]])");
         return NULL;
     }
     PyObject *x = a[1], *saved = a[2], *w = a[3];
-    PyObject *const *more = n == 13 ? a + 7 : NULL;
+    PyObject *const *more = n == 11 ? a + 7 : NULL;
     PyObject *param = more && more[0] != Py_None ? more[0] : NULL;
-    int need_dx = PyObject_IsTrue(a[4]), hold = more ? PyObject_IsTrue(more[5]) : 0;
+    int need_dx = PyObject_IsTrue(a[4]), hold = more ? PyObject_IsTrue(more[3]) : 0;
     int chunk = param ? PyObject_IsTrue(more[1]) : 0;
     int defer = param != NULL;
     int device = -1;
@@ -454,10 +487,6 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         check_capture(self, device, stream) < 0)
         return NULL;
     hold = hold && need_dx;
-    if (param && more[3] != Py_None) {
-        PyErr_SetString(PyExc_ValueError, "dw_full excludes a deferred param");
-        return NULL;
-    }
     axc_comm *comm = axc_py_linear_comm();
     if (!comm)
         return NULL;
@@ -477,16 +506,27 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     }
     if (st != AXC_OK)
         return axc_py_raise(st);
-    axc_py_deferred_dw dd = {.bucket = -1};
-    if (param && axc_py_deferred_prepare(param, (Py_ssize_t)s.shard, d->overlap_data, chunk,
-                                         &dd) < 0)
-        return NULL;
-    PyObject *dy = PyObject_CallMethodNoArgs(a[0], s_contiguous);
-    PyObject *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *out = NULL;
-    if (!dy) {
-        axc_py_deferred_clear(&dd);
+    /* (the short forms: a self-contained call, which keeps no residual) */
+    PyObject *trains_arg = more ? more[2] : Py_False;
+    int trains = -1; /* (asked once, when needed) */
+    PyObject *w_full = shared_gather(self, comm, w, 1), *block = NULL;
+    if (w_full && !param && w_full != Py_None) { /* dW's reduce-scatter shared, too */
+        block = axc_py_mb_scatter_block(w, (Py_ssize_t)(s.shard * s.depth_size));
+        if (block && block != Py_None && (trains = ask(trains_arg)) <= 0)
+            Py_SETREF(block, trains < 0 ? NULL : Py_NewRef(Py_None));
+    } else if (w_full) {
+        block = Py_NewRef(Py_None);
+    }
+    if (!block) {
+        Py_XDECREF(w_full);
         return NULL;
     }
+    axc_py_deferred_dw dd = {.bucket = -1};
+    PyObject *dy = NULL, *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *out = NULL;
+    if ((param && axc_py_deferred_prepare(param, (Py_ssize_t)s.shard, d->overlap_data, chunk,
+                                          &dd) < 0) ||
+        !(dy = PyObject_CallMethodNoArgs(a[0], s_contiguous)))
+        goto done;
     /* (x and w are contiguous: the forward and the shard check saw to it) */
     dx = need_dx ? empty_like(x) : (Py_INCREF(Py_None), Py_None);
     if (!dx || !(dw = defer ? Py_NewRef(dd.dw) : empty_like(w)))
@@ -508,29 +548,28 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     io.dw = ptr_of(dw, &err);
     io.db = opt_ptr(db, &err);
     io.workspace = opt_ptr(ws, &err);
-    int trains = 0; /* (the short forms: a self-contained call, which keeps no residual) */
-    if (more) {
+    if (more)
         io.dw_prev = dd.fold ? ptr_of(dd.fold, &err) : NULL;
-        io.w_full = opt_ptr(more[2], &err);
-        io.dw_full = opt_ptr(more[3], &err);
-        if (!err && (trains = PyObject_IsTrue(more[4])) < 0)
-            goto done;
-    }
+    io.w_full = opt_ptr(w_full, &err);
+    io.dw_full = opt_ptr(block, &err);
     uint64_t task = 0;
     io.task_number = &task;
     if (err)
         goto done;
     /* dW's depth reduce-scatter: the error-feedback residual the runtime keeps by layer id
      * (axc/layer_residuals.h), where C says the call needs one; scratch zeros for a call that
-     * must not train it (trains_residual false) */
+     * must not train it (its dW reaches no .grad, or it runs on a micro-batch thread) */
     axc_layer_residuals *res = axc_runtime_layer_residuals(axc_py_runtime());
     void *scratch = NULL;
     int64_t elems = 0;
     if (io.layer >= 0 && !io.dw_full)
         st = axc_linear_dw_residual_elems(comm, d, device, &elems);
-    if (st == AXC_OK && elems > 0)
+    if (st == AXC_OK && elems > 0) {
+        if (trains < 0 && (trains = !axc_microbatch_thread() && ask(trains_arg)) < 0)
+            goto done;
         st = axc_layer_residuals_for_call(res, io.layer, device, (size_t)elems, trains, defer,
                                           &io.dw_residual, &scratch);
+    }
     if (st != AXC_OK) {
         if (!PyErr_Occurred()) /* (an allocation's error is set) */
             axc_py_raise(st);
@@ -563,8 +602,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
                                                     dd.fold ? dd.fold : Py_None, ws)
                                      : NULL;
         if ((keeps_task && !reads) ||
-            after_backward(self, &io, dx, reads, param, &dd, ws, s.depth_size,
-                           more[3] != Py_None) < 0) {
+            after_backward(self, &io, dx, reads, param, &dd, ws, s.depth_size, w, block) < 0) {
             Py_XDECREF(reads);
             if (task || defer || hold) /* (what it reads and writes goes with this call) */
                 complete_queued();
@@ -572,10 +610,12 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
         }
         Py_XDECREF(reads);
     }
-    out = PyTuple_Pack(3, dx, defer ? Py_None : dw, db);
+    out = PyTuple_Pack(3, dx, defer || block != Py_None ? Py_None : dw, db);
 done:
     axc_py_deferred_clear(&dd);
-    Py_DECREF(dy);
+    Py_DECREF(w_full);
+    Py_DECREF(block);
+    Py_XDECREF(dy);
     Py_XDECREF(dx);
     Py_XDECREF(dw);
     Py_XDECREF(db);
@@ -643,10 +683,10 @@ static PyMethodDef call_methods[] = {
     {"torch_streams", call_torch_streams, METH_NOARGS | METH_STATIC,
      "Whether the calls can read torch's current CUDA stream themselves (stream None)."},
     {"forward", (PyCFunction)(void (*)(void))call_forward, METH_FASTCALL,
-     "forward(x, w, b[, device, stream]) -> (y, saved or None)"},
+     "forward(x, w, b[, device, stream[, hold_result]]) -> (y, saved or None)"},
     {"backward", (PyCFunction)(void (*)(void))call_backward, METH_FASTCALL,
-     "backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, w_full, dw_full, "
-     "trains_residual, hold_result]]) -> (dx, dw or None (deferred: param's), db)"},
+     "backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, trains, "
+     "hold_result]]) -> (dx, dw or None (deferred, or shared by micro-batches), db)"},
     {"shapes_for", (PyCFunction)call_shapes_for, METH_O,
      "shapes_for(rows) -> the shapes of a call with `rows` rows (dict)"},
     {"defers", (PyCFunction)(void (*)(void))call_defers, METH_FASTCALL,

@@ -239,13 +239,6 @@ static PyObject *py_arrive(PyObject *self, PyObject *p)
     Py_RETURN_NONE;
 }
 
-/* microbatch_reduces(p) -> whether the running call's reducer sums p */
-static PyObject *py_reduces(PyObject *self, PyObject *p)
-{
-    (void)self;
-    return PyBool_FromLong(axc_mb_has_param(call(), id_of(p)));
-}
-
 /* microbatch_thread_done(failed): a micro-batch thread ended */
 static PyObject *py_thread_done(PyObject *self, PyObject *arg)
 {
@@ -373,30 +366,49 @@ static PyObject *py_reduce_all(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* microbatch_gather(layer, phase, w, keep, numel) -> w's depth shard gathered ([numel]),
- * shared by the micro-batches (axc_mb_gather; the calling micro-batch's use of (layer, phase)
- * counted in C, axc_mb_next_use) */
-static PyObject *py_gather(PyObject *self, PyObject *args)
+int axc_py_mb_shares_depth(int layer, int scheduled, int depth_size)
 {
-    (void)self;
-    int layer, phase, use, keep;
-    PyObject *w;
-    Py_ssize_t numel;
-    if (!PyArg_ParseTuple(args, "ipOpn", &layer, &phase, &w, &keep, &numel))
-        return NULL;
+    return depth_size > 1 && layer >= 0 && !scheduled && axc_microbatch_thread() && call();
+}
+
+PyObject *axc_py_mb_gather(int layer, int bwd, PyObject *w, Py_ssize_t numel)
+{
     axc_mb *mb = call();
-    if (!mb || numel < 0) {
-        PyErr_Format(PyExc_RuntimeError, "microbatch_gather: %s", mb ? "numel < 0" :
-                     "no run_concurrent call");
+    if (!mb) {
+        PyErr_SetString(PyExc_RuntimeError, "a shared depth all-gather without a run_concurrent "
+                                            "call");
         return NULL;
     }
+    /* (a per-call cast, autocast's, can never match on the next call: not kept alive) */
+    PyObject *leaf = PyObject_GetAttrString(w, "is_leaf");
+    int keep = leaf ? PyObject_IsTrue(leaf) : -1;
+    Py_XDECREF(leaf);
+    if (keep < 0)
+        return NULL;
+    int use;
     void *data, *owner;
-    axc_status st = axc_mb_next_use(mb, layer, phase ? AXC_PHASE_BWD : AXC_PHASE_FWD, &use);
+    axc_status st = axc_mb_next_use(mb, layer, bwd ? AXC_PHASE_BWD : AXC_PHASE_FWD, &use);
     if (st == AXC_OK)
-        st = axc_mb_gather(mb, layer, phase, use, w, keep, (size_t)numel, &data, &owner);
+        st = axc_mb_gather(mb, layer, bwd, use, w, keep, (size_t)numel, &data, &owner);
     if (st != AXC_OK)
         return PyErr_Occurred() ? NULL : axc_py_raise(st);
     return (PyObject *)owner; /* (a new reference) */
+}
+
+PyObject *axc_py_mb_scatter_block(PyObject *w, Py_ssize_t numel)
+{
+    PyObject *leaf = PyObject_GetAttrString(w, "is_leaf");
+    PyObject *req = leaf ? PyObject_GetAttrString(w, "requires_grad") : NULL;
+    int own = req ? leaf == Py_True && req == Py_True : -1;
+    Py_XDECREF(leaf);
+    Py_XDECREF(req);
+    if (own < 0)
+        return NULL;
+    /* (the reducer's parameters: it counts autograd's accumulations, which a shared
+     * reduce-scatter bypasses) */
+    if (!own || axc_mb_has_param(call(), id_of(w)))
+        Py_RETURN_NONE;
+    return PyObject_CallMethod(w, "new_empty", "((n))", numel);
 }
 
 /* microbatch_close(ok): after the threads joined: unused prefetches waited for, the order
@@ -414,44 +426,46 @@ static PyObject *py_close(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* microbatch_scatter(layer, w, block): a micro-batch's unreduced dW block of w, reduce-
- * scattered once all n handed theirs in (axc_mb_scatter; the calling micro-batch's use of the
- * layer counted in C, axc_mb_next_use) */
-static PyObject *py_scatter(PyObject *self, PyObject *args)
+int axc_py_mb_scatter(int layer, PyObject *w, PyObject *block)
 {
-    (void)self;
-    int layer, use;
-    PyObject *w, *block;
-    if (!PyArg_ParseTuple(args, "iOO", &layer, &w, &block))
-        return NULL;
     axc_mb *mb = call();
-    void *data;
-    size_t elems;
-    axc_dtype dt;
-    int dev;
+    void *data, *wdata;
+    size_t elems, welems;
+    axc_dtype dt, wdt;
+    int dev, wdev, use;
     if (!mb) {
         PyErr_SetString(PyExc_RuntimeError, "microbatch_scatter: no run_concurrent call");
-        return NULL;
+        return -1;
     }
-    if (axc_py_read_tensor(block, "block", &data, &elems, &dt, &dev) < 0)
-        return NULL;
-    void *wdata;
-    size_t welems;
-    axc_dtype wdt;
-    int wdev;
-    if (axc_py_read_tensor(w, "weight", &wdata, &welems, &wdt, &wdev) < 0)
-        return NULL;
+    if (axc_py_read_tensor(block, "block", &data, &elems, &dt, &dev) < 0 ||
+        axc_py_read_tensor(w, "weight", &wdata, &welems, &wdt, &wdev) < 0)
+        return -1;
     if (dt != wdt || dev != wdev) { /* (summed and reduce-scattered as the weight's dtype) */
         PyErr_Format(PyExc_ValueError, "microbatch_scatter: the dW block of layer %d is %s on "
                      "device %d, expected the weight's %s on device %d (-1: CPU)", layer,
                      axc_dtype_name(dt), dev, axc_dtype_name(wdt), wdev);
-        return NULL;
+        return -1;
     }
     axc_status st = axc_mb_next_use(mb, layer, AXC_MB_PHASE_SCATTER, &use);
     if (st == AXC_OK)
         st = axc_mb_scatter(mb, layer, use, w, block, data, elems);
-    if (st != AXC_OK)
-        return PyErr_Occurred() ? NULL : axc_py_raise(st);
+    if (st != AXC_OK) {
+        if (!PyErr_Occurred())
+            axc_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* microbatch_scatter(layer, w, block): axc_py_mb_scatter */
+static PyObject *py_scatter(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int layer;
+    PyObject *w, *block;
+    if (!PyArg_ParseTuple(args, "iOO", &layer, &w, &block) ||
+        axc_py_mb_scatter(layer, w, block) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -522,8 +536,6 @@ static PyObject *py_learned(PyObject *self, PyObject *noargs)
 }
 
 PyMethodDef axc_py_microbatch_methods[] = {
-    {"microbatch_gather", py_gather, METH_VARARGS,
-     "microbatch_gather(layer, phase, w, keep, numel) -> Tensor"},
     {"microbatch_close", py_close, METH_O, "microbatch_close(ok)"},
     {"microbatch_scatter", py_scatter, METH_VARARGS, "microbatch_scatter(layer, w, block)"},
     {"microbatch_apply_scatters", py_apply_scatters, METH_NOARGS,
@@ -538,7 +550,6 @@ PyMethodDef axc_py_microbatch_methods[] = {
     {"microbatch_running", py_running, METH_NOARGS,
      "microbatch_running() -> bool: a run_concurrent call is open"},
     {"microbatch_arrive", py_arrive, METH_O, "microbatch_arrive(p): p's gradient arrived"},
-    {"microbatch_reduces", py_reduces, METH_O, "microbatch_reduces(p) -> bool"},
     {"microbatch_thread_done", py_thread_done, METH_O, "microbatch_thread_done(failed)"},
     {"microbatch_reduce_all", py_reduce_all, METH_VARARGS,
      "microbatch_reduce_all(order, bucket_bytes): the reducer: sums each bucket as it comes due"},
