@@ -114,7 +114,9 @@ def _backward_impl(dy: Tensor, x: Tensor, saved: Optional[Tensor], w: Tensor, ca
     """-> (dx, dw, db); db is None when the layer has no bias. With `param` (the weight
     parameter itself, eager mode, when _deferred_param says so) dW is deferred: the handle's
     backward takes where it goes, queues its reductions and records it, and it is completed into
-    param.grad at the end of backward (csrc/python/py_grad_deferred.c); dw is None.
+    param.grad at the end of backward (csrc/python/py_grad_deferred.c); dw is None, as it is
+    when a run_concurrent micro-batch hands it to the reduce-scatter they share (the handle
+    decides; added to .grad when run_concurrent ends).
     need_dx=False (the input needs no gradient, e.g. a first layer on raw data): no dX GEMM and
     no dX collectives, dx is None."""
     # (chunk calls of axonn_c.Sequential accumulate dW in the GEMM into the pass's chunk record;
@@ -254,7 +256,8 @@ def _general_backward(ctx, dy, x, saved, w, call, hold: int, param, fwd_on_mb: b
     return _backward_impl(dy, x, saved, w, call, hold, _deferred_param(param, call, hold),
                           ctx.needs_input_grad[0],
                           # whether a .grad receives this dW (asked only when a residual is
-                          # kept; a per-call cast: the training step's)
+                          # kept or a micro-batch would share its reduce-scatter; a per-call
+                          # cast: the training step's)
                           lambda: ctx.needs_input_grad[1] and (
                               param is None or grads.accumulates(param)))
 

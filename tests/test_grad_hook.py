@@ -122,6 +122,7 @@ def test_a_parameter_frozen_after_its_forward_is_left_alone():
     assert _C.grad_hook_works() == works and calls == []
     assert torch.equal(p.grad, torch.zeros(3))
 
+
 def test_no_grad_sync_sets_the_runtime_flag_and_restores_it():
     assert _C.grad_sync_enabled()
     with axonn_c.no_grad_sync():

@@ -307,7 +307,7 @@ static PyObject *shared_gather(const LinearCall *self, const axc_comm *comm, PyO
  * features], contiguous; device -1: CPU, None: x's; stream None: torch's current stream of
  * the device; both left out: x's device and torch's current stream. hold_result: y's
  * all-reduce is left in flight (axc_linear_io.hold_result). On a run_concurrent micro-batch
- * thread the call may take W gathered over depth for all micro-batches (shared_gather). */
+ * thread the long form may take W gathered over depth for all micro-batches (shared_gather). */
 static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 3 && n != 5 && n != 6) {
@@ -329,8 +329,9 @@ static PyObject *call_forward(LinearCall *self, PyObject *const *a, Py_ssize_t n
     int64_t rows = dim0(x), t_max = rows;
     if (rows < 0)
         return NULL;
-    PyObject *w_full = shared_gather(self, comm, w, 0), *y = NULL, *saved = NULL, *ws = NULL,
-             *out = NULL;
+    /* (the short forms are _PlainLinear's: never on a micro-batch thread, nothing shared) */
+    PyObject *w_full = n == 6 ? shared_gather(self, comm, w, 0) : Py_NewRef(Py_None);
+    PyObject *y = NULL, *saved = NULL, *ws = NULL, *out = NULL;
     if (!w_full)
         return NULL;
     axc_status st = AXC_OK;
@@ -441,6 +442,15 @@ static void complete_queued(void)
     PyErr_Restore(et, ev, tb);
 }
 
+/* `trains`: a bool, or a callable asked (1, 0, -1 with an exception) */
+static int ask(PyObject *trains)
+{
+    PyObject *r = PyCallable_Check(trains) ? PyObject_CallNoArgs(trains) : Py_NewRef(trains);
+    int v = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    return v;
+}
+
 /* backward(dy, x, saved, w, need_dx[, device, stream[, param, chunk, trains, hold_result]])
  * -> (dx or None, dw or None, db or None).
  * param: the weight parameter whose gradient this call defers (axonn_c/linear.py
@@ -452,20 +462,11 @@ static void complete_queued(void)
  * None. trains: whether this dW reaches a .grad (a bool, or a callable asked only when the
  * answer matters: autograd's, grads.accumulates): a call that keeps a depth error-feedback
  * residual takes scratch zeros instead of the layer's when it does not, or on a micro-batch
- * thread; on a run_concurrent micro-batch thread a dW that does is handed to the reduce-scatter
- * the micro-batches share (shared_gather's calls; not param's), and dw is None. hold_result:
+ * thread; on a run_concurrent micro-batch thread the long form's dW that does is handed to the
+ * reduce-scatter the micro-batches share (shared_gather's calls; not param's), and dw is None. hold_result:
  * dx's all-reduce is left in flight, dx kept until it is awaited. A backward that raises
  * records nothing (a piece taken from a bucket stays unwritten, its pass dropped as abandoned);
  * one that raises after its work was queued first completes that work (complete_queued). */
-/* `trains`: a bool, or a callable asked (1, 0, -1 with an exception) */
-static int ask(PyObject *trains)
-{
-    PyObject *r = PyCallable_Check(trains) ? PyObject_CallNoArgs(trains) : Py_NewRef(trains);
-    int v = r ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
-    return v;
-}
-
 static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t n)
 {
     if (n != 5 && n != 7 && n != 11) {
@@ -509,7 +510,8 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     /* (the short forms: a self-contained call, which keeps no residual) */
     PyObject *trains_arg = more ? more[2] : Py_False;
     int trains = -1; /* (asked once, when needed) */
-    PyObject *w_full = shared_gather(self, comm, w, 1), *block = NULL;
+    PyObject *w_full = more ? shared_gather(self, comm, w, 1) : Py_NewRef(Py_None);
+    PyObject *block = NULL;
     if (w_full && !param && w_full != Py_None) { /* dW's reduce-scatter shared, too */
         block = axc_py_mb_scatter_block(w, (Py_ssize_t)(s.shard * s.depth_size));
         if (block && block != Py_None && (trains = ask(trains_arg)) <= 0)
@@ -565,7 +567,7 @@ static PyObject *call_backward(LinearCall *self, PyObject *const *a, Py_ssize_t 
     if (io.layer >= 0 && !io.dw_full)
         st = axc_linear_dw_residual_elems(comm, d, device, &elems);
     if (st == AXC_OK && elems > 0) {
-        if (trains < 0 && (trains = !axc_microbatch_thread() && ask(trains_arg)) < 0)
+        if (trains < 0 && (trains = axc_microbatch_thread() ? 0 : ask(trains_arg)) < 0)
             goto done;
         st = axc_layer_residuals_for_call(res, io.layer, device, (size_t)elems, trains, defer,
                                           &io.dw_residual, &scratch);

@@ -123,6 +123,38 @@ def identity_run(grid, overlap, policy, own):
         axonn_c.finalize()
 
 
+def check_trains_error(grid):
+    """An error from autograd's answer to whether a dW reaches a .grad (grads.accumulates, which
+    the layer handle's backward asks for its error-feedback residual) stops that backward before
+    its collectives and reaches the caller (was: the call went on with the exception set and ran
+    its compressed depth collectives, training the layer's residual with a dW thrown away)."""
+    from axonn_c import grads
+    axonn_c.init(*grid, compression=INT4)
+    try:
+        torch.manual_seed(0)
+        net = Net()
+        x = torch.randn(8, 32)
+        net(x).square().sum().backward()  # (warm: the residuals exist)
+        y = net(x).square().sum()
+        before = axonn_c.comm_stats()["depth"]["calls"]
+
+        def refuse(p):
+            raise ValueError("accumulates refused (test)")
+
+        real, grads.accumulates = grads.accumulates, refuse
+        try:
+            y.backward()
+            raise AssertionError("the error of grads.accumulates did not reach backward()")
+        except ValueError as e:
+            assert "accumulates refused" in str(e), e
+        finally:
+            grads.accumulates = real
+        ran = axonn_c.comm_stats()["depth"]["calls"] - before
+        assert ran == 0, f"{ran} depth collectives ran in the backward that raised"
+    finally:
+        axonn_c.finalize()
+
+
 def check_identity():
     for grid in GRIDS:
         for overlap in (False, True):
@@ -142,6 +174,7 @@ def check_identity():
             assert residuals == {}, (what, sorted(residuals))
             for name, err in zip(("l1", "l2"), errors):
                 assert err > 1e-3, f"{what}: without error feedback {name} is within {err}"
+    check_trains_error(GRIDS[0])
     if int(os.environ["RANK"]) == 0:
         print(f"depth_ef identity: {len(GRIDS)} grids ok", flush=True)
 
