@@ -84,6 +84,15 @@ def test_ranks_out_of_step_raise_at_once():
         assert re.search(r"all_reduce of \d+ float32", msg), msg
 
 
+def test_ranks_summing_other_models_gradients_in_backward_raise_at_once():
+    """The same across two models synced separately: the names of their parameters in
+    backward's buckets do not collide (was: each sync named its parameters by their position in
+    its list, and one model's gradients were summed into the other's without an error)."""
+    for msg in comm_errors("other_models_overlap"):
+        assert "out of step on the world group" in msg, msg
+        assert "packed different gradients into one sum" in msg, msg
+
+
 def test_same_ranks_other_group_raise_at_once():
     """Issue 28 item 11: a collective over the col group on one rank and over the world group
     (the same two ranks) on the other raises CommError on both, naming both calls and groups,

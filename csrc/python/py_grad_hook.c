@@ -261,8 +261,8 @@ PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_group
     key.ngroups = groups->n;
     for (int i = 0; i < groups->n; i++)
         key.groups[i] = groups->g[i];
-    /* (its name on every rank, its position in the parameters sync_gradients was last given:
-     * py_sync.c; none before, and no check of this bucket then) */
+    /* (its name on every rank, given by the first sync_gradients that met it: py_sync.c; none
+     * before, and no check of this bucket then) */
     PyObject *ident_obj = axc_py_optional_attr(p, s_ident_attr);
     uint64_t ident = ident_obj && PyLong_Check(ident_obj) ? PyLong_AsUnsignedLongLong(ident_obj)
                                                            : 0;

@@ -536,21 +536,22 @@ typedef struct sync_args {
 } sync_args;
 
 /* Names p's gradient in backward's overlapped buckets (`_axonn_grad_ident`, read by
- * py_grad_hook.c): its position in this sync's list + 1, as the sync's own pieces are named,
- * the same on every rank that passes the same list (the transport compares what the ranks
- * packed into a sum); set only when it changes. -1 with an exception. */
-static int name_param(PyObject *p, size_t ident)
+ * py_grad_hook.c) the first time a sync meets it: a name unique in the process
+ * (axc_runtime_new_grad_ident), given in the order of the syncs' lists, so the same on every
+ * rank, and distinct across models synced by separate calls (the transport compares what the
+ * ranks packed into a sum). -1 with an exception. */
+static int name_param(PyObject *p)
 {
     PyObject *have = axc_py_optional_attr(p, s_ident);
     if (!have && PyErr_Occurred())
         return -1;
-    int same = have && PyLong_Check(have) && PyLong_AsSize_t(have) == ident;
+    int named = have && PyLong_Check(have) && PyLong_AsUnsignedLongLong(have) > 0;
     Py_XDECREF(have);
     if (PyErr_Occurred())
-        PyErr_Clear(); /* (a value a user set that is no size: replaced) */
-    if (same)
+        PyErr_Clear(); /* (a value a user set that is no name: replaced) */
+    if (named)
         return 0;
-    PyObject *v = PyLong_FromSize_t(ident);
+    PyObject *v = PyLong_FromUnsignedLongLong(axc_runtime_new_grad_ident(axc_py_runtime()));
     if (!v || PyObject_SetAttr(p, s_ident, v) < 0) /* (an object that takes no attribute) */
         PyErr_Clear(); /* (unnamed: its buckets are not compared) */
     Py_XDECREF(v);
@@ -771,7 +772,7 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
         goto out;
     }
     for (size_t i = 0; i < n; i++)
-        if (name_param(PyList_GET_ITEM(list, i), i + 1) < 0 ||
+        if (name_param(PyList_GET_ITEM(list, i)) < 0 ||
             decide_one(&a, PyList_GET_ITEM(list, i), &choices[i], &grads[i]) < 0)
             goto out;
     axc_status st = axc_sync_plan_build(&plan, choices, n);

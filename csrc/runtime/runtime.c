@@ -35,6 +35,7 @@ struct axc_runtime {
     /* gradients that reached a hook or a deferred Linear weight (any thread) */
     _Atomic unsigned long long grad_arrivals;
     _Atomic long long grad_arrivals_pass; /* the backward pass counted last (-1: none) */
+    _Atomic unsigned long long grad_idents; /* the gradient names given so far */
 };
 
 /* set by run_concurrent on its micro-batch threads */
@@ -296,6 +297,7 @@ int axc_runtime_grad_pass_counted(const axc_runtime *rt, long long pass)
     return pass >= 0 && rt->grad_arrivals_pass == pass;
 }
 unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt) { return rt->grad_arrivals; }
+unsigned long long axc_runtime_new_grad_ident(axc_runtime *rt) { return ++rt->grad_idents; }
 
 void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 0; }
 int axc_runtime_grad_sync(const axc_runtime *rt) { return rt->grad_sync; }

@@ -102,6 +102,9 @@ static void needs_work_data2(axc_runtime *rt)
     axc_groups depth_data = {.n = 2, .g = {AXC_GROUP_DEPTH, AXC_GROUP_DATA}};
     axc_groups depth = {.n = 1, .g = {AXC_GROUP_DEPTH}};
     CHECK(axc_runtime_grad_sync(rt) && !axc_runtime_overlap_data(rt)); /* the defaults */
+    /* gradient names: from 1, never repeated */
+    unsigned long long id1 = axc_runtime_new_grad_ident(rt), id2 = axc_runtime_new_grad_ident(rt);
+    CHECK(id1 == 1 && id2 == 2);
     CHECK(axc_runtime_grads_idle(rt));
     CHECK(!axc_runtime_grad_needs_work(rt, 0, -1, &data)); /* overlap off */
     CHECK(axc_runtime_grad_needs_work(rt, 0, 1, &data));   /* a layer's own knob on */

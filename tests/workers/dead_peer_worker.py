@@ -83,6 +83,32 @@ def other_grads_overlap(timeout):
     return raises_comm_error(lambda: step("ab" if g.rank == 0 else "ac"))
 
 
+def other_models_overlap(timeout):
+    """As other_grads_overlap, across two models synced by separate sync_gradients calls (a GAN's
+    generator and discriminator, say): rank 0 back-propagates through one model, rank 1 through
+    the other, parameters of the same sizes in the same order. Their names in backward's
+    buckets are unique in the process (was: each sync named its parameters by their position in
+    its list, so the two models' names collided and the ranks summed one model's gradients into
+    the other's without an error)."""
+    g = axonn_c.init(G_data=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+              for _ in range(2)]
+
+    def step(which):
+        x = torch.ones(2, 4)
+        for i in which:
+            models[i].zero_grad(set_to_none=True)
+            with axonn_c.optimize_communication(overlap_data=True):
+                models[i](x).sum().backward()
+        for m in models:
+            axonn_c.sync_gradients(m)
+
+    step((0, 1))  # in step: every parameter gets its gradient hook and its name
+    step((0, 1))  # (summed during backward)
+    return raises_comm_error(lambda: step((0,) if g.rank == 0 else (1,)))
+
+
 def other_group(timeout):
     """Issue 28 item 11: rank 0 all-reduces over the col group, rank 1 over the world group, the
     same two ranks under another name (grid 1x1x2x1). Every rank raises at once, naming both
@@ -105,6 +131,8 @@ def main():
         return other_grads(timeout)
     if mode == "other_grads_overlap":
         return other_grads_overlap(timeout)
+    if mode == "other_models_overlap":
+        return other_models_overlap(timeout)
     if mode == "kill_concurrent":
         g = axonn_c.init(G_data=2, G_intra_c=world // 2, timeout=timeout,
                          concurrent_microbatches=2)

@@ -121,6 +121,11 @@ void axc_runtime_set_grad_bucket_bytes(axc_runtime *rt, size_t bytes); /* (0 is 
 void axc_runtime_grad_arrived(axc_runtime *rt, long long pass);
 int axc_runtime_grad_pass_counted(const axc_runtime *rt, long long pass);
 unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt);
+/* A new name for a parameter's gradient in backward's overlapped buckets, whose fingerprints
+ * the transport compares across ranks: 1, 2, ... (never 0), never the same twice in the
+ * process, also across inits. Names are given in the order sync_gradients (a collective) first
+ * meets the parameters, the same on every rank. Any thread. */
+unsigned long long axc_runtime_new_grad_ident(axc_runtime *rt);
 size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
