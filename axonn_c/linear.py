@@ -453,8 +453,8 @@ class Linear(nn.Module):
                  transpose: bool = False, skip_bias_add: bool = False, init_method=None,
                  expert_mode: bool = False, device=None, dtype=None):
         super().__init__()
-        self.in_features = validate.check_int("Linear: in_features", in_features, 0, 2**31 - 1)
-        self.out_features = validate.check_int("Linear: out_features", out_features, 0, 2**31 - 1)
+        self.in_features = validate.check_int("Linear: in_features", in_features, 1, 2**31 - 1)
+        self.out_features = validate.check_int("Linear: out_features", out_features, 1, 2**31 - 1)
         self.transpose, self.skip_bias_add = bool(transpose), bool(skip_bias_add)
         self.expert_mode = bool(expert_mode)
         dtype = dtype or torch.get_default_dtype()

@@ -78,6 +78,10 @@ def model_layers(model) -> list[dict]:
     in_features/out_features and a 2-D weight), grouped by shape with counts."""
     import torch.nn as nn
 
+    if not isinstance(model, nn.Module):  # (a config, say: models.GPT takes one, the planner not)
+        raise TypeError(f"the planner's model= must be an nn.Module (the model to plan for, made "
+                        f"before init: its layers' shapes), got {type(model).__name__}; to plan "
+                        "from a description instead, pass blocks=, hidden=, heads=")
     counts: dict[tuple, int] = {}
     for mod in model.modules():
         if isinstance(mod, nn.Linear) or (

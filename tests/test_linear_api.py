@@ -78,8 +78,12 @@ def test_errors_name_the_numbers():
         ours(torch.randn(4, 48, dtype=torch.float64))
     with pytest.raises(ValueError, match="float32, bfloat16 and float16"):
         axonn_c.Linear(4, 4, dtype=torch.float64)
-    with pytest.raises(ValueError, match="in_features, out_features >= 1"):
-        axonn_c.Linear(0, 4)
+    # one range in every message (was: -1 said [0, ...], then 0 was refused as < 1)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"in_features must be in \[1, 2147483647\], got {bad}"):
+            axonn_c.Linear(bad, 4)
+        with pytest.raises(ValueError, match=rf"out_features must be in \[1, 2147483647\], got {bad}"):
+            axonn_c.Linear(4, bad)
     axonn_c.finalize()
     with pytest.raises(RuntimeError, match="not initialised"):
         axonn_c.Linear(4, 4)

@@ -103,6 +103,11 @@ def test_plan_from_module():
     assert best[0] * best[1] * best[2] * best[3] == 8
     with pytest.raises(ValueError, match="no nn.Linear"):
         plan.model_layers(nn.Sequential(nn.ReLU()))
+    # not a module (a model's config, say): named, not an AttributeError from inside
+    for bad in (object(), {"hidden": 64}):
+        with pytest.raises(TypeError, match=r"model= must be an nn.Module .* got "
+                                            f"{type(bad).__name__}"):
+            plan.auto_grid(8, model=bad, machine="dgx-h100", seq=128, global_batch=16)
 
 
 @pytest.mark.parametrize("world", [1, 7, 12, 65521, 55440, 65536])
