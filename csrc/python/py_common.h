@@ -38,6 +38,9 @@ PyObject *axc_py_mb_scatter_block(PyObject *w, Py_ssize_t numel);
  * one depth reduce-scatter (axc_mb_scatter); microbatch_apply_scatters adds the shard to .grad
  * when the call ends. -1 with an exception. */
 int axc_py_mb_scatter(int layer, PyObject *w, PyObject *block);
+/* p's name in backward's overlapped buckets (py_sync.c gives it), or 0 when this process gave
+ * it none (a pickle's from another process, a value a user set); -1 with an exception. */
+int axc_py_grad_ident(PyObject *p, uint64_t *ident);
 
 /* py_comm.c: with peers, aborts the job's collectives (every wait of every rank fails at once)
  * naming an interrupted run_concurrent and `why` (the exception); called with the GIL held */

@@ -22,7 +22,7 @@
 #include "axc/grad_policy.h"
 #include "axc/records.h"
 
-static PyObject *s_overlap_attr, *s_groups_attr, *s_ident_attr, *s_requires_grad,
+static PyObject *s_overlap_attr, *s_groups_attr, *s_requires_grad,
     *s_names[AXC_GROUP_COUNT];
 static PyObject *s_grad, *s_dtype, *s_layout, *s_numel, *s_reshape, *s_copy_, *s_add_, *s_div_,
     *s_detach, *s_clone, *s_alpha, *s_minus_one;
@@ -263,16 +263,9 @@ PyObject *axc_py_grad_bucket_view(PyObject *p, Py_ssize_t numel, const axc_group
         key.groups[i] = groups->g[i];
     /* (its name on every rank, given by the first sync_gradients that met it: py_sync.c; none
      * before, and no check of this bucket then) */
-    PyObject *ident_obj = axc_py_optional_attr(p, s_ident_attr);
-    uint64_t ident = ident_obj && PyLong_Check(ident_obj) ? PyLong_AsUnsignedLongLong(ident_obj)
-                                                           : 0;
-    Py_XDECREF(ident_obj);
-    if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return NULL;
-        PyErr_Clear(); /* (a negative or huge value a user set: not a name) */
-        ident = 0;
-    }
+    uint64_t ident;
+    if (axc_py_grad_ident(p, &ident) < 0)
+        return NULL;
     return axc_py_bucket_piece(p, &key, (size_t)numel,
                                axc_runtime_grad_bucket_bytes(axc_py_runtime()), ident, id);
 }
@@ -752,7 +745,7 @@ int axc_py_grad_hook_add_types(PyObject *module)
         PyObject **at;
         const char *name;
     } names[] = {{&s_overlap_attr, "_axonn_overlap_data"}, {&s_groups_attr, "_axonn_hook_groups"},
-                 {&s_ident_attr, "_axonn_grad_ident"}, {&s_requires_grad, "requires_grad"},
+                 {&s_requires_grad, "requires_grad"},
                  {&s_grad, "grad"}, {&s_dtype, "dtype"}, {&s_layout, "layout"},
                  {&s_numel, "numel"}, {&s_reshape, "reshape"}, {&s_copy_, "copy_"},
                  {&s_add_, "add_"}, {&s_div_, "div_"}, {&s_detach, "detach"},

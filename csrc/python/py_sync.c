@@ -535,23 +535,47 @@ typedef struct sync_args {
     unsigned long long arrivals; /* gradients arrived so far (axc_runtime_grad_arrivals) */
 } sync_args;
 
-/* Names p's gradient in backward's overlapped buckets (`_axonn_grad_ident`, read by
- * py_grad_hook.c) the first time a sync meets it: a name unique in the process
- * (axc_runtime_new_grad_ident), given in the order of the syncs' lists, so the same on every
- * rank, and distinct across models synced by separate calls (the transport compares what the
- * ranks packed into a sum). -1 with an exception. */
+int axc_py_grad_ident(PyObject *p, uint64_t *ident)
+{
+    *ident = 0;
+    if (intern() < 0)
+        return -1;
+    PyObject *have = axc_py_optional_attr(p, s_ident);
+    if (!have)
+        return PyErr_Occurred() ? -1 : 0;
+    if (PyTuple_CheckExact(have) && PyTuple_GET_SIZE(have) == 2 &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(have, 0)) &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(have, 1)) &&
+        PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(have, 0)) ==
+            axc_runtime_process_token(axc_py_runtime())) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(have, 1));
+        *ident = v == (unsigned long long)-1 ? 0 : (uint64_t)v;
+    }
+    Py_DECREF(have);
+    if (PyErr_Occurred()) { /* (a negative or huge number a user set: no name) */
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        *ident = 0;
+    }
+    return 0;
+}
+
+/* Names p's gradient in backward's overlapped buckets the first time a sync meets it: a name
+ * unique in the process (axc_runtime_new_grad_ident), given in the order of the syncs' lists,
+ * so the same on every rank, and distinct across models synced by separate calls (the
+ * transport compares what the ranks packed into a sum). The attribute holds
+ * (axc_runtime_process_token, name): one a pickle carries from another process, or any other
+ * value, is no name and is replaced. -1 with an exception. */
 static int name_param(PyObject *p)
 {
-    PyObject *have = axc_py_optional_attr(p, s_ident);
-    if (!have && PyErr_Occurred())
+    uint64_t have;
+    if (axc_py_grad_ident(p, &have) < 0)
         return -1;
-    int named = have && PyLong_Check(have) && PyLong_AsUnsignedLongLong(have) > 0;
-    Py_XDECREF(have);
-    if (PyErr_Occurred())
-        PyErr_Clear(); /* (a value a user set that is no name: replaced) */
-    if (named)
+    if (have)
         return 0;
-    PyObject *v = PyLong_FromUnsignedLongLong(axc_runtime_new_grad_ident(axc_py_runtime()));
+    PyObject *v = Py_BuildValue("(KK)", axc_runtime_process_token(axc_py_runtime()),
+                                axc_runtime_new_grad_ident(axc_py_runtime()));
     if (!v || PyObject_SetAttr(p, s_ident, v) < 0) /* (an object that takes no attribute) */
         PyErr_Clear(); /* (unnamed: its buckets are not compared) */
     Py_XDECREF(v);
@@ -771,9 +795,12 @@ static PyObject *py_sync(PyObject *self, PyObject *args)
             PyErr_NoMemory();
         goto out;
     }
+    /* (all named before anything that can fail on one rank only: the hooks decide_one calls) */
     for (size_t i = 0; i < n; i++)
-        if (name_param(PyList_GET_ITEM(list, i)) < 0 ||
-            decide_one(&a, PyList_GET_ITEM(list, i), &choices[i], &grads[i]) < 0)
+        if (name_param(PyList_GET_ITEM(list, i)) < 0)
+            goto out;
+    for (size_t i = 0; i < n; i++)
+        if (decide_one(&a, PyList_GET_ITEM(list, i), &choices[i], &grads[i]) < 0)
             goto out;
     axc_status st = axc_sync_plan_build(&plan, choices, n);
     if (st != AXC_OK) {

@@ -2,9 +2,12 @@
  * buckets, keep-alives and gradient records, and the start of due bucket sums. */
 #include "axc/runtime.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "axc/gemm.h"
 #include "axc/torch_shim.h"
@@ -36,6 +39,7 @@ struct axc_runtime {
     _Atomic unsigned long long grad_arrivals;
     _Atomic long long grad_arrivals_pass; /* the backward pass counted last (-1: none) */
     _Atomic unsigned long long grad_idents; /* the gradient names given so far */
+    unsigned long long process_token; /* tells this process's names from a pickle's */
 };
 
 /* set by run_concurrent on its micro-batch threads */
@@ -66,6 +70,14 @@ axc_status axc_runtime_create(axc_runtime **out, const axc_runtime_ops *ops)
     rt->grad_sync = 1;
     rt->grad_bucket_bytes = 4u << 20;
     rt->grad_arrivals_pass = -1;
+    /* (splitmix64 of the time, the process id and the address: another process's differs) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long z = (unsigned long long)ts.tv_nsec ^ ((unsigned long long)ts.tv_sec << 30) ^
+                           ((unsigned long long)getpid() << 16) ^ (unsigned long long)(uintptr_t)rt;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    rt->process_token = (z ^ (z >> 31)) | 1; /* (never 0) */
     axc_status st = axc_timeline_create(&rt->timeline);
     if (st == AXC_OK)
         st = axc_buckets_create(&rt->buckets, &ops->buckets, ops->bucket_bytes);
@@ -298,6 +310,7 @@ int axc_runtime_grad_pass_counted(const axc_runtime *rt, long long pass)
 }
 unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt) { return rt->grad_arrivals; }
 unsigned long long axc_runtime_new_grad_ident(axc_runtime *rt) { return ++rt->grad_idents; }
+unsigned long long axc_runtime_process_token(const axc_runtime *rt) { return rt->process_token; }
 
 void axc_runtime_set_grad_sync(axc_runtime *rt, int on) { rt->grad_sync = on != 0; }
 int axc_runtime_grad_sync(const axc_runtime *rt) { return rt->grad_sync; }

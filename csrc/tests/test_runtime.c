@@ -105,6 +105,7 @@ static void needs_work_data2(axc_runtime *rt)
     /* gradient names: from 1, never repeated */
     unsigned long long id1 = axc_runtime_new_grad_ident(rt), id2 = axc_runtime_new_grad_ident(rt);
     CHECK(id1 == 1 && id2 == 2);
+    CHECK(axc_runtime_process_token(rt) != 0);
     CHECK(axc_runtime_grads_idle(rt));
     CHECK(!axc_runtime_grad_needs_work(rt, 0, -1, &data)); /* overlap off */
     CHECK(axc_runtime_grad_needs_work(rt, 0, 1, &data));   /* a layer's own knob on */

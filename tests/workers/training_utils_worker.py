@@ -733,6 +733,25 @@ def check_frozen_in_backward(g):
                 p.requires_grad_(True)
 
 
+def check_carried_names(g):
+    """Names that parameters carry into this process (a model pickled by another process and
+    torch.load-ed on some ranks only, a value a user set) are no names here: the first sync
+    names them alike on every rank, and overlapped steps train like the serial model (was: a
+    carried name was kept on the ranks that had it, so the ranks named the parameters, and every
+    model synced after them, differently, and the transport raised "packed different
+    gradients")."""
+    # (a value that is no name anywhere, -5, would leave its bucket unchecked: each case alone)
+    carried = (lambda i: i + 100, lambda i: (12345, i + 1), lambda i: True, lambda i: -5)
+    for case, name_of in enumerate(carried):
+        ser, par = easy_pair(67, 13)
+        if g.rank == 0:
+            for i, p in enumerate(par.parameters()):
+                p._axonn_grad_ident = name_of(i)
+        with axonn_c.optimize_communication(overlap_data=True):
+            for seed in (1, 2, 3):
+                step_both(par, ser, g, seed, f"carried names ({case}), step {seed}")
+
+
 def check_rank_local_copy(g):
     """A copy of the model made on one rank only (an EMA, say) gets gradient hooks on that rank
     alone: backward's overlapped sums must still name the model's parameters alike on every
@@ -879,6 +898,7 @@ def main():
         check_auto_parallelize(g)
         check_copies(g)
         check_rank_local_copy(g)
+        check_carried_names(g)
         check_saved_mid_step(g)
         check_main_grad(g)
         check_sync_twice_and_accumulate(g)

@@ -124,8 +124,12 @@ unsigned long long axc_runtime_grad_arrivals(const axc_runtime *rt);
 /* A new name for a parameter's gradient in backward's overlapped buckets, whose fingerprints
  * the transport compares across ranks: 1, 2, ... (never 0), never the same twice in the
  * process, also across inits. Names are given in the order sync_gradients (a collective) first
- * meets the parameters, the same on every rank. Any thread. */
+ * meets the parameters, the same on every rank. Any thread. A parameter holds its name with
+ * axc_runtime_process_token (csrc/python/py_sync.c). */
 unsigned long long axc_runtime_new_grad_ident(axc_runtime *rt);
+/* A number that tells this process's gradient names from those a pickled parameter carries
+ * from another process (never 0; made when the runtime is). */
+unsigned long long axc_runtime_process_token(const axc_runtime *rt);
 size_t axc_runtime_grad_bucket_bytes(const axc_runtime *rt);
 void axc_set_microbatch_thread(int on); /* the calling thread's flag */
 int axc_microbatch_thread(void);
